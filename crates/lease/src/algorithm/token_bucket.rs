@@ -1,0 +1,127 @@
+//! Token bucket: `capacity` tokens, refilled continuously at `rate` per second.
+//!
+//! Mirrors `redis/scripts/lib.lua` (`tb_*`).
+
+use crate::clock::Micros;
+
+/// A token bucket's state at a moment. Tokens may be negative after a debit (a debt that
+/// refill repays), never below `-capacity`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct TokenBucket {
+    pub(crate) tokens: f64,
+    pub(crate) ts: Micros,
+}
+
+impl TokenBucket {
+    /// The bucket at `now`: full if there is no state, else refilled for the time since `ts`
+    /// and capped at `capacity` (which also applies a lowered capacity at once). If the clock
+    /// went backwards, nothing is refilled and `ts` does not move back, so no interval is
+    /// refilled twice.
+    pub(crate) fn load(stored: Option<Self>, capacity: u64, rate: f64, now: Micros) -> Self {
+        let cap = capacity as f64;
+        match stored {
+            None => Self { tokens: cap, ts: now },
+            Some(s) => {
+                let elapsed = now.saturating_sub(s.ts);
+                Self {
+                    tokens: f64::min(cap, s.tokens + elapsed as f64 * rate / 1e6),
+                    ts: s.ts.max(now),
+                }
+            }
+        }
+    }
+
+    pub(crate) fn admits(&self, cost: u64) -> bool {
+        self.tokens >= cost as f64
+    }
+
+    /// Whole tokens available.
+    pub(crate) fn available(&self) -> u64 {
+        if self.tokens <= 0.0 { 0 } else { self.tokens.floor() as u64 }
+    }
+
+    pub(crate) fn take(&mut self, units: u64) {
+        self.tokens -= units as f64;
+    }
+
+    /// Gives back unspent units, never above capacity.
+    pub(crate) fn credit(&mut self, units: u64, capacity: u64) {
+        self.tokens = f64::min(capacity as f64, self.tokens + units as f64);
+    }
+
+    /// Subtracts units consumed elsewhere; the debt is floored at one full bucket, which bounds
+    /// how long a key can stay blocked to two refill periods.
+    pub(crate) fn debit(&mut self, units: u64, capacity: u64) {
+        self.tokens = f64::max(-(capacity as f64), self.tokens - units as f64);
+    }
+
+    /// Microseconds until `cost` tokens exist.
+    pub(crate) fn retry_after(&self, cost: u64, rate: f64) -> u64 {
+        let us = ((cost as f64 - self.tokens) * 1e6 / rate).ceil();
+        if us <= 0.0 { 0 } else { us as u64 }
+    }
+
+    /// Microseconds until the bucket is full.
+    pub(crate) fn reset_after(&self, capacity: u64, rate: f64) -> u64 {
+        self.retry_after(capacity, rate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_measurement_ten_then_two_denied_with_200ms_retry() {
+        // Capacity 10 refilling 5/s: 12 back-to-back calls → 10 allowed, 2 denied, retry 200 ms.
+        let now = 1_000_000;
+        let mut state = None;
+        let mut allowed = 0;
+        let mut retries = vec![];
+        for _ in 0..12 {
+            let mut b = TokenBucket::load(state, 10, 5.0, now);
+            if b.admits(1) {
+                b.take(1);
+                allowed += 1;
+            } else {
+                retries.push(b.retry_after(1, 5.0));
+            }
+            state = Some(b);
+        }
+        assert_eq!(allowed, 10);
+        assert_eq!(retries, vec![200_000, 200_000]);
+    }
+
+    #[test]
+    fn refill_is_capped_and_clock_going_back_refills_nothing() {
+        let b = TokenBucket::load(Some(TokenBucket { tokens: 2.0, ts: 10_000_000 }), 10, 5.0, 20_000_000);
+        assert_eq!(b.tokens, 10.0);
+        let back = TokenBucket::load(Some(TokenBucket { tokens: 2.0, ts: 10_000_000 }), 10, 5.0, 9_000_000);
+        assert_eq!(back, TokenBucket { tokens: 2.0, ts: 10_000_000 });
+    }
+
+    #[test]
+    fn lowered_capacity_caps_the_fill_at_once() {
+        let b = TokenBucket::load(Some(TokenBucket { tokens: 90.0, ts: 5 }), 20, 1.0, 5);
+        assert_eq!(b.tokens, 20.0);
+    }
+
+    #[test]
+    fn debit_builds_a_bounded_debt_that_refill_repays() {
+        let mut b = TokenBucket::load(None, 10, 10.0, 0);
+        b.debit(25, 10);
+        assert_eq!(b.tokens, -10.0);
+        assert!(!b.admits(0));
+        assert_eq!(b.retry_after(1, 10.0), 1_100_000);
+        let later = TokenBucket::load(Some(b), 10, 10.0, 1_100_000);
+        assert!(later.admits(1));
+    }
+
+    #[test]
+    fn credit_never_exceeds_capacity() {
+        let mut b = TokenBucket::load(None, 10, 1.0, 0);
+        b.take(3);
+        b.credit(50, 10);
+        assert_eq!(b.tokens, 10.0);
+    }
+}

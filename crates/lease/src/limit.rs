@@ -1,0 +1,457 @@
+//! A rule's limit model: which algorithm, with which parameters, validated once.
+//!
+//! A [`LimitSpec`] is what a rule file or an admin request says, with numbers as they arrive
+//! (floats, possibly negative or NaN). [`LimitSpec::validate`] turns it into a [`Limit`], whose
+//! parameters are known to be in range, or names the field that is wrong. Everything downstream
+//! (scripts, leases, the in-memory store) takes a [`Limit`] and never re-checks it.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The largest count a limit may hold (capacity, window limit, slots, cost).
+///
+/// Counts travel through Lua, whose numbers are doubles: staying far below 2^53 keeps every
+/// count, and every sum of a count with a cost or a debit, exact.
+pub const MAX_UNITS: u64 = 1 << 40;
+
+/// The longest window (and the longest refill-from-empty of a token bucket): ten years.
+pub const MAX_PERIOD: Duration = Duration::from_secs(10 * 366 * 24 * 3600);
+
+/// The fastest refill a token bucket may have, in units per second.
+pub const MAX_REFILL_PER_SECOND: f64 = 1e9;
+
+/// The rate limiting algorithms a rule can choose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Capacity = burst, refill per second = sustained rate.
+    TokenBucket,
+    /// Two fixed-window counters blended by overlap (an approximation of a sliding window).
+    SlidingWindow,
+    /// One entry per admitted unit batch: exact, memory-heavy; for small limits.
+    SlidingWindowLog,
+    /// One counter per epoch-aligned window; bursts at the boundary are accepted.
+    FixedWindow,
+    /// In-flight slots, each held with a TTL so a crashed holder's slots expire.
+    Concurrency,
+}
+
+impl Algorithm {
+    /// Every algorithm, in a stable order.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::TokenBucket,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::FixedWindow,
+        Algorithm::Concurrency,
+    ];
+
+    /// The name used in rule files and the admin API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "TOKEN_BUCKET",
+            Algorithm::SlidingWindow => "SLIDING_WINDOW",
+            Algorithm::SlidingWindowLog => "SLIDING_WINDOW_LOG",
+            Algorithm::FixedWindow => "FIXED_WINDOW",
+            Algorithm::Concurrency => "CONCURRENCY",
+        }
+    }
+
+    /// The code the Lua scripts dispatch on.
+    pub(crate) fn script_code(self) -> u8 {
+        match self {
+            Algorithm::TokenBucket => 1,
+            Algorithm::SlidingWindow => 2,
+            Algorithm::SlidingWindowLog => 3,
+            Algorithm::FixedWindow => 4,
+            Algorithm::Concurrency => 5,
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Algorithm {
+    type Err = LimitError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| LimitError {
+                field: "algorithm",
+                reason: format!(
+                    "unknown algorithm {s:?}; expected one of TOKEN_BUCKET, SLIDING_WINDOW, \
+                     SLIDING_WINDOW_LOG, FIXED_WINDOW, CONCURRENCY"
+                ),
+            })
+    }
+}
+
+/// A parameter that is out of range, with the field it came from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid `{field}`: {reason}")]
+pub struct LimitError {
+    /// The field's name as written in rule files (`capacity`, `refillPerSecond`, ...).
+    pub field: &'static str,
+    /// Why the value is rejected.
+    pub reason: String,
+}
+
+impl LimitError {
+    fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self { field, reason: reason.into() }
+    }
+}
+
+/// A limit as written, before validation. Counts are `f64` because that is what JSON and YAML
+/// numbers are; validation rejects fractions, negatives, NaN and infinities.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LimitSpec {
+    /// `TOKEN_BUCKET`.
+    TokenBucket {
+        /// Burst size.
+        capacity: f64,
+        /// Sustained rate, units per second.
+        refill_per_second: f64,
+    },
+    /// `SLIDING_WINDOW` (counter approximation).
+    SlidingWindow {
+        /// Units per window.
+        limit: f64,
+        /// Window length.
+        window: Duration,
+    },
+    /// `SLIDING_WINDOW_LOG` (exact).
+    SlidingWindowLog {
+        /// Units per window.
+        limit: f64,
+        /// Window length.
+        window: Duration,
+    },
+    /// `FIXED_WINDOW`.
+    FixedWindow {
+        /// Units per window.
+        limit: f64,
+        /// Window length.
+        window: Duration,
+    },
+    /// `CONCURRENCY`.
+    Concurrency {
+        /// Slots that may be held at once.
+        max_in_flight: f64,
+        /// How long a slot lives if its holder never releases it.
+        slot_ttl: Duration,
+    },
+}
+
+impl LimitSpec {
+    /// Checks every parameter and returns the validated limit.
+    pub fn validate(self) -> Result<Limit, LimitError> {
+        let kind = match self {
+            LimitSpec::TokenBucket { capacity, refill_per_second } => {
+                let capacity = count("capacity", capacity)?;
+                if !refill_per_second.is_finite() {
+                    return Err(LimitError::new("refillPerSecond", "must be a finite number"));
+                }
+                if refill_per_second <= 0.0 {
+                    return Err(LimitError::new("refillPerSecond", "must be greater than zero"));
+                }
+                if refill_per_second > MAX_REFILL_PER_SECOND {
+                    return Err(LimitError::new(
+                        "refillPerSecond",
+                        format!("must be at most {MAX_REFILL_PER_SECOND}"),
+                    ));
+                }
+                let fill_secs = capacity as f64 / refill_per_second;
+                if fill_secs > MAX_PERIOD.as_secs_f64() {
+                    return Err(LimitError::new(
+                        "refillPerSecond",
+                        format!(
+                            "too slow: refilling {capacity} units takes {fill_secs:.0} s, more \
+                             than the {} s allowed",
+                            MAX_PERIOD.as_secs()
+                        ),
+                    ));
+                }
+                Kind::TokenBucket { capacity, refill_per_second }
+            }
+            LimitSpec::SlidingWindow { limit, window } => {
+                let (limit, window_us) = windowed(limit, window)?;
+                Kind::SlidingWindow { limit, window_us }
+            }
+            LimitSpec::SlidingWindowLog { limit, window } => {
+                let (limit, window_us) = windowed(limit, window)?;
+                Kind::SlidingWindowLog { limit, window_us }
+            }
+            LimitSpec::FixedWindow { limit, window } => {
+                let (limit, window_us) = windowed(limit, window)?;
+                Kind::FixedWindow { limit, window_us }
+            }
+            LimitSpec::Concurrency { max_in_flight, slot_ttl } => {
+                let max_in_flight = count("maxInFlight", max_in_flight)?;
+                let slot_ttl_us = period("slotTtl", slot_ttl)?;
+                Kind::Concurrency { max_in_flight, slot_ttl_us }
+            }
+        };
+        Ok(Limit { kind })
+    }
+}
+
+fn count(field: &'static str, value: f64) -> Result<u64, LimitError> {
+    if !value.is_finite() {
+        return Err(LimitError::new(field, "must be a finite number"));
+    }
+    if value <= 0.0 {
+        return Err(LimitError::new(field, format!("must be at least 1, got {value}")));
+    }
+    if value.fract() != 0.0 {
+        return Err(LimitError::new(field, format!("must be a whole number, got {value}")));
+    }
+    if value > MAX_UNITS as f64 {
+        return Err(LimitError::new(field, format!("must be at most {MAX_UNITS}, got {value}")));
+    }
+    Ok(value as u64)
+}
+
+fn period(field: &'static str, value: Duration) -> Result<u64, LimitError> {
+    if value < Duration::from_millis(1) {
+        return Err(LimitError::new(field, format!("must be at least 1 ms, got {value:?}")));
+    }
+    if value.subsec_micros() % 1000 != 0 {
+        return Err(LimitError::new(
+            field,
+            format!("must be a whole number of milliseconds, got {value:?}"),
+        ));
+    }
+    if value > MAX_PERIOD {
+        return Err(LimitError::new(
+            field,
+            format!("must be at most {} s, got {value:?}", MAX_PERIOD.as_secs()),
+        ));
+    }
+    Ok(value.as_micros() as u64)
+}
+
+fn windowed(limit: f64, window: Duration) -> Result<(u64, u64), LimitError> {
+    let limit = count("limit", limit)?;
+    let window_us = period("window", window)?;
+    if limit.checked_mul(window_us).is_none() {
+        return Err(LimitError::new(
+            "limit",
+            format!("limit × window overflows: {limit} × {window_us} µs"),
+        ));
+    }
+    Ok((limit, window_us))
+}
+
+/// A validated limit. Cheap to copy; compare with `==`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limit {
+    kind: Kind,
+}
+
+/// The validated parameters, in the units the stores compute with (microseconds).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Kind {
+    TokenBucket { capacity: u64, refill_per_second: f64 },
+    SlidingWindow { limit: u64, window_us: u64 },
+    SlidingWindowLog { limit: u64, window_us: u64 },
+    FixedWindow { limit: u64, window_us: u64 },
+    Concurrency { max_in_flight: u64, slot_ttl_us: u64 },
+}
+
+impl Limit {
+    /// A token bucket holding `capacity` units, refilling `refill_per_second`.
+    pub fn token_bucket(capacity: u64, refill_per_second: f64) -> Result<Self, LimitError> {
+        LimitSpec::TokenBucket { capacity: capacity as f64, refill_per_second }.validate()
+    }
+
+    /// `limit` units per epoch-aligned window.
+    pub fn fixed_window(limit: u64, window: Duration) -> Result<Self, LimitError> {
+        LimitSpec::FixedWindow { limit: limit as f64, window }.validate()
+    }
+
+    /// `limit` units per sliding window (counter approximation).
+    pub fn sliding_window(limit: u64, window: Duration) -> Result<Self, LimitError> {
+        LimitSpec::SlidingWindow { limit: limit as f64, window }.validate()
+    }
+
+    /// `limit` units per sliding window, exact (one log entry per admission).
+    pub fn sliding_window_log(limit: u64, window: Duration) -> Result<Self, LimitError> {
+        LimitSpec::SlidingWindowLog { limit: limit as f64, window }.validate()
+    }
+
+    /// At most `max_in_flight` slots held at once, each expiring after `slot_ttl`.
+    pub fn concurrency(max_in_flight: u64, slot_ttl: Duration) -> Result<Self, LimitError> {
+        LimitSpec::Concurrency { max_in_flight: max_in_flight as f64, slot_ttl }.validate()
+    }
+
+    /// Which algorithm this limit uses.
+    pub fn algorithm(&self) -> Algorithm {
+        match self.kind {
+            Kind::TokenBucket { .. } => Algorithm::TokenBucket,
+            Kind::SlidingWindow { .. } => Algorithm::SlidingWindow,
+            Kind::SlidingWindowLog { .. } => Algorithm::SlidingWindowLog,
+            Kind::FixedWindow { .. } => Algorithm::FixedWindow,
+            Kind::Concurrency { .. } => Algorithm::Concurrency,
+        }
+    }
+
+    /// The most units the bucket can ever hold at once: the capacity, the window limit or the
+    /// number of slots. A cost above it can never be admitted.
+    pub fn capacity(&self) -> u64 {
+        match self.kind {
+            Kind::TokenBucket { capacity, .. } => capacity,
+            Kind::SlidingWindow { limit, .. }
+            | Kind::SlidingWindowLog { limit, .. }
+            | Kind::FixedWindow { limit, .. } => limit,
+            Kind::Concurrency { max_in_flight, .. } => max_in_flight,
+        }
+    }
+
+    /// The window length for window algorithms; `None` otherwise.
+    pub fn window(&self) -> Option<Duration> {
+        match self.kind {
+            Kind::SlidingWindow { window_us, .. }
+            | Kind::SlidingWindowLog { window_us, .. }
+            | Kind::FixedWindow { window_us, .. } => Some(Duration::from_micros(window_us)),
+            _ => None,
+        }
+    }
+
+    /// The refill rate for token buckets; `None` otherwise.
+    pub fn refill_per_second(&self) -> Option<f64> {
+        match self.kind {
+            Kind::TokenBucket { refill_per_second, .. } => Some(refill_per_second),
+            _ => None,
+        }
+    }
+
+    /// The slot TTL for concurrency limits; `None` otherwise.
+    pub fn slot_ttl(&self) -> Option<Duration> {
+        match self.kind {
+            Kind::Concurrency { slot_ttl_us, .. } => Some(Duration::from_micros(slot_ttl_us)),
+            _ => None,
+        }
+    }
+
+    /// The limit as written (round-trips through [`LimitSpec::validate`]).
+    pub fn spec(&self) -> LimitSpec {
+        match self.kind {
+            Kind::TokenBucket { capacity, refill_per_second } => {
+                LimitSpec::TokenBucket { capacity: capacity as f64, refill_per_second }
+            }
+            Kind::SlidingWindow { limit, window_us } => LimitSpec::SlidingWindow {
+                limit: limit as f64,
+                window: Duration::from_micros(window_us),
+            },
+            Kind::SlidingWindowLog { limit, window_us } => LimitSpec::SlidingWindowLog {
+                limit: limit as f64,
+                window: Duration::from_micros(window_us),
+            },
+            Kind::FixedWindow { limit, window_us } => LimitSpec::FixedWindow {
+                limit: limit as f64,
+                window: Duration::from_micros(window_us),
+            },
+            Kind::Concurrency { max_in_flight, slot_ttl_us } => LimitSpec::Concurrency {
+                max_in_flight: max_in_flight as f64,
+                slot_ttl: Duration::from_micros(slot_ttl_us),
+            },
+        }
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The two numeric parameters as the scripts receive them.
+    pub(crate) fn script_params(&self) -> (String, String) {
+        match self.kind {
+            Kind::TokenBucket { capacity, refill_per_second } => {
+                (capacity.to_string(), format!("{refill_per_second:?}"))
+            }
+            Kind::SlidingWindow { limit, window_us }
+            | Kind::SlidingWindowLog { limit, window_us }
+            | Kind::FixedWindow { limit, window_us } => (limit.to_string(), window_us.to_string()),
+            Kind::Concurrency { max_in_flight, slot_ttl_us } => {
+                (max_in_flight.to_string(), slot_ttl_us.to_string())
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field_of(spec: LimitSpec) -> &'static str {
+        spec.validate().expect_err("spec should be rejected").field
+    }
+
+    #[test]
+    fn valid_limits_round_trip_through_their_spec() {
+        let limits = [
+            Limit::token_bucket(100, 10.0),
+            Limit::fixed_window(600, Duration::from_secs(60)),
+            Limit::sliding_window(5, Duration::from_secs(86_400)),
+            Limit::sliding_window_log(3, Duration::from_millis(1500)),
+            Limit::concurrency(4, Duration::from_secs(30)),
+        ];
+        for limit in limits {
+            let limit = limit.expect("valid");
+            assert_eq!(limit.spec().validate(), Ok(limit));
+        }
+    }
+
+    #[test]
+    fn rejects_bad_counts_naming_the_field() {
+        let tb = |capacity, refill_per_second| LimitSpec::TokenBucket { capacity, refill_per_second };
+        assert_eq!(field_of(tb(0.0, 1.0)), "capacity");
+        assert_eq!(field_of(tb(-5.0, 1.0)), "capacity");
+        assert_eq!(field_of(tb(1.5, 1.0)), "capacity");
+        assert_eq!(field_of(tb(f64::NAN, 1.0)), "capacity");
+        assert_eq!(field_of(tb(f64::INFINITY, 1.0)), "capacity");
+        assert_eq!(field_of(tb(1e300, 1.0)), "capacity");
+        assert_eq!(field_of(tb(10.0, 0.0)), "refillPerSecond");
+        assert_eq!(field_of(tb(10.0, -1.0)), "refillPerSecond");
+        assert_eq!(field_of(tb(10.0, f64::NAN)), "refillPerSecond");
+        assert_eq!(field_of(tb(10.0, f64::INFINITY)), "refillPerSecond");
+        assert_eq!(field_of(tb(10.0, 1e12)), "refillPerSecond");
+        assert_eq!(field_of(tb(1e12, 1e-9)), "refillPerSecond");
+    }
+
+    #[test]
+    fn rejects_bad_windows_naming_the_field() {
+        let fw = |limit, window| LimitSpec::FixedWindow { limit, window };
+        assert_eq!(field_of(fw(0.0, Duration::from_secs(1))), "limit");
+        assert_eq!(field_of(fw(10.0, Duration::ZERO)), "window");
+        assert_eq!(field_of(fw(10.0, Duration::from_micros(1500))), "window");
+        assert_eq!(field_of(fw(10.0, MAX_PERIOD + Duration::from_secs(1))), "window");
+        let c = |max_in_flight, slot_ttl| LimitSpec::Concurrency { max_in_flight, slot_ttl };
+        assert_eq!(field_of(c(0.0, Duration::from_secs(1))), "maxInFlight");
+        assert_eq!(field_of(c(3.0, Duration::ZERO)), "slotTtl");
+    }
+
+    #[test]
+    fn rejects_limit_times_window_overflow() {
+        let err = LimitSpec::SlidingWindow { limit: MAX_UNITS as f64, window: MAX_PERIOD }
+            .validate()
+            .expect_err("overflow");
+        assert_eq!(err.field, "limit");
+        assert!(err.reason.contains("overflows"), "{err}");
+    }
+
+    #[test]
+    fn algorithm_names_parse_and_unknown_ones_are_named() {
+        for a in Algorithm::ALL {
+            assert_eq!(a.as_str().parse::<Algorithm>(), Ok(a));
+        }
+        let err = "LEAKY_BUCKET".parse::<Algorithm>().expect_err("unknown");
+        assert_eq!(err.field, "algorithm");
+    }
+}

@@ -1,0 +1,417 @@
+//! The in-memory store: the same semantics as the Redis scripts, in process.
+//!
+//! It is the embedded default of a single node and the engine of the simulations. Keys are
+//! spread over shards by identity, each behind its own mutex, so all of one identity's buckets
+//! are judged under one lock (atomic, as one script is in Redis) and different identities
+//! rarely contend. Time comes from an injected [`Clock`](crate::clock::Clock).
+//!
+//! Memory is bounded: expired keys are swept as shards grow, and a shard that is full of live
+//! keys refuses new ones with a transient [`StoreError::Full`].
+
+mod bucket;
+
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::algorithm::{ttl_ms, unique_id};
+use crate::algorithm::entry_log::member_units;
+use crate::algorithm::zset::ZSet;
+use crate::clock::{Micros, SharedClock, SystemClock};
+use crate::error::StoreError;
+use crate::key::BucketKey;
+use crate::limit::{Kind, Limit};
+use crate::ops::check::{BucketStatus, CheckOutcome, CheckRequest, is_slot_bucket};
+use crate::ops::debit::DebitRequest;
+use crate::ops::lease::{LeaseGrant, LeaseId, LeaseRequest, ReturnRequest};
+use crate::ops::nonce;
+use crate::ops::slot::{SlotId, SlotRelease};
+use crate::store::{LeaseStore, state_key};
+use bucket::{Bucket, Keys, Value};
+
+/// Settings of the in-memory store.
+#[derive(Debug, Clone)]
+pub struct MemoryConfig {
+    /// Number of shards (rounded up to a power of two).
+    pub shards: usize,
+    /// The most keys held at once, all shards together.
+    pub max_keys: usize,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self { shards: 64, max_keys: 4_000_000 }
+    }
+}
+
+/// The in-memory lease store. Cloning shares the same state.
+#[derive(Debug, Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    clock: SharedClock,
+    max_keys: usize,
+    max_keys_per_shard: usize,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    keys: Keys,
+    /// Sweep expired keys when the shard reaches this size.
+    sweep_at: usize,
+}
+
+const MIN_SWEEP: usize = 64;
+
+impl MemoryStore {
+    /// A store on the system clock with default settings.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock), MemoryConfig::default())
+    }
+
+    /// A store reading time from `clock`.
+    pub fn with_clock(clock: SharedClock, config: MemoryConfig) -> Self {
+        let shards = config.shards.max(1).next_power_of_two();
+        let max_keys_per_shard = config.max_keys.div_ceil(shards).max(1);
+        Self {
+            inner: Arc::new(Inner {
+                shards: (0..shards)
+                    .map(|_| Mutex::new(Shard { keys: Keys::default(), sweep_at: MIN_SWEEP }))
+                    .collect(),
+                hasher: RandomState::new(),
+                clock,
+                max_keys: config.max_keys,
+                max_keys_per_shard,
+            }),
+        }
+    }
+
+    /// Keys held, expired or not (expired keys are swept lazily).
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.lock().keys.map.len()).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired key now.
+    pub fn purge_expired(&self) {
+        let now = self.inner.clock.now_micros();
+        for shard in self.inner.shards.iter() {
+            shard.lock().keys.purge_expired(now);
+        }
+    }
+
+    /// Runs `op` on the shard of `key`'s identity, under its lock, at the current time.
+    fn with_shard<T>(
+        &self,
+        key: &BucketKey,
+        new_keys: usize,
+        op: impl FnOnce(&mut Keys, Micros) -> T,
+    ) -> Result<T, StoreError> {
+        let inner = &*self.inner;
+        let index = inner.hasher.hash_one(key.identity_prefix()) as usize & (inner.shards.len() - 1);
+        let mut shard = inner.shards[index].lock();
+        let now = inner.clock.now_micros();
+        if shard.keys.map.len() >= shard.sweep_at {
+            shard.keys.purge_expired(now);
+            shard.sweep_at = (shard.keys.map.len() * 2).max(MIN_SWEEP);
+        }
+        if shard.keys.map.len() + new_keys > inner.max_keys_per_shard {
+            shard.keys.purge_expired(now);
+            if shard.keys.map.len() + new_keys > inner.max_keys_per_shard {
+                return Err(StoreError::Full { max_keys: inner.max_keys });
+            }
+        }
+        Ok(op(&mut shard.keys, now))
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn us(d: u64) -> Duration {
+    Duration::from_micros(d)
+}
+
+impl LeaseStore for MemoryStore {
+    async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
+        let items = req.items();
+        let slot_nonce = if items.iter().any(|i| is_slot_bucket(&i.limit)) { nonce() } else { String::new() };
+        self.with_shard(&items[0].key, items.len(), |keys, now| {
+            let buckets: Vec<(std::borrow::Cow<str>, Bucket)> = items
+                .iter()
+                .map(|i| {
+                    let k = state_key(&i.key, &i.limit);
+                    let b = Bucket::load(keys, &k, &i.limit, now);
+                    (k, b)
+                })
+                .collect();
+            let admits: Vec<bool> =
+                items.iter().zip(&buckets).map(|(i, (_, b))| b.admits(&i.limit, now, i.cost)).collect();
+            let all = admits.iter().all(|a| *a);
+            let mut out = Vec::with_capacity(items.len());
+            for ((item, (k, mut b)), allowed) in items.iter().zip(buckets).zip(admits) {
+                let consume = all && item.cost > 0;
+                let entry = if consume { b.consume(&item.limit, now, item.cost, &slot_nonce) } else { None };
+                out.push(BucketStatus {
+                    allowed,
+                    remaining: b.available(&item.limit, now),
+                    retry_after: us(if allowed { 0 } else { b.retry_after(&item.limit, now, item.cost) }),
+                    reset_after: us(b.reset_after(&item.limit, now)),
+                    slot: entry.filter(|_| is_slot_bucket(&item.limit)).map(|s| SlotId(s.into())),
+                });
+                if consume {
+                    b.store(keys, &k, &item.limit, now);
+                }
+            }
+            CheckOutcome { buckets: out }
+        })
+    }
+
+    async fn acquire_leases(&self, req: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
+        let asks = req.asks();
+        let ttl_us = req.ttl().as_micros() as u64;
+        let nonce = nonce();
+        self.with_shard(&asks[0].key, 2 * asks.len(), |keys, now| {
+            asks.iter()
+                .map(|ask| {
+                    let lease_key = ask.key.lease_key();
+                    let mut leases = keys.sorted(&lease_key, now);
+                    leases.remove_up_to(now);
+                    let k = state_key(&ask.key, &ask.limit);
+                    let mut b = Bucket::load(keys, &k, &ask.limit, now);
+                    let available = b.available(&ask.limit, now);
+                    let grant = grant_size(available, ask.want, ask.min, ask.max_share);
+                    if grant == 0 {
+                        store_leases(keys, &lease_key, leases, now);
+                        return LeaseGrant {
+                            units: 0,
+                            lease: None,
+                            valid_for: Duration::ZERO,
+                            remaining: available,
+                            retry_after: us(b.retry_after(&ask.limit, now, ask.min)),
+                            reset_after: us(b.reset_after(&ask.limit, now)),
+                        };
+                    }
+                    let entry = b.consume(&ask.limit, now, grant, "");
+                    let (valid_for, ws) = lease_validity(&ask.limit, &b, now, ttl_us);
+                    let tail = format!(":{ws}:{}:{nonce}", ask.limit.algorithm().script_code());
+                    let id = match entry {
+                        // The log entry's member `<id>:<units>` starts the lease id.
+                        Some(member) => member,
+                        None => {
+                            let units = format!(":{grant}");
+                            let id = unique_id(now, &format!("{units}{tail}"), |m| leases.contains(m));
+                            format!("{id}{units}")
+                        }
+                    };
+                    let lease = format!("{id}{tail}");
+                    leases.add(now + valid_for, lease.clone());
+                    let out = LeaseGrant {
+                        units: grant,
+                        lease: Some(LeaseId(lease.into())),
+                        valid_for: us(valid_for),
+                        remaining: b.available(&ask.limit, now),
+                        retry_after: Duration::ZERO,
+                        reset_after: us(b.reset_after(&ask.limit, now)),
+                    };
+                    b.store(keys, &k, &ask.limit, now);
+                    store_leases(keys, &lease_key, leases, now);
+                    out
+                })
+                .collect()
+        })
+    }
+
+    async fn return_leases(&self, req: &ReturnRequest) -> Result<Vec<u64>, StoreError> {
+        let items = req.items();
+        self.with_shard(&items[0].key, 0, |keys, now| {
+            items
+                .iter()
+                .map(|item| {
+                    let lease_key = item.key.lease_key();
+                    let mut leases = keys.sorted(&lease_key, now);
+                    let Some(expiry) = leases.score(item.lease.as_str()) else { return 0 };
+                    leases.remove(item.lease.as_str());
+                    store_leases(keys, &lease_key, leases, now);
+                    let Some(lease) = ParsedLease::parse(item.lease.as_str()) else { return 0 };
+                    if expiry <= now || lease.algorithm != item.limit.algorithm().script_code() {
+                        return 0;
+                    }
+                    let credit = item.unspent.min(lease.units);
+                    let k = state_key(&item.key, &item.limit);
+                    let mut b = Bucket::load(keys, &k, &item.limit, now);
+                    let credited = match &mut b {
+                        Bucket::TokenBucket(tb) => {
+                            tb.credit(credit, item.limit.capacity());
+                            credit
+                        }
+                        Bucket::FixedWindow(fw) if fw.ws == lease.ws => {
+                            let c = credit.min(fw.count);
+                            fw.count -= c;
+                            c
+                        }
+                        Bucket::SlidingWindow(sw) if sw.ws == lease.ws => {
+                            let c = credit.min(sw.cur);
+                            sw.cur -= c;
+                            c
+                        }
+                        Bucket::Log(log) => match log.remove(&lease.entry) {
+                            Some((score, units)) => {
+                                let c = credit.min(units);
+                                if units > c {
+                                    log.entries.add(score, format!("{}:{}", lease.id, units - c));
+                                    log.used += units - c;
+                                }
+                                c
+                            }
+                            None => 0,
+                        },
+                        _ => 0,
+                    };
+                    if credited > 0 {
+                        b.store(keys, &k, &item.limit, now);
+                    }
+                    credited
+                })
+                .collect()
+        })
+    }
+
+    async fn release_slots(&self, req: &SlotRelease) -> Result<Vec<bool>, StoreError> {
+        let items = req.items();
+        self.with_shard(&items[0].0, 0, |keys, now| {
+            items
+                .iter()
+                .map(|(key, slot)| {
+                    let k = format!("{key}:slots");
+                    let mut slots = keys.sorted(&k, now);
+                    slots.remove_up_to(now);
+                    let released = slots.remove(slot.as_str());
+                    if slots.is_empty() {
+                        keys.map.remove(&k);
+                    } else if let Some(stored) = keys.map.get_mut(&k) {
+                        stored.value = Value::Sorted(slots);
+                    }
+                    released
+                })
+                .collect()
+        })
+    }
+
+    async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {
+        let items = req.items();
+        self.with_shard(&items[0].key, items.len(), |keys, now| {
+            items
+                .iter()
+                .map(|item| {
+                    let at = item.consumed_at.unwrap_or(now).min(now);
+                    let k = state_key(&item.key, &item.limit);
+                    let mut b = Bucket::load(keys, &k, &item.limit, now);
+                    let applied = match (&mut b, item.limit.kind()) {
+                        (Bucket::TokenBucket(tb), _) => {
+                            tb.debit(item.units, item.limit.capacity());
+                            item.units
+                        }
+                        (Bucket::FixedWindow(fw), Kind::FixedWindow { window_us, .. }) => {
+                            if fw.counts_at(window_us, at) {
+                                fw.count += item.units;
+                                item.units
+                            } else {
+                                0
+                            }
+                        }
+                        (Bucket::SlidingWindow(sw), Kind::SlidingWindow { window_us, .. }) => {
+                            sw.debit(window_us, at, item.units)
+                        }
+                        (Bucket::Log(log), Kind::SlidingWindowLog { window_us, .. }) => {
+                            if at > now.saturating_sub(window_us) {
+                                log.add(at, at, item.units, "");
+                                item.units
+                            } else {
+                                0
+                            }
+                        }
+                        _ => 0,
+                    };
+                    if applied > 0 {
+                        b.store(keys, &k, &item.limit, now);
+                    }
+                    applied
+                })
+                .collect()
+        })
+    }
+}
+
+/// How many units one grant takes: at most `want`, at most `max_share` of what is available
+/// (but never less than `min`), and nothing unless `min` units are available.
+pub(crate) fn grant_size(available: u64, want: u64, min: u64, max_share: f64) -> u64 {
+    if available < min {
+        return 0;
+    }
+    let share = (available as f64 * max_share).floor() as u64;
+    want.min(share.max(min))
+}
+
+/// How long a lease lives, and the window it belongs to (0 for token buckets; the entry's
+/// time for the log). A lease never outlives its window.
+fn lease_validity(limit: &Limit, bucket: &Bucket, now: Micros, ttl_us: u64) -> (u64, Micros) {
+    match (bucket, limit.kind()) {
+        (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
+            (ttl_us.min(b.until_end(window_us, now)), b.ws)
+        }
+        (Bucket::SlidingWindow(b), Kind::SlidingWindow { window_us, .. }) => {
+            (ttl_us.min((b.ws + window_us).saturating_sub(now)), b.ws)
+        }
+        (Bucket::Log(_), Kind::SlidingWindowLog { window_us, .. }) => (ttl_us.min(window_us), now),
+        _ => (ttl_us, 0),
+    }
+}
+
+fn store_leases(keys: &mut Keys, lease_key: &str, leases: ZSet, now: Micros) {
+    match leases.max_score() {
+        None => {
+            keys.map.remove(lease_key);
+        }
+        Some(last) => {
+            let expires_at = now + ttl_ms(last.saturating_sub(now)) * 1000;
+            keys.put(lease_key, Value::Sorted(leases), expires_at);
+        }
+    }
+}
+
+/// The fields of a lease id: `<id>:<units>:<ws>:<algorithm>:<nonce>`.
+struct ParsedLease<'a> {
+    id: &'a str,
+    entry: String,
+    units: u64,
+    ws: Micros,
+    algorithm: u8,
+}
+
+impl<'a> ParsedLease<'a> {
+    fn parse(text: &'a str) -> Option<Self> {
+        let mut parts = text.split(':');
+        let id = parts.next()?;
+        let units_text = parts.next()?;
+        let ws = parts.next()?.parse().ok()?;
+        let algorithm = parts.next()?.parse().ok()?;
+        parts.next()?;
+        let entry = format!("{id}:{units_text}");
+        Some(Self { id, units: member_units(&entry), entry, ws, algorithm })
+    }
+}

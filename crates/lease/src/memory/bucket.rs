@@ -1,0 +1,207 @@
+//! One bucket of the in-memory store, loaded at `now`: the same steps the Lua scripts take,
+//! on the pure state of [`crate::algorithm`].
+
+use std::collections::HashMap;
+
+use crate::algorithm::entry_log::EntryLog;
+use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::sliding_window::SlidingWindow;
+use crate::algorithm::token_bucket::TokenBucket;
+use crate::algorithm::ttl_ms;
+use crate::algorithm::zset::ZSet;
+use crate::clock::Micros;
+use crate::limit::{Kind, Limit};
+
+/// What a key holds, as Redis would: a hash for the counters, a sorted set for the rest.
+#[derive(Debug, Clone)]
+pub(crate) enum Value {
+    TokenBucket(TokenBucket),
+    FixedWindow(FixedWindow),
+    SlidingWindow(SlidingWindow),
+    Sorted(ZSet),
+}
+
+/// A key's value and when it expires.
+#[derive(Debug, Clone)]
+pub(crate) struct Stored {
+    pub(crate) value: Value,
+    pub(crate) expires_at: Micros,
+}
+
+/// The keys of one shard. Expired keys read as absent, as in Redis.
+#[derive(Debug, Default)]
+pub(crate) struct Keys {
+    pub(crate) map: HashMap<String, Stored>,
+}
+
+impl Keys {
+    pub(crate) fn get(&self, key: &str, now: Micros) -> Option<&Value> {
+        self.map.get(key).filter(|s| s.expires_at > now).map(|s| &s.value)
+    }
+
+    pub(crate) fn put(&mut self, key: &str, value: Value, expires_at: Micros) {
+        match self.map.get_mut(key) {
+            Some(stored) => *stored = Stored { value, expires_at },
+            None => {
+                self.map.insert(key.to_owned(), Stored { value, expires_at });
+            }
+        }
+    }
+
+    pub(crate) fn sorted(&self, key: &str, now: Micros) -> ZSet {
+        match self.get(key, now) {
+            Some(Value::Sorted(z)) => z.clone(),
+            _ => ZSet::default(),
+        }
+    }
+
+    pub(crate) fn purge_expired(&mut self, now: Micros) {
+        self.map.retain(|_, s| s.expires_at > now);
+    }
+}
+
+/// A bucket's state at `now`.
+#[derive(Debug, Clone)]
+pub(crate) enum Bucket {
+    TokenBucket(TokenBucket),
+    FixedWindow(FixedWindow),
+    SlidingWindow(SlidingWindow),
+    Log(EntryLog),
+    Slots(EntryLog),
+}
+
+impl Bucket {
+    /// Loads the bucket stored at `key` (as given by [`state_key`]). State written by another
+    /// algorithm (the rule changed) reads as no state.
+    pub(crate) fn load(keys: &Keys, key: &str, limit: &Limit, now: Micros) -> Self {
+        let stored = keys.get(key, now);
+        match limit.kind() {
+            Kind::TokenBucket { capacity, refill_per_second } => {
+                let s = match stored {
+                    Some(Value::TokenBucket(s)) => Some(*s),
+                    _ => None,
+                };
+                Bucket::TokenBucket(TokenBucket::load(s, capacity, refill_per_second, now))
+            }
+            Kind::FixedWindow { window_us, .. } => {
+                let s = match stored {
+                    Some(Value::FixedWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                Bucket::FixedWindow(FixedWindow::load(s, window_us, now))
+            }
+            Kind::SlidingWindow { window_us, .. } => {
+                let s = match stored {
+                    Some(Value::SlidingWindow(s)) => Some(*s),
+                    _ => None,
+                };
+                Bucket::SlidingWindow(SlidingWindow::load(s, window_us, now))
+            }
+            Kind::SlidingWindowLog { window_us, .. } => {
+                Bucket::Log(EntryLog::load(keys.sorted(key, now), now.saturating_sub(window_us)))
+            }
+            Kind::Concurrency { .. } => Bucket::Slots(EntryLog::load(keys.sorted(key, now), now)),
+        }
+    }
+
+    pub(crate) fn admits(&self, limit: &Limit, now: Micros, cost: u64) -> bool {
+        match (self, limit.kind()) {
+            (Bucket::TokenBucket(b), _) => b.admits(cost),
+            (Bucket::FixedWindow(b), _) => b.admits(limit.capacity(), cost),
+            (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
+                b.admits(limit, window_us, now, cost)
+            }
+            (Bucket::Log(b) | Bucket::Slots(b), _) => b.admits(limit.capacity(), cost),
+            _ => false,
+        }
+    }
+
+    /// Whole units available now.
+    pub(crate) fn available(&self, limit: &Limit, now: Micros) -> u64 {
+        match (self, limit.kind()) {
+            (Bucket::TokenBucket(b), _) => b.available(),
+            (Bucket::FixedWindow(b), _) => b.available(limit.capacity()),
+            (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
+                b.available(limit, window_us, now)
+            }
+            (Bucket::Log(b) | Bucket::Slots(b), _) => b.available(limit.capacity()),
+            _ => 0,
+        }
+    }
+
+    /// Consumes `units`; returns the new entry's member for the log and for slots.
+    pub(crate) fn consume(&mut self, limit: &Limit, now: Micros, units: u64, nonce: &str) -> Option<String> {
+        match (self, limit.kind()) {
+            (Bucket::TokenBucket(b), _) => b.take(units),
+            (Bucket::FixedWindow(b), _) => b.count += units,
+            (Bucket::SlidingWindow(b), _) => b.cur += units,
+            (Bucket::Log(b), _) => return Some(b.add(now, now, units, "")),
+            (Bucket::Slots(b), Kind::Concurrency { slot_ttl_us, .. }) => {
+                return Some(b.add(now, now + slot_ttl_us, units, &format!(":{nonce}")));
+            }
+            (Bucket::Slots(_), _) => {}
+        }
+        None
+    }
+
+    pub(crate) fn retry_after(&self, limit: &Limit, now: Micros, cost: u64) -> u64 {
+        match (self, limit.kind()) {
+            (Bucket::TokenBucket(b), Kind::TokenBucket { refill_per_second, .. }) => {
+                b.retry_after(cost, refill_per_second)
+            }
+            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => b.retry_after(window_us, now),
+            (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
+                b.retry_after(limit, window_us, now, cost)
+            }
+            (Bucket::Log(b), Kind::SlidingWindowLog { limit, window_us }) => {
+                b.retry_after(limit, cost, window_us, now)
+            }
+            (Bucket::Slots(b), Kind::Concurrency { max_in_flight, .. }) => {
+                b.retry_after(max_in_flight, cost, 0, now)
+            }
+            _ => 0,
+        }
+    }
+
+    pub(crate) fn reset_after(&self, limit: &Limit, now: Micros) -> u64 {
+        match (self, limit.kind()) {
+            (Bucket::TokenBucket(b), Kind::TokenBucket { capacity, refill_per_second }) => {
+                b.reset_after(capacity, refill_per_second)
+            }
+            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => b.reset_after(window_us, now),
+            (Bucket::SlidingWindow(b), Kind::SlidingWindow { window_us, .. }) => b.reset_after(window_us, now),
+            (Bucket::Log(b), Kind::SlidingWindowLog { window_us, .. }) => b.reset_after(window_us, now),
+            (Bucket::Slots(b), _) => b.reset_after(0, now),
+            _ => 0,
+        }
+    }
+
+    /// Writes the bucket back with the expiry the scripts give it.
+    pub(crate) fn store(self, keys: &mut Keys, key: &str, limit: &Limit, now: Micros) {
+        let neutral_in = self.neutral_in(limit, now);
+        let value = match self {
+            Bucket::TokenBucket(b) => Value::TokenBucket(b),
+            Bucket::FixedWindow(b) => Value::FixedWindow(b),
+            Bucket::SlidingWindow(b) => Value::SlidingWindow(b),
+            Bucket::Log(b) | Bucket::Slots(b) => {
+                if b.entries.is_empty() {
+                    keys.map.remove(key);
+                    return;
+                }
+                Value::Sorted(b.entries)
+            }
+        };
+        keys.put(key, value, now + ttl_ms(neutral_in) * 1000);
+    }
+
+    /// Microseconds until the state is indistinguishable from no state.
+    fn neutral_in(&self, limit: &Limit, now: Micros) -> u64 {
+        match (self, limit.kind()) {
+            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => b.until_end(window_us, now),
+            (Bucket::SlidingWindow(b), Kind::SlidingWindow { window_us, .. }) => {
+                (b.ws + window_us).saturating_sub(now) + window_us
+            }
+            _ => self.reset_after(limit, now),
+        }
+    }
+}

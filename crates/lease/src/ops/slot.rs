@@ -1,0 +1,55 @@
+//! Concurrency slots: taken by a `check` on a `CONCURRENCY` bucket, released here.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::InvalidInput;
+use crate::key::BucketKey;
+use crate::limit::{Algorithm, Limit};
+use crate::ops::{Repeats, validate_keys};
+
+/// An in-flight slot. Opaque; hand it back to [`SlotRelease`] when the request completes.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct SlotId(pub(crate) Arc<str>);
+
+impl SlotId {
+    /// The id as the store knows it.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SlotId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SlotId({})", self.0)
+    }
+}
+
+/// Slots to release, all of one identity. Releasing is idempotent: a slot already released or
+/// expired is simply not found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotRelease {
+    items: Vec<(BucketKey, SlotId)>,
+}
+
+impl SlotRelease {
+    /// Validates that every bucket is a concurrency bucket of one identity.
+    pub fn new(items: Vec<(BucketKey, Limit, SlotId)>) -> Result<Self, InvalidInput> {
+        validate_keys(items.iter().map(|(k, _, _)| k), Repeats::Allowed)?;
+        for (key, limit, _) in &items {
+            if limit.algorithm() != Algorithm::Concurrency {
+                return Err(InvalidInput::Unsupported {
+                    operation: "slot release",
+                    algorithm: limit.algorithm(),
+                    key: key.to_string(),
+                });
+            }
+        }
+        Ok(Self { items: items.into_iter().map(|(k, _, s)| (k, s)).collect() })
+    }
+
+    /// The slots, in request order.
+    pub fn items(&self) -> &[(BucketKey, SlotId)] {
+        &self.items
+    }
+}

@@ -1,0 +1,68 @@
+//! The Lua scripts, one reviewed `.lua` file per operation, each prefixed with `lib.lua`.
+//!
+//! A script is sent with `EVALSHA`; when Redis answers `NOSCRIPT` (after a restart, a failover
+//! or `SCRIPT FLUSH`) the same call is sent once more as `EVAL`, which also caches the script
+//! on that server, so the caller never sees it.
+
+use std::sync::LazyLock;
+
+const LIB: &str = include_str!("scripts/lib.lua");
+
+/// One operation's script.
+#[derive(Debug)]
+pub(crate) struct Script {
+    pub(crate) name: &'static str,
+    pub(crate) source: String,
+    pub(crate) sha: String,
+}
+
+impl Script {
+    fn new(name: &'static str, body: &str) -> Self {
+        let source = format!("{LIB}\n{body}");
+        let sha = redis::Script::new(&source).get_hash().to_owned();
+        Self { name, source, sha }
+    }
+}
+
+/// All of them, built once.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub(crate) check: Script,
+    pub(crate) lease_acquire: Script,
+    pub(crate) lease_return: Script,
+    pub(crate) slot_release: Script,
+    pub(crate) debit: Script,
+}
+
+pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    check: Script::new("check", include_str!("scripts/check.lua")),
+    lease_acquire: Script::new("lease_acquire", include_str!("scripts/lease_acquire.lua")),
+    lease_return: Script::new("lease_return", include_str!("scripts/lease_return.lua")),
+    slot_release: Script::new("slot_release", include_str!("scripts/slot_release.lua")),
+    debit: Script::new("debit", include_str!("scripts/debit.lua")),
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_has_a_distinct_sha_and_a_header() {
+        let all = [
+            &SCRIPTS.check,
+            &SCRIPTS.lease_acquire,
+            &SCRIPTS.lease_return,
+            &SCRIPTS.slot_release,
+            &SCRIPTS.debit,
+        ];
+        let shas: std::collections::HashSet<_> = all.iter().map(|s| &s.sha).collect();
+        assert_eq!(shas.len(), all.len());
+        for s in all {
+            assert_eq!(s.sha.len(), 40, "{}", s.name);
+            let body = &s.source[LIB.len()..];
+            for part in ["KEYS", "ARGV", "Reply", "Invariants"] {
+                assert!(body.contains(part), "{} lacks a {part} header", s.name);
+            }
+        }
+    }
+}

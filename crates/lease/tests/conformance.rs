@@ -1,0 +1,567 @@
+//! The lease store's conformance suite: every case is written once and run against the
+//! in-memory store (on a manual clock), a real single Redis and a real 3-primary Redis Cluster.
+//!
+//! Against Redis, time is Redis `TIME` and moves on its own; cases are written so that a few
+//! milliseconds of extra time between calls cannot change their outcome, and assert exact
+//! values where the in-memory store's clock makes them exact.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{Backend, check1};
+use tollgate_lease::{
+    CheckItem, CheckOutcome, CheckRequest, DebitItem, DebitRequest, Decision, LeaseAsk, LeaseGrant,
+    LeaseId, LeaseRequest, LeaseReturn, LeaseStore, Limit, ReturnRequest, SlotRelease, BucketKey,
+};
+
+const HOUR: Duration = Duration::from_secs(3600);
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+async fn check(b: &Backend, key: &BucketKey, limit: Limit, cost: u64) -> CheckOutcome {
+    b.store.check(&check1(key, limit, cost)).await.expect("check")
+}
+
+async fn allowed_in_a_row(b: &Backend, key: &BucketKey, limit: Limit, calls: usize) -> usize {
+    let mut allowed = 0;
+    for _ in 0..calls {
+        if check(b, key, limit, 1).await.allowed() {
+            allowed += 1;
+        }
+    }
+    allowed
+}
+
+async fn lease(b: &Backend, key: &BucketKey, limit: Limit, want: u64, min: u64, share: f64, ttl: Duration) -> LeaseGrant {
+    let req = LeaseRequest::new(vec![LeaseAsk { key: key.clone(), limit, want, min, max_share: share }], ttl)
+        .expect("valid lease request");
+    let mut grants = b.store.acquire_leases(&req).await.expect("acquire");
+    assert_eq!(grants.len(), 1);
+    grants.remove(0)
+}
+
+async fn give_back(b: &Backend, key: &BucketKey, limit: Limit, lease: &LeaseId, unspent: u64) -> u64 {
+    let req = ReturnRequest::new(vec![LeaseReturn { key: key.clone(), limit, lease: lease.clone(), unspent }])
+        .expect("valid return");
+    b.store.return_leases(&req).await.expect("return")[0]
+}
+
+async fn debit(b: &Backend, key: &BucketKey, limit: Limit, units: u64, at: Option<u64>) -> u64 {
+    let req = DebitRequest::new(vec![DebitItem { key: key.clone(), limit, units, consumed_at: at }]).expect("valid");
+    b.store.debit(&req).await.expect("debit")[0]
+}
+
+async fn remaining(b: &Backend, key: &BucketKey, limit: Limit) -> u64 {
+    let out = check(b, key, limit, 0).await;
+    out.buckets[0].remaining
+}
+
+// ---- the seed's measurements ------------------------------------------------------------
+
+/// Capacity 10 refilling 5/s: 12 back-to-back calls, the first 10 allowed, the last 2 denied
+/// with retry-after ≈ 200 ms.
+async fn seed_twelve_calls(b: &Backend) {
+    let key = b.fresh_key("seed");
+    let limit = Limit::token_bucket(10, 5.0).expect("limit");
+    let mut outcomes = vec![];
+    for _ in 0..12 {
+        outcomes.push(check(b, &key, limit, 1).await);
+    }
+    let allowed: Vec<bool> = outcomes.iter().map(CheckOutcome::allowed).collect();
+    assert_eq!(allowed, [vec![true; 10], vec![false; 2]].concat());
+    for out in &outcomes[10..] {
+        let Decision::Limited { retry_after } = out.decision() else { panic!("denied") };
+        if b.exact_time() {
+            assert_eq!(retry_after, ms(200));
+        } else {
+            assert!(retry_after > ms(100) && retry_after <= ms(200), "{retry_after:?}");
+        }
+    }
+}
+
+/// Capacity 50, 200 concurrent clients: exactly 50 allowed.
+async fn seed_two_hundred_concurrent_clients(b: &Backend) {
+    let key = b.fresh_key("seed-concurrent");
+    let limit = Limit::token_bucket(50, 0.001).expect("limit");
+    let store = Arc::new(b.store.clone());
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let (store, req) = (store.clone(), check1(&key, limit, 1));
+            tokio::spawn(async move { store.check(&req).await.expect("check").allowed() })
+        })
+        .collect();
+    let mut allowed = 0;
+    for t in tasks {
+        allowed += usize::from(t.await.expect("join"));
+    }
+    assert_eq!(allowed, 50);
+}
+
+// ---- check semantics ---------------------------------------------------------------------
+
+async fn all_rules_or_none(b: &Backend) {
+    let wide = b.key("all-or-none", "wide");
+    let narrow = b.key("all-or-none", "narrow");
+    let (lw, ln) = (Limit::token_bucket(5, 0.001).expect("l"), Limit::token_bucket(2, 0.001).expect("l"));
+    let both = || {
+        CheckRequest::new(vec![
+            CheckItem { key: wide.clone(), limit: lw, cost: 1 },
+            CheckItem { key: narrow.clone(), limit: ln, cost: 1 },
+        ])
+        .expect("valid")
+    };
+    assert!(b.store.check(&both()).await.expect("check").allowed());
+    assert!(b.store.check(&both()).await.expect("check").allowed());
+    let third = b.store.check(&both()).await.expect("check");
+    assert!(!third.allowed());
+    assert!(third.buckets[0].allowed && !third.buckets[1].allowed);
+    // The wide rule allowed alone, but spent nothing for the denied request.
+    assert_eq!(remaining(b, &wide, lw).await, 3);
+    assert_eq!(third.buckets[0].remaining, 3);
+}
+
+async fn denied_request_spends_nothing(b: &Backend) {
+    let key = b.fresh_key("denied");
+    let limit = Limit::token_bucket(10, 0.001).expect("l");
+    assert!(check(b, &key, limit, 8).await.allowed());
+    let denied = check(b, &key, limit, 5).await;
+    assert!(!denied.allowed());
+    assert_eq!(denied.buckets[0].remaining, 2);
+    assert!(check(b, &key, limit, 2).await.allowed());
+    assert_eq!(remaining(b, &key, limit).await, 0);
+}
+
+async fn cost_zero_peeks(b: &Backend) {
+    let key = b.fresh_key("peek");
+    let limit = Limit::fixed_window(10, HOUR).expect("l");
+    b.room_in_window(HOUR, Duration::from_secs(10)).await;
+    for _ in 0..3 {
+        let out = check(b, &key, limit, 0).await;
+        assert!(out.allowed());
+        assert_eq!(out.buckets[0].remaining, 10);
+        assert_eq!(out.buckets[0].reset_after, Duration::ZERO);
+    }
+    assert!(check(b, &key, limit, 4).await.allowed());
+    assert_eq!(remaining(b, &key, limit).await, 6);
+    assert_eq!(remaining(b, &key, limit).await, 6);
+}
+
+async fn token_bucket_refills_over_time(b: &Backend) {
+    let key = b.fresh_key("refill");
+    let limit = Limit::token_bucket(2, 10.0).expect("l"); // one token per 100 ms
+    assert_eq!(allowed_in_a_row(b, &key, limit, 3).await, 2);
+    let denied = check(b, &key, limit, 1).await;
+    assert!(!denied.allowed());
+    assert!(denied.buckets[0].retry_after <= ms(100));
+    assert!(denied.buckets[0].reset_after <= ms(200));
+    b.advance(ms(110)).await;
+    assert!(check(b, &key, limit, 1).await.allowed());
+}
+
+async fn token_bucket_retry_is_exact_for_a_large_cost(b: &Backend) {
+    let key = b.fresh_key("retry-cost");
+    let limit = Limit::token_bucket(100, 10.0).expect("l");
+    assert!(check(b, &key, limit, 100).await.allowed());
+    let out = check(b, &key, limit, 30).await;
+    let retry = out.buckets[0].retry_after;
+    if b.exact_time() {
+        assert_eq!(retry, Duration::from_secs(3));
+        assert_eq!(out.buckets[0].reset_after, Duration::from_secs(10));
+    } else {
+        assert!(retry > ms(2500) && retry <= Duration::from_secs(3), "{retry:?}");
+    }
+}
+
+async fn lowered_capacity_applies_at_once(b: &Backend) {
+    let key = b.fresh_key("lowered");
+    let big = Limit::token_bucket(100, 0.001).expect("l");
+    assert!(check(b, &key, big, 10).await.allowed());
+    let small = Limit::token_bucket(20, 0.001).expect("l");
+    assert_eq!(remaining(b, &key, small).await, 20);
+    assert_eq!(allowed_in_a_row(b, &key, small, 21).await, 20);
+}
+
+async fn changing_algorithm_starts_fresh(b: &Backend) {
+    let key = b.fresh_key("switch");
+    let tb = Limit::token_bucket(10, 0.001).expect("l");
+    let fw = Limit::fixed_window(3, HOUR).expect("l");
+    let log = Limit::sliding_window_log(2, HOUR).expect("l");
+    b.room_in_window(HOUR, Duration::from_secs(10)).await;
+    assert!(check(b, &key, tb, 7).await.allowed());
+    assert_eq!(allowed_in_a_row(b, &key, fw, 4).await, 3);
+    assert_eq!(allowed_in_a_row(b, &key, log, 3).await, 2);
+    // Back to the token bucket: the hash now holds a window, which reads as no state.
+    assert_eq!(remaining(b, &key, tb).await, 10);
+}
+
+// ---- windows -------------------------------------------------------------------------------
+
+async fn fixed_window_counts_and_resets(b: &Backend) {
+    let key = b.fresh_key("fixed");
+    let w = Duration::from_secs(1);
+    let limit = Limit::fixed_window(3, w).expect("l");
+    b.start_of_window(w, ms(5)).await;
+    assert_eq!(allowed_in_a_row(b, &key, limit, 5).await, 3);
+    let denied = check(b, &key, limit, 1).await;
+    let retry = denied.buckets[0].retry_after;
+    assert_eq!(retry, denied.buckets[0].reset_after);
+    if b.exact_time() {
+        assert_eq!(retry, ms(995));
+    } else {
+        assert!(retry <= ms(995) && retry > ms(500), "{retry:?}");
+    }
+    b.advance(retry + ms(1)).await;
+    assert_eq!(allowed_in_a_row(b, &key, limit, 4).await, 3);
+}
+
+async fn fixed_window_of_a_day(b: &Backend) {
+    let key = b.fresh_key("daily");
+    let day = Duration::from_secs(86_400);
+    let limit = Limit::fixed_window(2, day).expect("l");
+    b.room_in_window(day, Duration::from_secs(10)).await;
+    assert_eq!(allowed_in_a_row(b, &key, limit, 3).await, 2);
+    let out = check(b, &key, limit, 1).await;
+    let now = b.now();
+    let to_midnight = Duration::from_micros(86_400_000_000 - now % 86_400_000_000);
+    let retry = out.buckets[0].retry_after;
+    assert!(retry <= to_midnight + ms(50) && retry + ms(500) >= to_midnight, "{retry:?} vs {to_midnight:?}");
+}
+
+async fn sliding_window_weights_the_previous_window(b: &Backend) {
+    let key = b.fresh_key("sliding");
+    let w = Duration::from_secs(2);
+    let limit = Limit::sliding_window(10, w).expect("l");
+    b.start_of_window(w, ms(2)).await;
+    assert_eq!(allowed_in_a_row(b, &key, limit, 12).await, 10);
+    // A quarter into the next window, the previous 10 weigh 7.5: room for 2 more (and still
+    // 2 for the next 100 ms, so real time passing cannot change the count).
+    b.start_of_window(w, ms(500)).await;
+    let out = check(b, &key, limit, 0).await;
+    assert_eq!(out.buckets[0].remaining, 2);
+    assert_eq!(allowed_in_a_row(b, &key, limit, 3).await, 2);
+    let denied = check(b, &key, limit, 1).await;
+    assert!(!denied.allowed());
+    let retry = denied.buckets[0].retry_after;
+    // 7.5 + 2 + 1 > 10: the previous window's weight must fall to 7 (at 30% of the window).
+    if b.exact_time() {
+        assert_eq!(retry, ms(100));
+    } else {
+        assert!(retry <= ms(100), "{retry:?}");
+    }
+    b.advance(retry).await;
+    assert!(check(b, &key, limit, 1).await.allowed());
+}
+
+async fn sliding_log_is_exact(b: &Backend) {
+    let key = b.fresh_key("log");
+    let w = Duration::from_secs(1);
+    let limit = Limit::sliding_window_log(3, w).expect("l");
+    assert!(check(b, &key, limit, 2).await.allowed());
+    assert!(check(b, &key, limit, 1).await.allowed());
+    let denied = check(b, &key, limit, 1).await;
+    assert!(!denied.allowed());
+    let retry = denied.buckets[0].retry_after;
+    assert!(retry <= w && retry > ms(500), "{retry:?}");
+    assert_eq!(denied.buckets[0].remaining, 0);
+    b.advance(retry + ms(1)).await;
+    // The first entry (2 units) has left; the second (1 unit) may or may not have.
+    assert!(check(b, &key, limit, 2).await.allowed());
+}
+
+// ---- concurrency ---------------------------------------------------------------------------
+
+async fn concurrency_slots_are_held_and_released(b: &Backend) {
+    let key = b.fresh_key("conc");
+    let limit = Limit::concurrency(2, Duration::from_secs(30)).expect("l");
+    let first = check(b, &key, limit, 1).await;
+    let second = check(b, &key, limit, 1).await;
+    assert!(first.allowed() && second.allowed());
+    let (s1, s2) = (first.buckets[0].slot.clone().expect("slot"), second.buckets[0].slot.clone().expect("slot"));
+    assert_ne!(s1, s2);
+    let third = check(b, &key, limit, 1).await;
+    assert!(!third.allowed());
+    assert!(third.buckets[0].slot.is_none());
+    assert!(third.buckets[0].retry_after <= Duration::from_secs(30));
+    let release = |slot| SlotRelease::new(vec![(key.clone(), limit, slot)]).expect("valid");
+    assert_eq!(b.store.release_slots(&release(s1.clone())).await.expect("release"), vec![true]);
+    assert_eq!(b.store.release_slots(&release(s1)).await.expect("release"), vec![false]);
+    assert!(check(b, &key, limit, 1).await.allowed());
+    assert!(!check(b, &key, limit, 1).await.allowed());
+}
+
+async fn crashed_holders_slots_expire(b: &Backend) {
+    let key = b.fresh_key("conc-ttl");
+    let limit = Limit::concurrency(1, ms(100)).expect("l");
+    let held = check(b, &key, limit, 1).await.buckets[0].slot.clone().expect("slot");
+    assert!(!check(b, &key, limit, 1).await.allowed());
+    b.advance(ms(150)).await;
+    assert!(check(b, &key, limit, 1).await.allowed());
+    let release = SlotRelease::new(vec![(key.clone(), limit, held)]).expect("valid");
+    assert_eq!(b.store.release_slots(&release).await.expect("release"), vec![false]);
+}
+
+async fn a_denied_request_takes_no_slot(b: &Backend) {
+    let tb = b.key("mixed", "rate");
+    let conc = b.key("mixed", "inflight");
+    let (lt, lc) = (Limit::token_bucket(1, 0.001).expect("l"), Limit::concurrency(5, HOUR).expect("l"));
+    let req = || {
+        CheckRequest::new(vec![
+            CheckItem { key: tb.clone(), limit: lt, cost: 1 },
+            CheckItem { key: conc.clone(), limit: lc, cost: 1 },
+        ])
+        .expect("valid")
+    };
+    let first = b.store.check(&req()).await.expect("check");
+    assert!(first.allowed());
+    assert_eq!(first.slots().count(), 1);
+    let second = b.store.check(&req()).await.expect("check");
+    assert!(!second.allowed());
+    assert_eq!(second.slots().count(), 0);
+    assert_eq!(remaining(b, &conc, lc).await, 4);
+}
+
+// ---- leases --------------------------------------------------------------------------------
+
+async fn lease_takes_units_at_once(b: &Backend) {
+    let key = b.fresh_key("lease");
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    let g = lease(b, &key, limit, 50, 1, 1.0, Duration::from_secs(1)).await;
+    assert_eq!(g.units, 50);
+    assert!(g.lease.is_some());
+    assert_eq!(g.valid_for, Duration::from_secs(1));
+    assert_eq!(g.remaining, 50);
+    assert_eq!(remaining(b, &key, limit).await, 50);
+    assert_eq!(lease(b, &key, limit, 50, 1, 1.0, Duration::from_secs(1)).await.units, 50);
+    let none = lease(b, &key, limit, 50, 1, 1.0, Duration::from_secs(1)).await;
+    assert_eq!((none.units, none.lease.is_none()), (0, true));
+    assert!(none.retry_after > Duration::from_secs(900), "{:?}", none.retry_after);
+}
+
+async fn lease_leaves_a_share_for_others(b: &Backend) {
+    let key = b.fresh_key("share");
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    let grants: Vec<u64> = {
+        let mut v = vec![];
+        for _ in 0..4 {
+            v.push(lease(b, &key, limit, 80, 1, 0.5, HOUR).await.units);
+        }
+        v
+    };
+    assert_eq!(grants, vec![50, 25, 12, 6]);
+}
+
+async fn lease_needs_its_minimum(b: &Backend) {
+    let key = b.fresh_key("min");
+    let limit = Limit::token_bucket(10, 1.0).expect("l");
+    assert!(check(b, &key, limit, 9).await.allowed());
+    let g = lease(b, &key, limit, 5, 2, 1.0, HOUR).await;
+    assert_eq!(g.units, 0);
+    assert!(g.retry_after <= ms(1000) && g.retry_after > ms(500), "{:?}", g.retry_after);
+    let g = lease(b, &key, limit, 5, 1, 1.0, HOUR).await;
+    assert_eq!(g.units, 1);
+}
+
+async fn lease_return_credits_unspent_units_once(b: &Backend) {
+    let key = b.fresh_key("return");
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    let g = lease(b, &key, limit, 50, 1, 1.0, HOUR).await;
+    let id = g.lease.expect("lease");
+    assert_eq!(give_back(b, &key, limit, &id, 30).await, 30);
+    assert_eq!(remaining(b, &key, limit).await, 80);
+    assert_eq!(give_back(b, &key, limit, &id, 30).await, 0, "a duplicate return adds nothing");
+    assert_eq!(give_back(b, &key, limit, &LeaseId::forged("1:50:0:1:00"), 50).await, 0);
+    let g = lease(b, &key, limit, 10, 1, 1.0, HOUR).await;
+    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 500).await, 10, "capped at the grant");
+    assert_eq!(remaining(b, &key, limit).await, 80);
+}
+
+async fn late_return_adds_nothing(b: &Backend) {
+    let key = b.fresh_key("late");
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    let g = lease(b, &key, limit, 40, 1, 1.0, ms(100)).await;
+    b.advance(ms(150)).await;
+    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 40).await, 0);
+    assert_eq!(remaining(b, &key, limit).await, 60);
+}
+
+async fn return_never_exceeds_capacity(b: &Backend) {
+    let key = b.fresh_key("cap");
+    let limit = Limit::token_bucket(10, 1000.0).expect("l");
+    let g = lease(b, &key, limit, 10, 1, 1.0, HOUR).await;
+    b.advance(ms(30)).await; // refilled to full meanwhile
+    give_back(b, &key, limit, &g.lease.expect("lease"), 10).await;
+    assert_eq!(remaining(b, &key, limit).await, 10, "a return never fills past capacity");
+}
+
+async fn window_lease_ends_with_its_window(b: &Backend) {
+    let key = b.fresh_key("fw-lease");
+    let w = ms(500);
+    let limit = Limit::fixed_window(100, w).expect("l");
+    b.start_of_window(w, ms(400)).await;
+    let g = lease(b, &key, limit, 50, 1, 1.0, Duration::from_secs(1)).await;
+    assert_eq!(g.units, 50);
+    assert_eq!(g.valid_for, g.reset_after, "valid exactly until the window ends");
+    assert!(g.valid_for <= ms(100));
+    let sw = Limit::sliding_window(100, w).expect("l");
+    let skey = b.fresh_key("sw-lease");
+    let g = lease(b, &skey, sw, 50, 1, 1.0, Duration::from_secs(1)).await;
+    assert!(g.valid_for <= ms(100), "{:?}", g.valid_for);
+    let log = Limit::sliding_window_log(100, ms(300)).expect("l");
+    let lkey = b.fresh_key("log-lease");
+    assert_eq!(lease(b, &lkey, log, 50, 1, 1.0, Duration::from_secs(1)).await.valid_for, ms(300));
+}
+
+async fn window_return_credits_only_its_window(b: &Backend) {
+    let key = b.fresh_key("fw-return");
+    let w = Duration::from_secs(1);
+    let limit = Limit::fixed_window(10, w).expect("l");
+    b.start_of_window(w, ms(10)).await;
+    let g = lease(b, &key, limit, 6, 1, 1.0, HOUR).await;
+    assert_eq!(remaining(b, &key, limit).await, 4);
+    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 4).await, 4);
+    assert_eq!(remaining(b, &key, limit).await, 8);
+    // A lease from this window, returned after it ended, adds nothing to the next one.
+    let g = lease(b, &key, limit, 5, 1, 1.0, HOUR).await;
+    b.start_of_window(w, ms(10)).await;
+    assert!(check(b, &key, limit, 10).await.allowed());
+    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 5).await, 0);
+    assert_eq!(remaining(b, &key, limit).await, 0);
+}
+
+async fn log_lease_return_shrinks_its_entry(b: &Backend) {
+    let key = b.fresh_key("log-return");
+    let limit = Limit::sliding_window_log(10, HOUR).expect("l");
+    let g = lease(b, &key, limit, 8, 1, 1.0, Duration::from_secs(60)).await;
+    assert_eq!(remaining(b, &key, limit).await, 2);
+    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 5).await, 5);
+    assert_eq!(remaining(b, &key, limit).await, 7);
+    assert_eq!(allowed_in_a_row(b, &key, limit, 8).await, 7);
+}
+
+// ---- debit ---------------------------------------------------------------------------------
+
+async fn debit_can_drive_a_bucket_into_debt(b: &Backend) {
+    let key = b.fresh_key("debt");
+    let limit = Limit::token_bucket(10, 10.0).expect("l");
+    assert_eq!(debit(b, &key, limit, 15, None).await, 15);
+    let out = check(b, &key, limit, 1).await;
+    assert!(!out.allowed());
+    assert_eq!(out.buckets[0].remaining, 0);
+    let retry = out.buckets[0].retry_after;
+    assert!(retry <= ms(600) && retry > ms(450), "{retry:?}");
+    assert_eq!(debit(b, &key, limit, 1000, None).await, 1000);
+    let floor = check(b, &key, limit, 1).await.buckets[0].retry_after;
+    assert!(floor <= ms(1100) && floor > ms(950), "debt is floored at one bucket: {floor:?}");
+}
+
+async fn debit_lands_in_its_own_window(b: &Backend) {
+    let w = Duration::from_secs(2);
+    let fw = Limit::fixed_window(10, w).expect("l");
+    let sw = Limit::sliding_window(10, w).expect("l");
+    let log = Limit::sliding_window_log(10, w).expect("l");
+    b.start_of_window(w, ms(10)).await;
+    let now = b.now();
+    let old = now - 2 * w.as_micros() as u64;
+    let previous = now - w.as_micros() as u64;
+    let (kf, ks, kl) = (b.fresh_key("d-fw"), b.fresh_key("d-sw"), b.fresh_key("d-log"));
+    assert_eq!(debit(b, &kf, fw, 4, Some(old)).await, 0);
+    assert_eq!(debit(b, &kf, fw, 4, Some(previous)).await, 0);
+    assert_eq!(debit(b, &kf, fw, 4, None).await, 4);
+    assert_eq!(debit(b, &kf, fw, 1, Some(now + 10_000_000)).await, 1, "a future time counts as now");
+    assert_eq!(remaining(b, &kf, fw).await, 5);
+    assert_eq!(debit(b, &ks, sw, 4, Some(old)).await, 0);
+    assert_eq!(debit(b, &ks, sw, 8, Some(previous)).await, 8);
+    // 8 from the previous window, still weighing almost fully (7.96): 2 units of room.
+    assert_eq!(remaining(b, &ks, sw).await, 2);
+    assert_eq!(debit(b, &kl, log, 3, Some(old)).await, 0);
+    assert_eq!(debit(b, &kl, log, 3, Some(now - 1_000_000)).await, 3);
+    assert_eq!(remaining(b, &kl, log).await, 7);
+}
+
+// ---- hostile input -------------------------------------------------------------------------
+
+async fn hostile_identities_keep_separate_counters(b: &Backend) {
+    let limit = Limit::token_bucket(3, 0.001).expect("l");
+    let prefix = format!("{}-hostile", b.now());
+    let big = vec![b'x'; tollgate_lease::key::MAX_IDENTITY_BYTES - prefix.len()];
+    let identities: Vec<&[u8]> = vec![b"{}", b"foo{}{bar}", b"\r\n", b"\xff\xfe\x00", b"", b"%", b"a:b", &big];
+    let keys: Vec<BucketKey> = identities
+        .iter()
+        .map(|id| BucketKey::new(&[prefix.as_bytes(), id].concat(), "r").expect("key"))
+        .collect();
+    for key in &keys {
+        assert!(check(b, key, limit, 3).await.allowed(), "{key}");
+    }
+    for key in &keys {
+        assert!(!check(b, key, limit, 1).await.allowed(), "{key}");
+    }
+}
+
+async fn largest_cost_is_exact(b: &Backend) {
+    let key = b.fresh_key("huge");
+    let max = tollgate_lease::limit::MAX_UNITS;
+    let w = Duration::from_secs(10);
+    let limit = Limit::fixed_window(max, w).expect("l");
+    b.room_in_window(w, Duration::from_secs(2)).await;
+    assert!(check(b, &key, limit, max - 1).await.allowed());
+    assert!(check(b, &key, limit, 1).await.allowed());
+    assert!(!check(b, &key, limit, 1).await.allowed());
+}
+
+/// Instantiates every case for the memory and single-Redis backends (one test each), and runs
+/// all of them in one test against one cluster (forming a cluster takes seconds).
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod memory {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $case() { super::$case(&super::Backend::memory()).await } )*
+        }
+        mod redis_single {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $case() { super::$case(&super::Backend::redis().await).await } )*
+        }
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn redis_cluster_passes_every_case() {
+            let backend = Backend::cluster().await;
+            $(
+                eprintln!("cluster case: {}", stringify!($case));
+                $case(&backend).await;
+            )*
+        }
+    };
+}
+
+conformance!(
+    seed_twelve_calls,
+    seed_two_hundred_concurrent_clients,
+    all_rules_or_none,
+    denied_request_spends_nothing,
+    cost_zero_peeks,
+    token_bucket_refills_over_time,
+    token_bucket_retry_is_exact_for_a_large_cost,
+    lowered_capacity_applies_at_once,
+    changing_algorithm_starts_fresh,
+    fixed_window_counts_and_resets,
+    fixed_window_of_a_day,
+    sliding_window_weights_the_previous_window,
+    sliding_log_is_exact,
+    concurrency_slots_are_held_and_released,
+    crashed_holders_slots_expire,
+    a_denied_request_takes_no_slot,
+    lease_takes_units_at_once,
+    lease_leaves_a_share_for_others,
+    lease_needs_its_minimum,
+    lease_return_credits_unspent_units_once,
+    late_return_adds_nothing,
+    return_never_exceeds_capacity,
+    window_lease_ends_with_its_window,
+    window_return_credits_only_its_window,
+    log_lease_return_shrinks_its_entry,
+    debit_can_drive_a_bucket_into_debt,
+    debit_lands_in_its_own_window,
+    hostile_identities_keep_separate_counters,
+    largest_cost_is_exact,
+);

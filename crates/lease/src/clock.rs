@@ -50,7 +50,10 @@ impl TokioClock {
 
     /// Starts at a chosen Unix time (microseconds), for reproducible simulations.
     pub fn starting_at(base: Micros) -> Self {
-        Self { base, start: tokio::time::Instant::now() }
+        Self {
+            base,
+            start: tokio::time::Instant::now(),
+        }
     }
 }
 
@@ -75,7 +78,9 @@ pub struct ManualClock {
 impl ManualClock {
     /// A clock standing at `start` microseconds since the epoch.
     pub fn new(start: Micros) -> Self {
-        Self { now: Arc::new(AtomicU64::new(start)) }
+        Self {
+            now: Arc::new(AtomicU64::new(start)),
+        }
     }
 
     /// Moves time forward.

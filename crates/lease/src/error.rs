@@ -21,7 +21,9 @@ pub enum InvalidInput {
         max: usize,
     },
     /// Buckets of different identities (they may live in different cluster slots).
-    #[error("buckets {first} and {other} belong to different identities; one call serves one identity")]
+    #[error(
+        "buckets {first} and {other} belong to different identities; one call serves one identity"
+    )]
     MixedIdentities {
         /// The first bucket's key.
         first: String,
@@ -124,6 +126,9 @@ impl StoreError {
     /// full in-memory store are transient; invalid input, bad replies and rejected commands
     /// are not.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Timeout { .. } | StoreError::Unavailable(_) | StoreError::Full { .. })
+        matches!(
+            self,
+            StoreError::Timeout { .. } | StoreError::Unavailable(_) | StoreError::Full { .. }
+        )
     }
 }

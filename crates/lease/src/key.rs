@@ -50,7 +50,9 @@ impl BucketKey {
     /// The key for `rule` applied to `identity`.
     pub fn new(identity: &[u8], rule: &str) -> Result<Self, KeyError> {
         if identity.len() > MAX_IDENTITY_BYTES {
-            return Err(KeyError::IdentityTooLong { len: identity.len() });
+            return Err(KeyError::IdentityTooLong {
+                len: identity.len(),
+            });
         }
         if rule.is_empty() || rule.len() > MAX_RULE_BYTES {
             return Err(KeyError::BadRuleId { len: rule.len() });
@@ -62,7 +64,10 @@ impl BucketKey {
         let tag_end = key.len();
         key.push(':');
         escape_into(rule.as_bytes(), &mut key);
-        Ok(Self { key: key.into(), tag_end })
+        Ok(Self {
+            key: key.into(),
+            tag_end,
+        })
     }
 
     /// The full Redis key of the bucket's state.
@@ -131,7 +136,15 @@ mod tests {
 
     #[test]
     fn hostile_identities_cannot_break_the_tag() {
-        for identity in [&b"{}"[..], b"foo{}{bar}", b"a}:b", b"\r\n", b"\xff\xfe", b"%", b""] {
+        for identity in [
+            &b"{}"[..],
+            b"foo{}{bar}",
+            b"a}:b",
+            b"\r\n",
+            b"\xff\xfe",
+            b"%",
+            b"",
+        ] {
             let key = BucketKey::new(identity, "r:1").expect("key");
             let tag = tag(&key);
             assert!(!tag.is_empty(), "empty tag for {identity:?}");
@@ -159,7 +172,10 @@ mod tests {
             BucketKey::new(&big, "r"),
             Err(KeyError::IdentityTooLong { len: 1 << 20 })
         );
-        assert_eq!(BucketKey::new(b"a", ""), Err(KeyError::BadRuleId { len: 0 }));
+        assert_eq!(
+            BucketKey::new(b"a", ""),
+            Err(KeyError::BadRuleId { len: 0 })
+        );
         assert!(BucketKey::new(&vec![b'a'; MAX_IDENTITY_BYTES], "r").is_ok());
     }
 

@@ -104,7 +104,10 @@ pub struct LimitError {
 
 impl LimitError {
     fn new(field: &'static str, reason: impl Into<String>) -> Self {
-        Self { field, reason: reason.into() }
+        Self {
+            field,
+            reason: reason.into(),
+        }
     }
 }
 
@@ -153,13 +156,22 @@ impl LimitSpec {
     /// Checks every parameter and returns the validated limit.
     pub fn validate(self) -> Result<Limit, LimitError> {
         let kind = match self {
-            LimitSpec::TokenBucket { capacity, refill_per_second } => {
+            LimitSpec::TokenBucket {
+                capacity,
+                refill_per_second,
+            } => {
                 let capacity = count("capacity", capacity)?;
                 if !refill_per_second.is_finite() {
-                    return Err(LimitError::new("refillPerSecond", "must be a finite number"));
+                    return Err(LimitError::new(
+                        "refillPerSecond",
+                        "must be a finite number",
+                    ));
                 }
                 if refill_per_second <= 0.0 {
-                    return Err(LimitError::new("refillPerSecond", "must be greater than zero"));
+                    return Err(LimitError::new(
+                        "refillPerSecond",
+                        "must be greater than zero",
+                    ));
                 }
                 if refill_per_second > MAX_REFILL_PER_SECOND {
                     return Err(LimitError::new(
@@ -178,7 +190,10 @@ impl LimitSpec {
                         ),
                     ));
                 }
-                Kind::TokenBucket { capacity, refill_per_second }
+                Kind::TokenBucket {
+                    capacity,
+                    refill_per_second,
+                }
             }
             LimitSpec::SlidingWindow { limit, window } => {
                 let (limit, window_us) = windowed(limit, window)?;
@@ -192,10 +207,16 @@ impl LimitSpec {
                 let (limit, window_us) = windowed(limit, window)?;
                 Kind::FixedWindow { limit, window_us }
             }
-            LimitSpec::Concurrency { max_in_flight, slot_ttl } => {
+            LimitSpec::Concurrency {
+                max_in_flight,
+                slot_ttl,
+            } => {
                 let max_in_flight = count("maxInFlight", max_in_flight)?;
                 let slot_ttl_us = period("slotTtl", slot_ttl)?;
-                Kind::Concurrency { max_in_flight, slot_ttl_us }
+                Kind::Concurrency {
+                    max_in_flight,
+                    slot_ttl_us,
+                }
             }
         };
         Ok(Limit { kind })
@@ -207,22 +228,34 @@ fn count(field: &'static str, value: f64) -> Result<u64, LimitError> {
         return Err(LimitError::new(field, "must be a finite number"));
     }
     if value <= 0.0 {
-        return Err(LimitError::new(field, format!("must be at least 1, got {value}")));
+        return Err(LimitError::new(
+            field,
+            format!("must be at least 1, got {value}"),
+        ));
     }
     if value.fract() != 0.0 {
-        return Err(LimitError::new(field, format!("must be a whole number, got {value}")));
+        return Err(LimitError::new(
+            field,
+            format!("must be a whole number, got {value}"),
+        ));
     }
     if value > MAX_UNITS as f64 {
-        return Err(LimitError::new(field, format!("must be at most {MAX_UNITS}, got {value}")));
+        return Err(LimitError::new(
+            field,
+            format!("must be at most {MAX_UNITS}, got {value}"),
+        ));
     }
     Ok(value as u64)
 }
 
 fn period(field: &'static str, value: Duration) -> Result<u64, LimitError> {
     if value < Duration::from_millis(1) {
-        return Err(LimitError::new(field, format!("must be at least 1 ms, got {value:?}")));
+        return Err(LimitError::new(
+            field,
+            format!("must be at least 1 ms, got {value:?}"),
+        ));
     }
-    if value.subsec_micros() % 1000 != 0 {
+    if !value.subsec_micros().is_multiple_of(1000) {
         return Err(LimitError::new(
             field,
             format!("must be a whole number of milliseconds, got {value:?}"),
@@ -258,37 +291,72 @@ pub struct Limit {
 /// The validated parameters, in the units the stores compute with (microseconds).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Kind {
-    TokenBucket { capacity: u64, refill_per_second: f64 },
-    SlidingWindow { limit: u64, window_us: u64 },
-    SlidingWindowLog { limit: u64, window_us: u64 },
-    FixedWindow { limit: u64, window_us: u64 },
-    Concurrency { max_in_flight: u64, slot_ttl_us: u64 },
+    TokenBucket {
+        capacity: u64,
+        refill_per_second: f64,
+    },
+    SlidingWindow {
+        limit: u64,
+        window_us: u64,
+    },
+    SlidingWindowLog {
+        limit: u64,
+        window_us: u64,
+    },
+    FixedWindow {
+        limit: u64,
+        window_us: u64,
+    },
+    Concurrency {
+        max_in_flight: u64,
+        slot_ttl_us: u64,
+    },
 }
 
 impl Limit {
     /// A token bucket holding `capacity` units, refilling `refill_per_second`.
     pub fn token_bucket(capacity: u64, refill_per_second: f64) -> Result<Self, LimitError> {
-        LimitSpec::TokenBucket { capacity: capacity as f64, refill_per_second }.validate()
+        LimitSpec::TokenBucket {
+            capacity: capacity as f64,
+            refill_per_second,
+        }
+        .validate()
     }
 
     /// `limit` units per epoch-aligned window.
     pub fn fixed_window(limit: u64, window: Duration) -> Result<Self, LimitError> {
-        LimitSpec::FixedWindow { limit: limit as f64, window }.validate()
+        LimitSpec::FixedWindow {
+            limit: limit as f64,
+            window,
+        }
+        .validate()
     }
 
     /// `limit` units per sliding window (counter approximation).
     pub fn sliding_window(limit: u64, window: Duration) -> Result<Self, LimitError> {
-        LimitSpec::SlidingWindow { limit: limit as f64, window }.validate()
+        LimitSpec::SlidingWindow {
+            limit: limit as f64,
+            window,
+        }
+        .validate()
     }
 
     /// `limit` units per sliding window, exact (one log entry per admission).
     pub fn sliding_window_log(limit: u64, window: Duration) -> Result<Self, LimitError> {
-        LimitSpec::SlidingWindowLog { limit: limit as f64, window }.validate()
+        LimitSpec::SlidingWindowLog {
+            limit: limit as f64,
+            window,
+        }
+        .validate()
     }
 
     /// At most `max_in_flight` slots held at once, each expiring after `slot_ttl`.
     pub fn concurrency(max_in_flight: u64, slot_ttl: Duration) -> Result<Self, LimitError> {
-        LimitSpec::Concurrency { max_in_flight: max_in_flight as f64, slot_ttl }.validate()
+        LimitSpec::Concurrency {
+            max_in_flight: max_in_flight as f64,
+            slot_ttl,
+        }
+        .validate()
     }
 
     /// Which algorithm this limit uses.
@@ -327,7 +395,9 @@ impl Limit {
     /// The refill rate for token buckets; `None` otherwise.
     pub fn refill_per_second(&self) -> Option<f64> {
         match self.kind {
-            Kind::TokenBucket { refill_per_second, .. } => Some(refill_per_second),
+            Kind::TokenBucket {
+                refill_per_second, ..
+            } => Some(refill_per_second),
             _ => None,
         }
     }
@@ -343,9 +413,13 @@ impl Limit {
     /// The limit as written (round-trips through [`LimitSpec::validate`]).
     pub fn spec(&self) -> LimitSpec {
         match self.kind {
-            Kind::TokenBucket { capacity, refill_per_second } => {
-                LimitSpec::TokenBucket { capacity: capacity as f64, refill_per_second }
-            }
+            Kind::TokenBucket {
+                capacity,
+                refill_per_second,
+            } => LimitSpec::TokenBucket {
+                capacity: capacity as f64,
+                refill_per_second,
+            },
             Kind::SlidingWindow { limit, window_us } => LimitSpec::SlidingWindow {
                 limit: limit as f64,
                 window: Duration::from_micros(window_us),
@@ -358,7 +432,10 @@ impl Limit {
                 limit: limit as f64,
                 window: Duration::from_micros(window_us),
             },
-            Kind::Concurrency { max_in_flight, slot_ttl_us } => LimitSpec::Concurrency {
+            Kind::Concurrency {
+                max_in_flight,
+                slot_ttl_us,
+            } => LimitSpec::Concurrency {
                 max_in_flight: max_in_flight as f64,
                 slot_ttl: Duration::from_micros(slot_ttl_us),
             },
@@ -372,15 +449,17 @@ impl Limit {
     /// The two numeric parameters as the scripts receive them.
     pub(crate) fn script_params(&self) -> (String, String) {
         match self.kind {
-            Kind::TokenBucket { capacity, refill_per_second } => {
-                (capacity.to_string(), format!("{refill_per_second:?}"))
-            }
+            Kind::TokenBucket {
+                capacity,
+                refill_per_second,
+            } => (capacity.to_string(), format!("{refill_per_second:?}")),
             Kind::SlidingWindow { limit, window_us }
             | Kind::SlidingWindowLog { limit, window_us }
             | Kind::FixedWindow { limit, window_us } => (limit.to_string(), window_us.to_string()),
-            Kind::Concurrency { max_in_flight, slot_ttl_us } => {
-                (max_in_flight.to_string(), slot_ttl_us.to_string())
-            }
+            Kind::Concurrency {
+                max_in_flight,
+                slot_ttl_us,
+            } => (max_in_flight.to_string(), slot_ttl_us.to_string()),
         }
     }
 }
@@ -410,7 +489,10 @@ mod tests {
 
     #[test]
     fn rejects_bad_counts_naming_the_field() {
-        let tb = |capacity, refill_per_second| LimitSpec::TokenBucket { capacity, refill_per_second };
+        let tb = |capacity, refill_per_second| LimitSpec::TokenBucket {
+            capacity,
+            refill_per_second,
+        };
         assert_eq!(field_of(tb(0.0, 1.0)), "capacity");
         assert_eq!(field_of(tb(-5.0, 1.0)), "capacity");
         assert_eq!(field_of(tb(1.5, 1.0)), "capacity");
@@ -431,17 +513,26 @@ mod tests {
         assert_eq!(field_of(fw(0.0, Duration::from_secs(1))), "limit");
         assert_eq!(field_of(fw(10.0, Duration::ZERO)), "window");
         assert_eq!(field_of(fw(10.0, Duration::from_micros(1500))), "window");
-        assert_eq!(field_of(fw(10.0, MAX_PERIOD + Duration::from_secs(1))), "window");
-        let c = |max_in_flight, slot_ttl| LimitSpec::Concurrency { max_in_flight, slot_ttl };
+        assert_eq!(
+            field_of(fw(10.0, MAX_PERIOD + Duration::from_secs(1))),
+            "window"
+        );
+        let c = |max_in_flight, slot_ttl| LimitSpec::Concurrency {
+            max_in_flight,
+            slot_ttl,
+        };
         assert_eq!(field_of(c(0.0, Duration::from_secs(1))), "maxInFlight");
         assert_eq!(field_of(c(3.0, Duration::ZERO)), "slotTtl");
     }
 
     #[test]
     fn rejects_limit_times_window_overflow() {
-        let err = LimitSpec::SlidingWindow { limit: MAX_UNITS as f64, window: MAX_PERIOD }
-            .validate()
-            .expect_err("overflow");
+        let err = LimitSpec::SlidingWindow {
+            limit: MAX_UNITS as f64,
+            window: MAX_PERIOD,
+        }
+        .validate()
+        .expect_err("overflow");
         assert_eq!(err.field, "limit");
         assert!(err.reason.contains("overflows"), "{err}");
     }

@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::algorithm::{ttl_ms, unique_id};
 use crate::algorithm::entry_log::member_units;
 use crate::algorithm::zset::ZSet;
+use crate::algorithm::{ttl_ms, unique_id};
 use crate::clock::{Micros, SharedClock, SystemClock};
 use crate::error::StoreError;
 use crate::key::BucketKey;
@@ -42,7 +42,10 @@ pub struct MemoryConfig {
 
 impl Default for MemoryConfig {
     fn default() -> Self {
-        Self { shards: 64, max_keys: 4_000_000 }
+        Self {
+            shards: 64,
+            max_keys: 4_000_000,
+        }
     }
 }
 
@@ -83,7 +86,12 @@ impl MemoryStore {
         Self {
             inner: Arc::new(Inner {
                 shards: (0..shards)
-                    .map(|_| Mutex::new(Shard { keys: Keys::default(), sweep_at: MIN_SWEEP }))
+                    .map(|_| {
+                        Mutex::new(Shard {
+                            keys: Keys::default(),
+                            sweep_at: MIN_SWEEP,
+                        })
+                    })
                     .collect(),
                 hasher: RandomState::new(),
                 clock,
@@ -95,7 +103,11 @@ impl MemoryStore {
 
     /// Keys held, expired or not (expired keys are swept lazily).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| s.lock().keys.map.len()).sum()
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.lock().keys.map.len())
+            .sum()
     }
 
     /// Whether no key is held.
@@ -112,24 +124,35 @@ impl MemoryStore {
     }
 
     /// Runs `op` on the shard of `key`'s identity, under its lock, at the current time.
+    /// `creates` lists the keys the operation may create; if the shard has no room for the
+    /// ones that do not exist yet (after sweeping expired keys), the call fails as full.
     fn with_shard<T>(
         &self,
         key: &BucketKey,
-        new_keys: usize,
+        creates: &[&str],
         op: impl FnOnce(&mut Keys, Micros) -> T,
     ) -> Result<T, StoreError> {
         let inner = &*self.inner;
-        let index = inner.hasher.hash_one(key.identity_prefix()) as usize & (inner.shards.len() - 1);
+        let index =
+            inner.hasher.hash_one(key.identity_prefix()) as usize & (inner.shards.len() - 1);
         let mut shard = inner.shards[index].lock();
         let now = inner.clock.now_micros();
         if shard.keys.map.len() >= shard.sweep_at {
             shard.keys.purge_expired(now);
             shard.sweep_at = (shard.keys.map.len() * 2).max(MIN_SWEEP);
         }
-        if shard.keys.map.len() + new_keys > inner.max_keys_per_shard {
+        let absent = |keys: &Keys| {
+            creates
+                .iter()
+                .filter(|k| keys.get(k, now).is_none())
+                .count()
+        };
+        if shard.keys.map.len() + absent(&shard.keys) > inner.max_keys_per_shard {
             shard.keys.purge_expired(now);
-            if shard.keys.map.len() + new_keys > inner.max_keys_per_shard {
-                return Err(StoreError::Full { max_keys: inner.max_keys });
+            if shard.keys.map.len() + absent(&shard.keys) > inner.max_keys_per_shard {
+                return Err(StoreError::Full {
+                    max_keys: inner.max_keys,
+                });
             }
         }
         Ok(op(&mut shard.keys, now))
@@ -149,8 +172,14 @@ fn us(d: u64) -> Duration {
 impl LeaseStore for MemoryStore {
     async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
         let items = req.items();
-        let slot_nonce = if items.iter().any(|i| is_slot_bucket(&i.limit)) { nonce() } else { String::new() };
-        self.with_shard(&items[0].key, items.len(), |keys, now| {
+        let slot_nonce = if items.iter().any(|i| is_slot_bucket(&i.limit)) {
+            nonce()
+        } else {
+            String::new()
+        };
+        let state_keys: Vec<_> = items.iter().map(|i| state_key(&i.key, &i.limit)).collect();
+        let creates: Vec<&str> = state_keys.iter().map(|k| k.as_ref()).collect();
+        self.with_shard(&items[0].key, &creates, |keys, now| {
             let buckets: Vec<(std::borrow::Cow<str>, Bucket)> = items
                 .iter()
                 .map(|i| {
@@ -159,19 +188,32 @@ impl LeaseStore for MemoryStore {
                     (k, b)
                 })
                 .collect();
-            let admits: Vec<bool> =
-                items.iter().zip(&buckets).map(|(i, (_, b))| b.admits(&i.limit, now, i.cost)).collect();
+            let admits: Vec<bool> = items
+                .iter()
+                .zip(&buckets)
+                .map(|(i, (_, b))| b.admits(&i.limit, now, i.cost))
+                .collect();
             let all = admits.iter().all(|a| *a);
             let mut out = Vec::with_capacity(items.len());
             for ((item, (k, mut b)), allowed) in items.iter().zip(buckets).zip(admits) {
                 let consume = all && item.cost > 0;
-                let entry = if consume { b.consume(&item.limit, now, item.cost, &slot_nonce) } else { None };
+                let entry = if consume {
+                    b.consume(&item.limit, now, item.cost, &slot_nonce)
+                } else {
+                    None
+                };
                 out.push(BucketStatus {
                     allowed,
                     remaining: b.available(&item.limit, now),
-                    retry_after: us(if allowed { 0 } else { b.retry_after(&item.limit, now, item.cost) }),
+                    retry_after: us(if allowed {
+                        0
+                    } else {
+                        b.retry_after(&item.limit, now, item.cost)
+                    }),
                     reset_after: us(b.reset_after(&item.limit, now)),
-                    slot: entry.filter(|_| is_slot_bucket(&item.limit)).map(|s| SlotId(s.into())),
+                    slot: entry
+                        .filter(|_| is_slot_bucket(&item.limit))
+                        .map(|s| SlotId(s.into())),
                 });
                 if consume {
                     b.store(keys, &k, &item.limit, now);
@@ -185,7 +227,12 @@ impl LeaseStore for MemoryStore {
         let asks = req.asks();
         let ttl_us = req.ttl().as_micros() as u64;
         let nonce = nonce();
-        self.with_shard(&asks[0].key, 2 * asks.len(), |keys, now| {
+        let names: Vec<String> = asks
+            .iter()
+            .flat_map(|a| [state_key(&a.key, &a.limit).into_owned(), a.key.lease_key()])
+            .collect();
+        let creates: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.with_shard(&asks[0].key, &creates, |keys, now| {
             asks.iter()
                 .map(|ask| {
                     let lease_key = ask.key.lease_key();
@@ -214,7 +261,8 @@ impl LeaseStore for MemoryStore {
                         Some(member) => member,
                         None => {
                             let units = format!(":{grant}");
-                            let id = unique_id(now, &format!("{units}{tail}"), |m| leases.contains(m));
+                            let id =
+                                unique_id(now, &format!("{units}{tail}"), |m| leases.contains(m));
                             format!("{id}{units}")
                         }
                     };
@@ -238,16 +286,20 @@ impl LeaseStore for MemoryStore {
 
     async fn return_leases(&self, req: &ReturnRequest) -> Result<Vec<u64>, StoreError> {
         let items = req.items();
-        self.with_shard(&items[0].key, 0, |keys, now| {
+        self.with_shard(&items[0].key, &[], |keys, now| {
             items
                 .iter()
                 .map(|item| {
                     let lease_key = item.key.lease_key();
                     let mut leases = keys.sorted(&lease_key, now);
-                    let Some(expiry) = leases.score(item.lease.as_str()) else { return 0 };
+                    let Some(expiry) = leases.score(item.lease.as_str()) else {
+                        return 0;
+                    };
                     leases.remove(item.lease.as_str());
                     store_leases(keys, &lease_key, leases, now);
-                    let Some(lease) = ParsedLease::parse(item.lease.as_str()) else { return 0 };
+                    let Some(lease) = ParsedLease::parse(item.lease.as_str()) else {
+                        return 0;
+                    };
                     if expiry <= now || lease.algorithm != item.limit.algorithm().script_code() {
                         return 0;
                     }
@@ -273,7 +325,8 @@ impl LeaseStore for MemoryStore {
                             Some((score, units)) => {
                                 let c = credit.min(units);
                                 if units > c {
-                                    log.entries.add(score, format!("{}:{}", lease.id, units - c));
+                                    log.entries
+                                        .add(score, format!("{}:{}", lease.id, units - c));
                                     log.used += units - c;
                                 }
                                 c
@@ -293,7 +346,7 @@ impl LeaseStore for MemoryStore {
 
     async fn release_slots(&self, req: &SlotRelease) -> Result<Vec<bool>, StoreError> {
         let items = req.items();
-        self.with_shard(&items[0].0, 0, |keys, now| {
+        self.with_shard(&items[0].0, &[], |keys, now| {
             items
                 .iter()
                 .map(|(key, slot)| {
@@ -314,7 +367,9 @@ impl LeaseStore for MemoryStore {
 
     async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {
         let items = req.items();
-        self.with_shard(&items[0].key, items.len(), |keys, now| {
+        let state_keys: Vec<_> = items.iter().map(|i| state_key(&i.key, &i.limit)).collect();
+        let creates: Vec<&str> = state_keys.iter().map(|k| k.as_ref()).collect();
+        self.with_shard(&items[0].key, &creates, |keys, now| {
             items
                 .iter()
                 .map(|item| {
@@ -326,24 +381,20 @@ impl LeaseStore for MemoryStore {
                             tb.debit(item.units, item.limit.capacity());
                             item.units
                         }
-                        (Bucket::FixedWindow(fw), Kind::FixedWindow { window_us, .. }) => {
-                            if fw.counts_at(window_us, at) {
-                                fw.count += item.units;
-                                item.units
-                            } else {
-                                0
-                            }
+                        (Bucket::FixedWindow(fw), Kind::FixedWindow { window_us, .. })
+                            if fw.counts_at(window_us, at) =>
+                        {
+                            fw.count += item.units;
+                            item.units
                         }
                         (Bucket::SlidingWindow(sw), Kind::SlidingWindow { window_us, .. }) => {
                             sw.debit(window_us, at, item.units)
                         }
-                        (Bucket::Log(log), Kind::SlidingWindowLog { window_us, .. }) => {
-                            if at > now.saturating_sub(window_us) {
-                                log.add(at, at, item.units, "");
-                                item.units
-                            } else {
-                                0
-                            }
+                        (Bucket::Log(log), Kind::SlidingWindowLog { window_us, .. })
+                            if at > now.saturating_sub(window_us) =>
+                        {
+                            log.add(at, at, item.units, "");
+                            item.units
                         }
                         _ => 0,
                     };
@@ -412,6 +463,12 @@ impl<'a> ParsedLease<'a> {
         let algorithm = parts.next()?.parse().ok()?;
         parts.next()?;
         let entry = format!("{id}:{units_text}");
-        Some(Self { id, units: member_units(&entry), entry, ws, algorithm })
+        Some(Self {
+            id,
+            units: member_units(&entry),
+            entry,
+            ws,
+            algorithm,
+        })
     }
 }

@@ -43,7 +43,10 @@ pub(crate) fn validate_keys<'a>(
         return Err(InvalidInput::NoBuckets);
     }
     if count > MAX_BUCKETS_PER_CALL {
-        return Err(InvalidInput::TooManyBuckets { count, max: MAX_BUCKETS_PER_CALL });
+        return Err(InvalidInput::TooManyBuckets {
+            count,
+            max: MAX_BUCKETS_PER_CALL,
+        });
     }
     let mut seen = HashSet::with_capacity(count);
     let mut first: Option<&BucketKey> = None;
@@ -59,7 +62,9 @@ pub(crate) fn validate_keys<'a>(
             Some(_) => {}
         }
         if repeats == Repeats::Forbidden && !seen.insert(key.as_str()) {
-            return Err(InvalidInput::DuplicateBucket { key: key.to_string() });
+            return Err(InvalidInput::DuplicateBucket {
+                key: key.to_string(),
+            });
         }
     }
     Ok(())
@@ -67,7 +72,11 @@ pub(crate) fn validate_keys<'a>(
 
 pub(crate) fn check_units(what: &'static str, value: u64) -> Result<(), InvalidInput> {
     if value > MAX_UNITS {
-        return Err(InvalidInput::TooLarge { what, value, max: MAX_UNITS });
+        return Err(InvalidInput::TooLarge {
+            what,
+            value,
+            max: MAX_UNITS,
+        });
     }
     Ok(())
 }

@@ -40,7 +40,10 @@ impl RedisStore {
     /// Prepares a store; no I/O happens until the first call, so a node can start while Redis
     /// is down. Must be called inside a tokio runtime.
     pub fn open(config: &RedisConfig) -> Result<Self, StoreError> {
-        Ok(Self { conn: Connection::open(config)?, budget: config.call_timeout })
+        Ok(Self {
+            conn: Connection::open(config)?,
+            budget: config.call_timeout,
+        })
     }
 
     /// The budget of one call.
@@ -51,7 +54,8 @@ impl RedisStore {
     /// One `PING` within the budget (for readiness checks).
     pub async fn ping(&self) -> Result<(), StoreError> {
         let cmd = redis::cmd("PING");
-        self.within_budget(async { self.conn.run(&cmd).await.map(drop) }).await
+        self.within_budget(async { self.conn.run(&cmd).await.map(drop) })
+            .await
     }
 
     async fn within_budget<T>(
@@ -60,12 +64,19 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.budget, call).await {
             Ok(result) => result.map_err(|e| classify(e, self.budget)),
-            Err(_) => Err(StoreError::Timeout { budget: self.budget }),
+            Err(_) => Err(StoreError::Timeout {
+                budget: self.budget,
+            }),
         }
     }
 
     /// Runs `script` by SHA, falling back to sending its source once on `NOSCRIPT`.
-    async fn eval(&self, script: &Script, keys: &[String], args: &[String]) -> Result<Value, StoreError> {
+    async fn eval(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Value, StoreError> {
         self.within_budget(async {
             let mut cmd = redis::cmd("EVALSHA");
             cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
@@ -88,7 +99,11 @@ fn classify(e: RedisError, budget: Duration) -> StoreError {
     if e.is_timeout() {
         return StoreError::Timeout { budget };
     }
-    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_cluster_error() {
+    if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+    {
         return StoreError::Unavailable(e.to_string());
     }
     match e.kind() {
@@ -113,7 +128,10 @@ fn limit_args(limit: &Limit, args: &mut Vec<String>) {
 impl LeaseStore for RedisStore {
     async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
         let items = req.items();
-        let keys: Vec<String> = items.iter().map(|i| state_key(&i.key, &i.limit).into_owned()).collect();
+        let keys: Vec<String> = items
+            .iter()
+            .map(|i| state_key(&i.key, &i.limit).into_owned())
+            .collect();
         let mut args = Vec::with_capacity(1 + 4 * items.len());
         args.push(nonce());
         for item in items {
@@ -162,12 +180,18 @@ impl LeaseStore for RedisStore {
         let keys: Vec<String> = items.iter().map(|(k, _)| format!("{k}:slots")).collect();
         let args: Vec<String> = items.iter().map(|(_, s)| s.as_str().to_owned()).collect();
         let reply = self.eval(&SCRIPTS.slot_release, &keys, &args).await?;
-        Ok(reply::counts(reply, items.len(), "slot release reply")?.into_iter().map(|n| n == 1).collect())
+        Ok(reply::counts(reply, items.len(), "slot release reply")?
+            .into_iter()
+            .map(|n| n == 1)
+            .collect())
     }
 
     async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {
         let items = req.items();
-        let keys: Vec<String> = items.iter().map(|i| state_key(&i.key, &i.limit).into_owned()).collect();
+        let keys: Vec<String> = items
+            .iter()
+            .map(|i| state_key(&i.key, &i.limit).into_owned())
+            .collect();
         let mut args = Vec::with_capacity(5 * items.len());
         for item in items {
             limit_args(&item.limit, &mut args);

@@ -18,7 +18,10 @@ use crate::redis::RedisStore;
 /// conformance suite.
 pub trait LeaseStore: Send + Sync {
     /// Consumes each item's cost from its bucket if every bucket has room, else nothing.
-    fn check(&self, req: &CheckRequest) -> impl Future<Output = Result<CheckOutcome, StoreError>> + Send;
+    fn check(
+        &self,
+        req: &CheckRequest,
+    ) -> impl Future<Output = Result<CheckOutcome, StoreError>> + Send;
 
     /// Grants each ask independently: up to `want` units, at least `min`, or none.
     fn acquire_leases(
@@ -28,14 +31,23 @@ pub trait LeaseStore: Send + Sync {
 
     /// Gives back unspent units of live leases; returns the units credited per item (0 for an
     /// expired, unknown, repeated or stale-window lease).
-    fn return_leases(&self, req: &ReturnRequest) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+    fn return_leases(
+        &self,
+        req: &ReturnRequest,
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
 
     /// Releases concurrency slots; returns per item whether the slot was still held.
-    fn release_slots(&self, req: &SlotRelease) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
+    fn release_slots(
+        &self,
+        req: &SlotRelease,
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
 
     /// Subtracts units consumed elsewhere; returns the units applied per item (0 when they
     /// belong to a window that has ended).
-    fn debit(&self, req: &DebitRequest) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+    fn debit(
+        &self,
+        req: &DebitRequest,
+    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
 }
 
 /// Where a bucket's state lives: counters in a hash at the bucket key itself, the log and the

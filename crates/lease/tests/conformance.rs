@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use support::{Backend, check1};
 use tollgate_lease::{
-    CheckItem, CheckOutcome, CheckRequest, DebitItem, DebitRequest, Decision, LeaseAsk, LeaseGrant,
-    LeaseId, LeaseRequest, LeaseReturn, LeaseStore, Limit, ReturnRequest, SlotRelease, BucketKey,
+    BucketKey, CheckItem, CheckOutcome, CheckRequest, DebitItem, DebitRequest, Decision, LeaseAsk,
+    LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, LeaseStore, Limit, ReturnRequest, SlotRelease,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -22,7 +22,10 @@ fn ms(n: u64) -> Duration {
 }
 
 async fn check(b: &Backend, key: &BucketKey, limit: Limit, cost: u64) -> CheckOutcome {
-    b.store.check(&check1(key, limit, cost)).await.expect("check")
+    b.store
+        .check(&check1(key, limit, cost))
+        .await
+        .expect("check")
 }
 
 async fn allowed_in_a_row(b: &Backend, key: &BucketKey, limit: Limit, calls: usize) -> usize {
@@ -35,22 +38,56 @@ async fn allowed_in_a_row(b: &Backend, key: &BucketKey, limit: Limit, calls: usi
     allowed
 }
 
-async fn lease(b: &Backend, key: &BucketKey, limit: Limit, want: u64, min: u64, share: f64, ttl: Duration) -> LeaseGrant {
-    let req = LeaseRequest::new(vec![LeaseAsk { key: key.clone(), limit, want, min, max_share: share }], ttl)
-        .expect("valid lease request");
+async fn lease(
+    b: &Backend,
+    key: &BucketKey,
+    limit: Limit,
+    want: u64,
+    min: u64,
+    share: f64,
+    ttl: Duration,
+) -> LeaseGrant {
+    let req = LeaseRequest::new(
+        vec![LeaseAsk {
+            key: key.clone(),
+            limit,
+            want,
+            min,
+            max_share: share,
+        }],
+        ttl,
+    )
+    .expect("valid lease request");
     let mut grants = b.store.acquire_leases(&req).await.expect("acquire");
     assert_eq!(grants.len(), 1);
     grants.remove(0)
 }
 
-async fn give_back(b: &Backend, key: &BucketKey, limit: Limit, lease: &LeaseId, unspent: u64) -> u64 {
-    let req = ReturnRequest::new(vec![LeaseReturn { key: key.clone(), limit, lease: lease.clone(), unspent }])
-        .expect("valid return");
+async fn give_back(
+    b: &Backend,
+    key: &BucketKey,
+    limit: Limit,
+    lease: &LeaseId,
+    unspent: u64,
+) -> u64 {
+    let req = ReturnRequest::new(vec![LeaseReturn {
+        key: key.clone(),
+        limit,
+        lease: lease.clone(),
+        unspent,
+    }])
+    .expect("valid return");
     b.store.return_leases(&req).await.expect("return")[0]
 }
 
 async fn debit(b: &Backend, key: &BucketKey, limit: Limit, units: u64, at: Option<u64>) -> u64 {
-    let req = DebitRequest::new(vec![DebitItem { key: key.clone(), limit, units, consumed_at: at }]).expect("valid");
+    let req = DebitRequest::new(vec![DebitItem {
+        key: key.clone(),
+        limit,
+        units,
+        consumed_at: at,
+    }])
+    .expect("valid");
     b.store.debit(&req).await.expect("debit")[0]
 }
 
@@ -73,11 +110,16 @@ async fn seed_twelve_calls(b: &Backend) {
     let allowed: Vec<bool> = outcomes.iter().map(CheckOutcome::allowed).collect();
     assert_eq!(allowed, [vec![true; 10], vec![false; 2]].concat());
     for out in &outcomes[10..] {
-        let Decision::Limited { retry_after } = out.decision() else { panic!("denied") };
+        let Decision::Limited { retry_after } = out.decision() else {
+            panic!("denied")
+        };
         if b.exact_time() {
             assert_eq!(retry_after, ms(200));
         } else {
-            assert!(retry_after > ms(100) && retry_after <= ms(200), "{retry_after:?}");
+            assert!(
+                retry_after > ms(100) && retry_after <= ms(200),
+                "{retry_after:?}"
+            );
         }
     }
 }
@@ -105,11 +147,22 @@ async fn seed_two_hundred_concurrent_clients(b: &Backend) {
 async fn all_rules_or_none(b: &Backend) {
     let wide = b.key("all-or-none", "wide");
     let narrow = b.key("all-or-none", "narrow");
-    let (lw, ln) = (Limit::token_bucket(5, 0.001).expect("l"), Limit::token_bucket(2, 0.001).expect("l"));
+    let (lw, ln) = (
+        Limit::token_bucket(5, 0.001).expect("l"),
+        Limit::token_bucket(2, 0.001).expect("l"),
+    );
     let both = || {
         CheckRequest::new(vec![
-            CheckItem { key: wide.clone(), limit: lw, cost: 1 },
-            CheckItem { key: narrow.clone(), limit: ln, cost: 1 },
+            CheckItem {
+                key: wide.clone(),
+                limit: lw,
+                cost: 1,
+            },
+            CheckItem {
+                key: narrow.clone(),
+                limit: ln,
+                cost: 1,
+            },
         ])
         .expect("valid")
     };
@@ -171,7 +224,10 @@ async fn token_bucket_retry_is_exact_for_a_large_cost(b: &Backend) {
         assert_eq!(retry, Duration::from_secs(3));
         assert_eq!(out.buckets[0].reset_after, Duration::from_secs(10));
     } else {
-        assert!(retry > ms(2500) && retry <= Duration::from_secs(3), "{retry:?}");
+        assert!(
+            retry > ms(2500) && retry <= Duration::from_secs(3),
+            "{retry:?}"
+        );
     }
 }
 
@@ -227,7 +283,10 @@ async fn fixed_window_of_a_day(b: &Backend) {
     let now = b.now();
     let to_midnight = Duration::from_micros(86_400_000_000 - now % 86_400_000_000);
     let retry = out.buckets[0].retry_after;
-    assert!(retry <= to_midnight + ms(50) && retry + ms(500) >= to_midnight, "{retry:?} vs {to_midnight:?}");
+    assert!(
+        retry <= to_midnight + ms(50) && retry + ms(500) >= to_midnight,
+        "{retry:?} vs {to_midnight:?}"
+    );
 }
 
 async fn sliding_window_weights_the_previous_window(b: &Backend) {
@@ -279,15 +338,27 @@ async fn concurrency_slots_are_held_and_released(b: &Backend) {
     let first = check(b, &key, limit, 1).await;
     let second = check(b, &key, limit, 1).await;
     assert!(first.allowed() && second.allowed());
-    let (s1, s2) = (first.buckets[0].slot.clone().expect("slot"), second.buckets[0].slot.clone().expect("slot"));
+    let (s1, s2) = (
+        first.buckets[0].slot.clone().expect("slot"),
+        second.buckets[0].slot.clone().expect("slot"),
+    );
     assert_ne!(s1, s2);
     let third = check(b, &key, limit, 1).await;
     assert!(!third.allowed());
     assert!(third.buckets[0].slot.is_none());
     assert!(third.buckets[0].retry_after <= Duration::from_secs(30));
     let release = |slot| SlotRelease::new(vec![(key.clone(), limit, slot)]).expect("valid");
-    assert_eq!(b.store.release_slots(&release(s1.clone())).await.expect("release"), vec![true]);
-    assert_eq!(b.store.release_slots(&release(s1)).await.expect("release"), vec![false]);
+    assert_eq!(
+        b.store
+            .release_slots(&release(s1.clone()))
+            .await
+            .expect("release"),
+        vec![true]
+    );
+    assert_eq!(
+        b.store.release_slots(&release(s1)).await.expect("release"),
+        vec![false]
+    );
     assert!(check(b, &key, limit, 1).await.allowed());
     assert!(!check(b, &key, limit, 1).await.allowed());
 }
@@ -295,22 +366,39 @@ async fn concurrency_slots_are_held_and_released(b: &Backend) {
 async fn crashed_holders_slots_expire(b: &Backend) {
     let key = b.fresh_key("conc-ttl");
     let limit = Limit::concurrency(1, ms(100)).expect("l");
-    let held = check(b, &key, limit, 1).await.buckets[0].slot.clone().expect("slot");
+    let held = check(b, &key, limit, 1).await.buckets[0]
+        .slot
+        .clone()
+        .expect("slot");
     assert!(!check(b, &key, limit, 1).await.allowed());
     b.advance(ms(150)).await;
     assert!(check(b, &key, limit, 1).await.allowed());
     let release = SlotRelease::new(vec![(key.clone(), limit, held)]).expect("valid");
-    assert_eq!(b.store.release_slots(&release).await.expect("release"), vec![false]);
+    assert_eq!(
+        b.store.release_slots(&release).await.expect("release"),
+        vec![false]
+    );
 }
 
 async fn a_denied_request_takes_no_slot(b: &Backend) {
     let tb = b.key("mixed", "rate");
     let conc = b.key("mixed", "inflight");
-    let (lt, lc) = (Limit::token_bucket(1, 0.001).expect("l"), Limit::concurrency(5, HOUR).expect("l"));
+    let (lt, lc) = (
+        Limit::token_bucket(1, 0.001).expect("l"),
+        Limit::concurrency(5, HOUR).expect("l"),
+    );
     let req = || {
         CheckRequest::new(vec![
-            CheckItem { key: tb.clone(), limit: lt, cost: 1 },
-            CheckItem { key: conc.clone(), limit: lc, cost: 1 },
+            CheckItem {
+                key: tb.clone(),
+                limit: lt,
+                cost: 1,
+            },
+            CheckItem {
+                key: conc.clone(),
+                limit: lc,
+                cost: 1,
+            },
         ])
         .expect("valid")
     };
@@ -334,10 +422,19 @@ async fn lease_takes_units_at_once(b: &Backend) {
     assert_eq!(g.valid_for, Duration::from_secs(1));
     assert_eq!(g.remaining, 50);
     assert_eq!(remaining(b, &key, limit).await, 50);
-    assert_eq!(lease(b, &key, limit, 50, 1, 1.0, Duration::from_secs(1)).await.units, 50);
+    assert_eq!(
+        lease(b, &key, limit, 50, 1, 1.0, Duration::from_secs(1))
+            .await
+            .units,
+        50
+    );
     let none = lease(b, &key, limit, 50, 1, 1.0, Duration::from_secs(1)).await;
     assert_eq!((none.units, none.lease.is_none()), (0, true));
-    assert!(none.retry_after > Duration::from_secs(900), "{:?}", none.retry_after);
+    assert!(
+        none.retry_after > Duration::from_secs(900),
+        "{:?}",
+        none.retry_after
+    );
 }
 
 async fn lease_leaves_a_share_for_others(b: &Backend) {
@@ -359,7 +456,11 @@ async fn lease_needs_its_minimum(b: &Backend) {
     assert!(check(b, &key, limit, 9).await.allowed());
     let g = lease(b, &key, limit, 5, 2, 1.0, HOUR).await;
     assert_eq!(g.units, 0);
-    assert!(g.retry_after <= ms(1000) && g.retry_after > ms(500), "{:?}", g.retry_after);
+    assert!(
+        g.retry_after <= ms(1000) && g.retry_after > ms(500),
+        "{:?}",
+        g.retry_after
+    );
     let g = lease(b, &key, limit, 5, 1, 1.0, HOUR).await;
     assert_eq!(g.units, 1);
 }
@@ -371,10 +472,21 @@ async fn lease_return_credits_unspent_units_once(b: &Backend) {
     let id = g.lease.expect("lease");
     assert_eq!(give_back(b, &key, limit, &id, 30).await, 30);
     assert_eq!(remaining(b, &key, limit).await, 80);
-    assert_eq!(give_back(b, &key, limit, &id, 30).await, 0, "a duplicate return adds nothing");
-    assert_eq!(give_back(b, &key, limit, &LeaseId::forged("1:50:0:1:00"), 50).await, 0);
+    assert_eq!(
+        give_back(b, &key, limit, &id, 30).await,
+        0,
+        "a duplicate return adds nothing"
+    );
+    assert_eq!(
+        give_back(b, &key, limit, &LeaseId::forged("1:50:0:1:00"), 50).await,
+        0
+    );
     let g = lease(b, &key, limit, 10, 1, 1.0, HOUR).await;
-    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 500).await, 10, "capped at the grant");
+    assert_eq!(
+        give_back(b, &key, limit, &g.lease.expect("lease"), 500).await,
+        10,
+        "capped at the grant"
+    );
     assert_eq!(remaining(b, &key, limit).await, 80);
 }
 
@@ -383,7 +495,10 @@ async fn late_return_adds_nothing(b: &Backend) {
     let limit = Limit::token_bucket(100, 0.001).expect("l");
     let g = lease(b, &key, limit, 40, 1, 1.0, ms(100)).await;
     b.advance(ms(150)).await;
-    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 40).await, 0);
+    assert_eq!(
+        give_back(b, &key, limit, &g.lease.expect("lease"), 40).await,
+        0
+    );
     assert_eq!(remaining(b, &key, limit).await, 60);
 }
 
@@ -393,7 +508,11 @@ async fn return_never_exceeds_capacity(b: &Backend) {
     let g = lease(b, &key, limit, 10, 1, 1.0, HOUR).await;
     b.advance(ms(30)).await; // refilled to full meanwhile
     give_back(b, &key, limit, &g.lease.expect("lease"), 10).await;
-    assert_eq!(remaining(b, &key, limit).await, 10, "a return never fills past capacity");
+    assert_eq!(
+        remaining(b, &key, limit).await,
+        10,
+        "a return never fills past capacity"
+    );
 }
 
 async fn window_lease_ends_with_its_window(b: &Backend) {
@@ -403,7 +522,10 @@ async fn window_lease_ends_with_its_window(b: &Backend) {
     b.start_of_window(w, ms(400)).await;
     let g = lease(b, &key, limit, 50, 1, 1.0, Duration::from_secs(1)).await;
     assert_eq!(g.units, 50);
-    assert_eq!(g.valid_for, g.reset_after, "valid exactly until the window ends");
+    assert_eq!(
+        g.valid_for, g.reset_after,
+        "valid exactly until the window ends"
+    );
     assert!(g.valid_for <= ms(100));
     let sw = Limit::sliding_window(100, w).expect("l");
     let skey = b.fresh_key("sw-lease");
@@ -411,7 +533,12 @@ async fn window_lease_ends_with_its_window(b: &Backend) {
     assert!(g.valid_for <= ms(100), "{:?}", g.valid_for);
     let log = Limit::sliding_window_log(100, ms(300)).expect("l");
     let lkey = b.fresh_key("log-lease");
-    assert_eq!(lease(b, &lkey, log, 50, 1, 1.0, Duration::from_secs(1)).await.valid_for, ms(300));
+    assert_eq!(
+        lease(b, &lkey, log, 50, 1, 1.0, Duration::from_secs(1))
+            .await
+            .valid_for,
+        ms(300)
+    );
 }
 
 async fn window_return_credits_only_its_window(b: &Backend) {
@@ -421,13 +548,19 @@ async fn window_return_credits_only_its_window(b: &Backend) {
     b.start_of_window(w, ms(10)).await;
     let g = lease(b, &key, limit, 6, 1, 1.0, HOUR).await;
     assert_eq!(remaining(b, &key, limit).await, 4);
-    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 4).await, 4);
+    assert_eq!(
+        give_back(b, &key, limit, &g.lease.expect("lease"), 4).await,
+        4
+    );
     assert_eq!(remaining(b, &key, limit).await, 8);
     // A lease from this window, returned after it ended, adds nothing to the next one.
     let g = lease(b, &key, limit, 5, 1, 1.0, HOUR).await;
     b.start_of_window(w, ms(10)).await;
     assert!(check(b, &key, limit, 10).await.allowed());
-    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 5).await, 0);
+    assert_eq!(
+        give_back(b, &key, limit, &g.lease.expect("lease"), 5).await,
+        0
+    );
     assert_eq!(remaining(b, &key, limit).await, 0);
 }
 
@@ -436,7 +569,10 @@ async fn log_lease_return_shrinks_its_entry(b: &Backend) {
     let limit = Limit::sliding_window_log(10, HOUR).expect("l");
     let g = lease(b, &key, limit, 8, 1, 1.0, Duration::from_secs(60)).await;
     assert_eq!(remaining(b, &key, limit).await, 2);
-    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 5).await, 5);
+    assert_eq!(
+        give_back(b, &key, limit, &g.lease.expect("lease"), 5).await,
+        5
+    );
     assert_eq!(remaining(b, &key, limit).await, 7);
     assert_eq!(allowed_in_a_row(b, &key, limit, 8).await, 7);
 }
@@ -454,7 +590,10 @@ async fn debit_can_drive_a_bucket_into_debt(b: &Backend) {
     assert!(retry <= ms(600) && retry > ms(450), "{retry:?}");
     assert_eq!(debit(b, &key, limit, 1000, None).await, 1000);
     let floor = check(b, &key, limit, 1).await.buckets[0].retry_after;
-    assert!(floor <= ms(1100) && floor > ms(950), "debt is floored at one bucket: {floor:?}");
+    assert!(
+        floor <= ms(1100) && floor > ms(950),
+        "debt is floored at one bucket: {floor:?}"
+    );
 }
 
 async fn debit_lands_in_its_own_window(b: &Backend) {
@@ -466,11 +605,19 @@ async fn debit_lands_in_its_own_window(b: &Backend) {
     let now = b.now();
     let old = now - 2 * w.as_micros() as u64;
     let previous = now - w.as_micros() as u64;
-    let (kf, ks, kl) = (b.fresh_key("d-fw"), b.fresh_key("d-sw"), b.fresh_key("d-log"));
+    let (kf, ks, kl) = (
+        b.fresh_key("d-fw"),
+        b.fresh_key("d-sw"),
+        b.fresh_key("d-log"),
+    );
     assert_eq!(debit(b, &kf, fw, 4, Some(old)).await, 0);
     assert_eq!(debit(b, &kf, fw, 4, Some(previous)).await, 0);
     assert_eq!(debit(b, &kf, fw, 4, None).await, 4);
-    assert_eq!(debit(b, &kf, fw, 1, Some(now + 10_000_000)).await, 1, "a future time counts as now");
+    assert_eq!(
+        debit(b, &kf, fw, 1, Some(now + 10_000_000)).await,
+        1,
+        "a future time counts as now"
+    );
     assert_eq!(remaining(b, &kf, fw).await, 5);
     assert_eq!(debit(b, &ks, sw, 4, Some(old)).await, 0);
     assert_eq!(debit(b, &ks, sw, 8, Some(previous)).await, 8);
@@ -487,7 +634,16 @@ async fn hostile_identities_keep_separate_counters(b: &Backend) {
     let limit = Limit::token_bucket(3, 0.001).expect("l");
     let prefix = format!("{}-hostile", b.now());
     let big = vec![b'x'; tollgate_lease::key::MAX_IDENTITY_BYTES - prefix.len()];
-    let identities: Vec<&[u8]> = vec![b"{}", b"foo{}{bar}", b"\r\n", b"\xff\xfe\x00", b"", b"%", b"a:b", &big];
+    let identities: Vec<&[u8]> = vec![
+        b"{}",
+        b"foo{}{bar}",
+        b"\r\n",
+        b"\xff\xfe\x00",
+        b"",
+        b"%",
+        b"a:b",
+        &big,
+    ];
     let keys: Vec<BucketKey> = identities
         .iter()
         .map(|id| BucketKey::new(&[prefix.as_bytes(), id].concat(), "r").expect("key"))

@@ -7,11 +7,28 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
 
-/// A port nobody listens on right now. Another process may take it before we do, so callers
-/// verify the server they start is the one answering (and retry on a clash).
-pub fn free_port() -> Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("binding an ephemeral port")?;
-    Ok(listener.local_addr()?.port())
+/// Ports handed out to test servers: below Linux's ephemeral range (32768 and up), so the
+/// kernel never gives them to outgoing connections, and low enough that a cluster node's bus
+/// port (port + 10000) stays below it too. Picking at random from twelve thousand ports makes
+/// two test processes that run at once unlikely to want the same one, even after one of them
+/// kills a server and restarts it on the same port.
+const TEST_PORTS: std::ops::Range<u16> = 10_000..22_000;
+
+/// A port (with `port + 10000` also free when `with_bus` is set) nobody listens on right now.
+/// Another process may still take it first, so callers verify the server they start is the one
+/// answering, and retry on a clash.
+pub fn free_port(with_bus: bool) -> Result<u16> {
+    use std::hash::{BuildHasher, RandomState};
+    let seed = RandomState::new().hash_one((std::process::id(), SystemTime::now()));
+    let span = u64::from(TEST_PORTS.end - TEST_PORTS.start);
+    for i in 0..1000u64 {
+        let port = TEST_PORTS.start + ((seed.wrapping_add(i.wrapping_mul(7919))) % span) as u16;
+        let free = |p: u16| TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(port) && (!with_bus || free(port + 10_000)) {
+            return Ok(port);
+        }
+    }
+    bail!("no free port in {TEST_PORTS:?}")
 }
 
 /// The path of `binary` on `PATH`, or an error that says how to get it.
@@ -32,7 +49,11 @@ pub fn require_binary(binary: &str, package: &str) -> Result<PathBuf> {
 /// Polls `probe` until it returns `Some`, or fails after `timeout`. Waiting on an external
 /// process is the one place a test must poll real time.
 #[allow(clippy::disallowed_methods)] // std::thread::sleep: real processes run on real time
-pub fn wait_for<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Option<T>) -> Result<T> {
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut probe: impl FnMut() -> Option<T>,
+) -> Result<T> {
     let start = SystemTime::now();
     loop {
         if let Some(value) = probe() {

@@ -33,9 +33,11 @@ impl RedisServer {
         let mut last_error = None;
         for _ in 0..5 {
             let mut server = Self {
-                port: free_port()?,
+                port: free_port(extra_args.contains(&"--cluster-enabled"))?,
                 child: None,
-                dir: tempfile::Builder::new().prefix("tollgate-redis-").tempdir()?,
+                dir: tempfile::Builder::new()
+                    .prefix("tollgate-redis-")
+                    .tempdir()?,
                 extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
                 paused: false,
             };
@@ -66,20 +68,30 @@ impl RedisServer {
         let pid = child.id();
         self.child = Some(child);
         let port = self.port;
-        wait_for(&format!("redis-server on port {port}"), Duration::from_secs(10), || {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(_)) = child.try_wait()
-            {
-                return Some(Err(anyhow::anyhow!(
-                    "redis-server exited at start: {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                )));
-            }
-            // The server answering must be ours, not another one that took the port.
-            let info = cli(port, &["INFO", "server"]).ok()?;
-            let ours = info.lines().any(|l| l.trim() == format!("process_id:{pid}"));
-            Some(if ours { Ok(()) } else { Err(anyhow::anyhow!("port {port} is taken")) })
-        })?
+        wait_for(
+            &format!("redis-server on port {port}"),
+            Duration::from_secs(10),
+            || {
+                if let Some(child) = self.child.as_mut()
+                    && let Ok(Some(_)) = child.try_wait()
+                {
+                    return Some(Err(anyhow::anyhow!(
+                        "redis-server exited at start: {}",
+                        std::fs::read_to_string(&log).unwrap_or_default()
+                    )));
+                }
+                // The server answering must be ours, not another one that took the port.
+                let info = cli(port, &["INFO", "server"]).ok()?;
+                let ours = info
+                    .lines()
+                    .any(|l| l.trim() == format!("process_id:{pid}"));
+                Some(if ours {
+                    Ok(())
+                } else {
+                    Err(anyhow::anyhow!("port {port} is taken"))
+                })
+            },
+        )?
     }
 
     /// `redis://127.0.0.1:<port>/`
@@ -103,7 +115,10 @@ impl RedisServer {
     }
 
     fn pid(&self) -> Result<u32> {
-        self.child.as_ref().map(Child::id).context("redis-server is not running")
+        self.child
+            .as_ref()
+            .map(Child::id)
+            .context("redis-server is not running")
     }
 
     /// Freezes the process (SIGSTOP): connections stay open but nothing answers.
@@ -158,7 +173,10 @@ fn cli(port: u16, args: &[&str]) -> Result<String> {
         .context("running redis-cli")?;
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() || text.starts_with("Could not connect") {
-        bail!("redis-cli -p {port} {args:?} failed: {text}{}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "redis-cli -p {port} {args:?} failed: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(text)
 }
@@ -191,8 +209,13 @@ impl RedisCluster {
             "no",
         ];
         let count = primaries * (1 + replicas);
-        let nodes = (0..count).map(|_| RedisServer::start_with(&args)).collect::<Result<Vec<_>>>()?;
-        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        let nodes = (0..count)
+            .map(|_| RedisServer::start_with(&args))
+            .collect::<Result<Vec<_>>>()?;
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port()))
+            .collect();
         let out = Command::new("redis-cli")
             .arg("--cluster")
             .arg("create")
@@ -202,9 +225,15 @@ impl RedisCluster {
             .output()
             .context("running redis-cli --cluster create")?;
         if !out.status.success() {
-            bail!("cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+            bail!(
+                "cluster create failed: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
         }
-        let cluster = Self { _dir: nodes[0].dir().to_path_buf(), nodes };
+        let cluster = Self {
+            _dir: nodes[0].dir().to_path_buf(),
+            nodes,
+        };
         cluster.wait_healthy(Duration::from_secs(30))?;
         Ok(cluster)
     }
@@ -233,7 +262,11 @@ impl RedisCluster {
 
     /// The node currently serving `key`'s slot as primary (as the first live node sees it).
     pub fn primary_for(&self, key: &str) -> Result<u16> {
-        let any = self.nodes.iter().find(|n| n.child.is_some()).context("no live node")?;
+        let any = self
+            .nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .context("no live node")?;
         let slot: u16 = any.cli(&["CLUSTER", "KEYSLOT", key])?.trim().parse()?;
         let nodes = any.cli(&["CLUSTER", "NODES"])?;
         for line in nodes.lines() {
@@ -257,7 +290,10 @@ impl RedisCluster {
 
     /// The node listening on `port`.
     pub fn node(&mut self, port: u16) -> Result<&mut RedisServer> {
-        self.nodes.iter_mut().find(|n| n.port() == port).context("no such node")
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port() == port)
+            .context("no such node")
     }
 
     /// Kills the primary serving `key` and returns its port.
@@ -278,7 +314,11 @@ impl RedisCluster {
             .iter()
             .filter_map(|n| {
                 let repl = n.cli(&["INFO", "replication"]).ok()?;
-                let role = repl.lines().find(|l| l.starts_with("role:"))?.trim().to_owned();
+                let role = repl
+                    .lines()
+                    .find(|l| l.starts_with("role:"))?
+                    .trim()
+                    .to_owned();
                 Some((n.port(), role))
             })
             .collect()

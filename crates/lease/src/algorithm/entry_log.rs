@@ -12,7 +12,11 @@ use crate::clock::Micros;
 
 /// The unit count a member carries: the number after its first `:`.
 pub(crate) fn member_units(member: &str) -> u64 {
-    member.split(':').nth(1).and_then(|u| u.parse().ok()).unwrap_or(0)
+    member
+        .split(':')
+        .nth(1)
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Live entries (pruned at load) and the units they hold.
@@ -40,10 +44,20 @@ impl EntryLog {
 
     /// Adds an entry of `units` scored `score` and returns its member. `tail` follows the units
     /// (`:<nonce>` for slots, empty for log entries).
-    pub(crate) fn add(&mut self, now: Micros, score: Micros, units: u64, tail: &str) -> String {
-        let suffix = format!(":{units}{tail}");
-        let id = unique_id(now, &suffix, |m| self.entries.contains(m));
-        let member = format!("{id}{suffix}");
+    ///
+    /// The entry's id (`<base>`, else `<base>-1`, `<base>-2`, ...) is unique among the
+    /// entries of the same score, whatever their units: a return that shrinks one entry must
+    /// never land on another. (Log entries are scored by the time in their id, so their ids are
+    /// unique in the whole set.)
+    pub(crate) fn add(&mut self, base: Micros, score: Micros, units: u64, tail: &str) -> String {
+        let taken: Vec<&str> = self
+            .entries
+            .iter()
+            .filter(|(s, _)| *s == score)
+            .map(|(_, m)| m.split(':').next().unwrap_or_default())
+            .collect();
+        let id = unique_id(base, "", |id| taken.contains(&id));
+        let member = format!("{id}:{units}{tail}");
         self.entries.add(score, member.clone());
         self.used += units;
         member
@@ -73,7 +87,9 @@ impl EntryLog {
 
     /// Microseconds until every entry is gone.
     pub(crate) fn reset_after(&self, hold_us: u64, now: Micros) -> u64 {
-        self.entries.max_score().map_or(0, |s| (s + hold_us).saturating_sub(now))
+        self.entries
+            .max_score()
+            .map_or(0, |s| (s + hold_us).saturating_sub(now))
     }
 }
 
@@ -100,6 +116,14 @@ mod tests {
         assert_eq!(log.retry_after(5, 3, w, 4_000), 2_000 + w - 4_000);
         let later = EntryLog::load(log.entries.clone(), 2_000 + w - w);
         assert_eq!(later.used, 2);
+    }
+
+    #[test]
+    fn ids_are_unique_whatever_the_units() {
+        let mut log = EntryLog::load(ZSet::default(), 0);
+        let a = log.add(7, 7, 2, "");
+        let b = log.add(7, 7, 1, "");
+        assert_eq!((a.as_str(), b.as_str()), ("7:2", "7-1:1"));
     }
 
     #[test]

@@ -42,7 +42,11 @@ impl FixedWindow {
     }
 
     pub(crate) fn reset_after(&self, window_us: u64, now: Micros) -> u64 {
-        if self.count > 0 { self.until_end(window_us, now) } else { 0 }
+        if self.count > 0 {
+            self.until_end(window_us, now)
+        } else {
+            0
+        }
     }
 
     /// Whether units consumed at `at` belong to this window or a later one (they are counted)
@@ -65,18 +69,30 @@ mod tests {
         assert!(!fw.admits(7, 1));
         assert_eq!(fw.retry_after(w, 2_500_000), 500_000);
         let next = FixedWindow::load(Some(fw), w, 3_000_000);
-        assert_eq!(next, FixedWindow { ws: 3_000_000, count: 0 });
+        assert_eq!(
+            next,
+            FixedWindow {
+                ws: 3_000_000,
+                count: 0
+            }
+        );
     }
 
     #[test]
     fn a_clock_going_back_keeps_the_count() {
-        let fw = FixedWindow { ws: 5_000_000, count: 3 };
+        let fw = FixedWindow {
+            ws: 5_000_000,
+            count: 3,
+        };
         assert_eq!(FixedWindow::load(Some(fw), 1_000_000, 4_200_000), fw);
     }
 
     #[test]
     fn consumption_from_an_ended_window_is_not_counted() {
-        let fw = FixedWindow { ws: 5_000_000, count: 0 };
+        let fw = FixedWindow {
+            ws: 5_000_000,
+            count: 0,
+        };
         assert!(!fw.counts_at(1_000_000, 4_999_999));
         assert!(fw.counts_at(1_000_000, 5_000_000));
         assert!(fw.counts_at(1_000_000, 6_000_000));

@@ -20,8 +20,16 @@ impl SlidingWindow {
         let ws = window_start(now, window_us);
         match stored {
             Some(s) if s.ws >= ws => s,
-            Some(s) if s.ws + window_us == ws => Self { ws, prev: s.cur, cur: 0 },
-            _ => Self { ws, prev: 0, cur: 0 },
+            Some(s) if s.ws + window_us == ws => Self {
+                ws,
+                prev: s.cur,
+                cur: 0,
+            },
+            _ => Self {
+                ws,
+                prev: 0,
+                cur: 0,
+            },
         }
     }
 
@@ -98,36 +106,80 @@ mod tests {
 
     #[test]
     fn seed_formula_42_previous_18_current_at_15s_is_49_5() {
-        let sw = SlidingWindow { ws: W * 10, prev: 42, cur: 18 };
+        let sw = SlidingWindow {
+            ws: W * 10,
+            prev: 42,
+            cur: 18,
+        };
         assert_eq!(sw.estimate(W, W * 10 + 15_000_000), 49.5);
     }
 
     #[test]
     fn rolls_forward_one_window_and_forgets_after_two() {
-        let sw = SlidingWindow { ws: W, prev: 5, cur: 9 };
-        assert_eq!(SlidingWindow::load(Some(sw), W, 2 * W + 1), SlidingWindow { ws: 2 * W, prev: 9, cur: 0 });
-        assert_eq!(SlidingWindow::load(Some(sw), W, 3 * W), SlidingWindow { ws: 3 * W, prev: 0, cur: 0 });
+        let sw = SlidingWindow {
+            ws: W,
+            prev: 5,
+            cur: 9,
+        };
+        assert_eq!(
+            SlidingWindow::load(Some(sw), W, 2 * W + 1),
+            SlidingWindow {
+                ws: 2 * W,
+                prev: 9,
+                cur: 0
+            }
+        );
+        assert_eq!(
+            SlidingWindow::load(Some(sw), W, 3 * W),
+            SlidingWindow {
+                ws: 3 * W,
+                prev: 0,
+                cur: 0
+            }
+        );
     }
 
     #[test]
     fn retry_after_lands_exactly_where_the_estimate_first_fits() {
-        for (prev, cur, e) in [(10, 2, 0), (10, 9, 30_000_000), (3, 10, 1), (10, 10, 59_999_999)] {
+        for (prev, cur, e) in [
+            (10, 2, 0),
+            (10, 9, 30_000_000),
+            (3, 10, 1),
+            (10, 10, 59_999_999),
+        ] {
             let now = W + e;
             let sw = SlidingWindow { ws: W, prev, cur };
             assert!(!sw.admits(10, W, now, 1));
             let t = sw.retry_after(10, W, now, 1);
             let at = |t: u64| SlidingWindow::load(Some(sw), W, now + t);
-            assert!(at(t).admits(10, W, now + t, 1), "{prev} {cur} {e}: not admitted at {t}");
-            assert!(!at(t - 1).admits(10, W, now + t - 1, 1), "{prev} {cur} {e}: admitted before {t}");
+            assert!(
+                at(t).admits(10, W, now + t, 1),
+                "{prev} {cur} {e}: not admitted at {t}"
+            );
+            assert!(
+                !at(t - 1).admits(10, W, now + t - 1, 1),
+                "{prev} {cur} {e}: admitted before {t}"
+            );
         }
     }
 
     #[test]
     fn debits_land_in_their_own_window_or_nowhere() {
-        let mut sw = SlidingWindow { ws: 3 * W, prev: 0, cur: 0 };
+        let mut sw = SlidingWindow {
+            ws: 3 * W,
+            prev: 0,
+            cur: 0,
+        };
         assert_eq!(sw.debit(W, 3 * W + 5, 2), 2);
         assert_eq!(sw.debit(W, 2 * W + 5, 3), 3);
         assert_eq!(sw.debit(W, W + 5, 4), 0);
-        assert_eq!(sw, SlidingWindow { ws: 3 * W, prev: 3, cur: 2 });
+        assert_eq!(
+            sw,
+            SlidingWindow {
+                ws: 3 * W,
+                prev: 3,
+                cur: 2
+            }
+        );
     }
 }

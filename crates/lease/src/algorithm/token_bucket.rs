@@ -20,7 +20,10 @@ impl TokenBucket {
     pub(crate) fn load(stored: Option<Self>, capacity: u64, rate: f64, now: Micros) -> Self {
         let cap = capacity as f64;
         match stored {
-            None => Self { tokens: cap, ts: now },
+            None => Self {
+                tokens: cap,
+                ts: now,
+            },
             Some(s) => {
                 let elapsed = now.saturating_sub(s.ts);
                 Self {
@@ -37,7 +40,11 @@ impl TokenBucket {
 
     /// Whole tokens available.
     pub(crate) fn available(&self) -> u64 {
-        if self.tokens <= 0.0 { 0 } else { self.tokens.floor() as u64 }
+        if self.tokens <= 0.0 {
+            0
+        } else {
+            self.tokens.floor() as u64
+        }
     }
 
     pub(crate) fn take(&mut self, units: u64) {
@@ -94,15 +101,45 @@ mod tests {
 
     #[test]
     fn refill_is_capped_and_clock_going_back_refills_nothing() {
-        let b = TokenBucket::load(Some(TokenBucket { tokens: 2.0, ts: 10_000_000 }), 10, 5.0, 20_000_000);
+        let b = TokenBucket::load(
+            Some(TokenBucket {
+                tokens: 2.0,
+                ts: 10_000_000,
+            }),
+            10,
+            5.0,
+            20_000_000,
+        );
         assert_eq!(b.tokens, 10.0);
-        let back = TokenBucket::load(Some(TokenBucket { tokens: 2.0, ts: 10_000_000 }), 10, 5.0, 9_000_000);
-        assert_eq!(back, TokenBucket { tokens: 2.0, ts: 10_000_000 });
+        let back = TokenBucket::load(
+            Some(TokenBucket {
+                tokens: 2.0,
+                ts: 10_000_000,
+            }),
+            10,
+            5.0,
+            9_000_000,
+        );
+        assert_eq!(
+            back,
+            TokenBucket {
+                tokens: 2.0,
+                ts: 10_000_000
+            }
+        );
     }
 
     #[test]
     fn lowered_capacity_caps_the_fill_at_once() {
-        let b = TokenBucket::load(Some(TokenBucket { tokens: 90.0, ts: 5 }), 20, 1.0, 5);
+        let b = TokenBucket::load(
+            Some(TokenBucket {
+                tokens: 90.0,
+                ts: 5,
+            }),
+            20,
+            1.0,
+            5,
+        );
         assert_eq!(b.tokens, 20.0);
     }
 

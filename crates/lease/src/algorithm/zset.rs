@@ -22,7 +22,10 @@ impl ZSet {
     }
 
     pub(crate) fn score(&self, member: &str) -> Option<Micros> {
-        self.entries.iter().find(|(_, m)| m == member).map(|(s, _)| *s)
+        self.entries
+            .iter()
+            .find(|(_, m)| m == member)
+            .map(|(s, _)| *s)
     }
 
     pub(crate) fn max_score(&self) -> Option<Micros> {

@@ -36,14 +36,18 @@ pub(crate) struct Keys {
 
 impl Keys {
     pub(crate) fn get(&self, key: &str, now: Micros) -> Option<&Value> {
-        self.map.get(key).filter(|s| s.expires_at > now).map(|s| &s.value)
+        self.map
+            .get(key)
+            .filter(|s| s.expires_at > now)
+            .map(|s| &s.value)
     }
 
     pub(crate) fn put(&mut self, key: &str, value: Value, expires_at: Micros) {
         match self.map.get_mut(key) {
             Some(stored) => *stored = Stored { value, expires_at },
             None => {
-                self.map.insert(key.to_owned(), Stored { value, expires_at });
+                self.map
+                    .insert(key.to_owned(), Stored { value, expires_at });
             }
         }
     }
@@ -76,7 +80,10 @@ impl Bucket {
     pub(crate) fn load(keys: &Keys, key: &str, limit: &Limit, now: Micros) -> Self {
         let stored = keys.get(key, now);
         match limit.kind() {
-            Kind::TokenBucket { capacity, refill_per_second } => {
+            Kind::TokenBucket {
+                capacity,
+                refill_per_second,
+            } => {
                 let s = match stored {
                     Some(Value::TokenBucket(s)) => Some(*s),
                     _ => None,
@@ -97,9 +104,10 @@ impl Bucket {
                 };
                 Bucket::SlidingWindow(SlidingWindow::load(s, window_us, now))
             }
-            Kind::SlidingWindowLog { window_us, .. } => {
-                Bucket::Log(EntryLog::load(keys.sorted(key, now), now.saturating_sub(window_us)))
-            }
+            Kind::SlidingWindowLog { window_us, .. } => Bucket::Log(EntryLog::load(
+                keys.sorted(key, now),
+                now.saturating_sub(window_us),
+            )),
             Kind::Concurrency { .. } => Bucket::Slots(EntryLog::load(keys.sorted(key, now), now)),
         }
     }
@@ -130,7 +138,13 @@ impl Bucket {
     }
 
     /// Consumes `units`; returns the new entry's member for the log and for slots.
-    pub(crate) fn consume(&mut self, limit: &Limit, now: Micros, units: u64, nonce: &str) -> Option<String> {
+    pub(crate) fn consume(
+        &mut self,
+        limit: &Limit,
+        now: Micros,
+        units: u64,
+        nonce: &str,
+    ) -> Option<String> {
         match (self, limit.kind()) {
             (Bucket::TokenBucket(b), _) => b.take(units),
             (Bucket::FixedWindow(b), _) => b.count += units,
@@ -146,10 +160,15 @@ impl Bucket {
 
     pub(crate) fn retry_after(&self, limit: &Limit, now: Micros, cost: u64) -> u64 {
         match (self, limit.kind()) {
-            (Bucket::TokenBucket(b), Kind::TokenBucket { refill_per_second, .. }) => {
-                b.retry_after(cost, refill_per_second)
+            (
+                Bucket::TokenBucket(b),
+                Kind::TokenBucket {
+                    refill_per_second, ..
+                },
+            ) => b.retry_after(cost, refill_per_second),
+            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
+                b.retry_after(window_us, now)
             }
-            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => b.retry_after(window_us, now),
             (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
                 b.retry_after(limit, window_us, now, cost)
             }
@@ -165,12 +184,22 @@ impl Bucket {
 
     pub(crate) fn reset_after(&self, limit: &Limit, now: Micros) -> u64 {
         match (self, limit.kind()) {
-            (Bucket::TokenBucket(b), Kind::TokenBucket { capacity, refill_per_second }) => {
-                b.reset_after(capacity, refill_per_second)
+            (
+                Bucket::TokenBucket(b),
+                Kind::TokenBucket {
+                    capacity,
+                    refill_per_second,
+                },
+            ) => b.reset_after(capacity, refill_per_second),
+            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
+                b.reset_after(window_us, now)
             }
-            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => b.reset_after(window_us, now),
-            (Bucket::SlidingWindow(b), Kind::SlidingWindow { window_us, .. }) => b.reset_after(window_us, now),
-            (Bucket::Log(b), Kind::SlidingWindowLog { window_us, .. }) => b.reset_after(window_us, now),
+            (Bucket::SlidingWindow(b), Kind::SlidingWindow { window_us, .. }) => {
+                b.reset_after(window_us, now)
+            }
+            (Bucket::Log(b), Kind::SlidingWindowLog { window_us, .. }) => {
+                b.reset_after(window_us, now)
+            }
             (Bucket::Slots(b), _) => b.reset_after(0, now),
             _ => 0,
         }
@@ -197,7 +226,9 @@ impl Bucket {
     /// Microseconds until the state is indistinguishable from no state.
     fn neutral_in(&self, limit: &Limit, now: Micros) -> u64 {
         match (self, limit.kind()) {
-            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => b.until_end(window_us, now),
+            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
+                b.until_end(window_us, now)
+            }
             (Bucket::SlidingWindow(b), Kind::SlidingWindow { window_us, .. }) => {
                 (b.ws + window_us).saturating_sub(now) + window_us
             }

@@ -64,10 +64,16 @@ impl LeaseRequest {
                 });
             }
             if ask.min == 0 || ask.min > ask.want {
-                return Err(bad(format!("min must be in 1..={}, got {}", ask.want, ask.min)));
+                return Err(bad(format!(
+                    "min must be in 1..={}, got {}",
+                    ask.want, ask.min
+                )));
             }
             if !(ask.max_share > 0.0 && ask.max_share <= 1.0) {
-                return Err(bad(format!("max_share must be in (0, 1], got {}", ask.max_share)));
+                return Err(bad(format!(
+                    "max_share must be in (0, 1], got {}",
+                    ask.max_share
+                )));
             }
         }
         if ttl < Duration::from_millis(1) || ttl > MAX_LEASE_TTL {

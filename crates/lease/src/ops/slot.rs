@@ -17,6 +17,11 @@ impl SlotId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// An id that no store issued (for tests of forged releases).
+    pub fn forged(text: &str) -> Self {
+        Self(text.into())
+    }
 }
 
 impl fmt::Debug for SlotId {
@@ -45,7 +50,9 @@ impl SlotRelease {
                 });
             }
         }
-        Ok(Self { items: items.into_iter().map(|(k, _, s)| (k, s)).collect() })
+        Ok(Self {
+            items: items.into_iter().map(|(k, _, s)| (k, s)).collect(),
+        })
     }
 
     /// The slots, in request order.

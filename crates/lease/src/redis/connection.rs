@@ -42,12 +42,19 @@ impl Default for RedisConfig {
 impl RedisConfig {
     /// A single server at `url` with default timeouts.
     pub fn single(url: impl Into<String>) -> Self {
-        Self { urls: vec![url.into()], ..Self::default() }
+        Self {
+            urls: vec![url.into()],
+            ..Self::default()
+        }
     }
 
     /// A cluster reached through `seeds` with default timeouts.
     pub fn cluster(seeds: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        Self { urls: seeds.into_iter().map(Into::into).collect(), cluster: true, ..Self::default() }
+        Self {
+            urls: seeds.into_iter().map(Into::into).collect(),
+            cluster: true,
+            ..Self::default()
+        }
     }
 }
 
@@ -91,7 +98,9 @@ impl Connection {
             let cluster_config = ClusterConfig::new()
                 .set_connection_timeout(config.connect_timeout)
                 .set_response_timeout(config.call_timeout);
-            Ok(Connection::Cluster(client.get_pending_async_connection_with_config(cluster_config)))
+            Ok(Connection::Cluster(
+                client.get_pending_async_connection_with_config(cluster_config),
+            ))
         } else {
             let client = redis::Client::open(config.urls[0].as_str()).map_err(config_error)?;
             let manager_config = ConnectionManagerConfig::new()
@@ -101,8 +110,8 @@ impl Connection {
                 .set_max_delay(config.reconnect_max_delay)
                 .set_exponent_base(2.0)
                 .set_number_of_retries(8);
-            let manager =
-                ConnectionManager::new_lazy_with_config(client, manager_config).map_err(config_error)?;
+            let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
+                .map_err(config_error)?;
             Ok(Connection::Single(manager))
         }
     }

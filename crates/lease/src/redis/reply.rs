@@ -16,14 +16,18 @@ fn bad(what: impl Into<String>) -> StoreError {
 fn array(v: Value, len: usize, what: &str) -> Result<Vec<Value>, StoreError> {
     match v {
         Value::Array(items) if items.len() == len => Ok(items),
-        other => Err(bad(format!("{what}: expected an array of {len}, got {other:?}"))),
+        other => Err(bad(format!(
+            "{what}: expected an array of {len}, got {other:?}"
+        ))),
     }
 }
 
 fn int(v: &Value, what: &str) -> Result<u64, StoreError> {
     match v {
         Value::Int(i) if *i >= 0 => Ok(*i as u64),
-        other => Err(bad(format!("{what}: expected a non-negative integer, got {other:?}"))),
+        other => Err(bad(format!(
+            "{what}: expected a non-negative integer, got {other:?}"
+        ))),
     }
 }
 
@@ -82,7 +86,10 @@ pub(crate) fn grants(v: Value, asks: usize) -> Result<Vec<LeaseGrant>, StoreErro
 
 /// A flat array of counts (returns, releases, debits).
 pub(crate) fn counts(v: Value, items: usize, what: &str) -> Result<Vec<u64>, StoreError> {
-    array(v, items, what)?.iter().map(|x| int(x, what)).collect()
+    array(v, items, what)?
+        .iter()
+        .map(|x| int(x, what))
+        .collect()
 }
 
 #[cfg(test)]
@@ -92,7 +99,10 @@ mod tests {
     #[test]
     fn malformed_replies_are_errors_not_panics() {
         assert!(matches!(check(Value::Nil, 1), Err(StoreError::BadReply(_))));
-        assert!(matches!(check(Value::Array(vec![Value::Int(1)]), 1), Err(StoreError::BadReply(_))));
+        assert!(matches!(
+            check(Value::Array(vec![Value::Int(1)]), 1),
+            Err(StoreError::BadReply(_))
+        ));
         let neg = Value::Array(vec![Value::Array(vec![
             Value::Int(1),
             Value::Int(-3),
@@ -101,7 +111,10 @@ mod tests {
             Value::BulkString(vec![]),
         ])]);
         assert!(matches!(check(neg, 1), Err(StoreError::BadReply(_))));
-        assert!(matches!(counts(Value::Array(vec![]), 2, "x"), Err(StoreError::BadReply(_))));
+        assert!(matches!(
+            counts(Value::Array(vec![]), 2, "x"),
+            Err(StoreError::BadReply(_))
+        ));
     }
 
     #[test]
@@ -117,6 +130,9 @@ mod tests {
         assert!(out.allowed());
         assert_eq!(out.buckets[0].remaining, 9);
         assert_eq!(out.buckets[0].reset_after, Duration::from_millis(200));
-        assert_eq!(out.buckets[0].slot.as_ref().map(SlotId::as_str), Some("17:1:ab"));
+        assert_eq!(
+            out.buckets[0].slot.as_ref().map(SlotId::as_str),
+            Some("17:1:ab")
+        );
     }
 }

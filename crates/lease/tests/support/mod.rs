@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tollgate_lease::{
-    BucketKey, CheckRequest, Clock, Limit, ManualClock, MemoryConfig, MemoryStore, Micros, RedisConfig,
-    RedisStore, Store, SystemClock,
+    BucketKey, CheckRequest, Clock, Limit, ManualClock, MemoryConfig, MemoryStore, Micros,
+    RedisConfig, RedisStore, Store, SystemClock,
 };
 use tollgate_testkit::{RedisCluster, RedisServer};
 
@@ -45,7 +45,8 @@ impl Backend {
     /// The in-memory store on a manual clock: time moves only in [`Backend::advance`].
     pub fn memory() -> Self {
         let clock = ManualClock::new(MEMORY_EPOCH);
-        let store = MemoryStore::with_clock(std::sync::Arc::new(clock.clone()), MemoryConfig::default());
+        let store =
+            MemoryStore::with_clock(std::sync::Arc::new(clock.clone()), MemoryConfig::default());
         Self::new("memory", Store::Memory(store), Some(clock))
     }
 
@@ -55,7 +56,10 @@ impl Backend {
             .await
             .expect("join")
             .expect("redis-server starts");
-        let config = RedisConfig { call_timeout: GENEROUS_BUDGET, ..RedisConfig::single(server.url()) };
+        let config = RedisConfig {
+            call_timeout: GENEROUS_BUDGET,
+            ..RedisConfig::single(server.url())
+        };
         let store = RedisStore::open(&config).expect("open");
         let mut backend = Self::new("redis", Store::Redis(store), None);
         backend.redis = Some(server);
@@ -68,7 +72,10 @@ impl Backend {
             .await
             .expect("join")
             .expect("cluster starts");
-        let config = RedisConfig { call_timeout: GENEROUS_BUDGET, ..RedisConfig::cluster(cluster.urls()) };
+        let config = RedisConfig {
+            call_timeout: GENEROUS_BUDGET,
+            ..RedisConfig::cluster(cluster.urls())
+        };
         let store = RedisStore::open(&config).expect("open");
         let mut backend = Self::new("redis-cluster", Store::Redis(store), None);
         backend.cluster = Some(cluster);

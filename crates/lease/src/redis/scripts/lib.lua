@@ -135,9 +135,19 @@ local function available(b, now)
 end
 
 -- Adds an entry of `units` scored `score` to a LOG or CONC bucket; returns its member.
-local function add_entry(b, now, score, units, tail)
-  local suffix = ':' .. int(units) .. tail
-  local member = unique_id(b.key, now, suffix) .. suffix
+-- The entry's id (`<base>`, else `<base>-1`, ...) is unique among the entries of the same
+-- score whatever their units, so shrinking one entry on a return never lands on another.
+local function add_entry(b, base, score, units, tail)
+  local taken = {}
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', b.key, int(score), int(score))) do
+    taken[string.match(m, '^[^:]*')] = true
+  end
+  local id, n = int(base), 0
+  while taken[id] do
+    n = n + 1
+    id = int(base) .. '-' .. n
+  end
+  local member = id .. ':' .. int(units) .. tail
   redis.call('ZADD', b.key, int(score), member)
   b.used = b.used + units
   return member

@@ -1,0 +1,213 @@
+//! Faults injected for real: Redis killed, paused (SIGSTOP), restarted, its script cache
+//! flushed, a cluster primary killed. A call never hangs: it fails within its budget with a
+//! transient error, and calls recover on their own once Redis is back.
+
+mod support;
+
+use std::time::Duration;
+
+use support::check1;
+use tollgate_lease::{
+    BucketKey, CheckOutcome, LeaseStore, Limit, RedisConfig, RedisStore, StoreError,
+};
+use tollgate_testkit::{RedisCluster, RedisServer};
+
+/// The limiter's budget under test. It is the product default (5 ms) padded for a loaded
+/// 2-core CI machine; what is asserted is that calls fail fast, not how fast a healthy one is.
+const BUDGET: Duration = Duration::from_millis(20);
+
+/// A failed call must come back well within this: the budget plus scheduling noise. (The
+/// peers this replaces waited seconds; this bounds behaviour, it is not a benchmark.)
+const FAIL_FAST: Duration = Duration::from_millis(250);
+
+fn store_for(config: RedisConfig) -> RedisStore {
+    RedisStore::open(&RedisConfig {
+        call_timeout: BUDGET,
+        ..config
+    })
+    .expect("open")
+}
+
+fn limit() -> Limit {
+    Limit::token_bucket(1_000_000, 1.0).expect("limit")
+}
+
+async fn call(store: &RedisStore, key: &BucketKey) -> (Result<CheckOutcome, StoreError>, Duration) {
+    let start = tokio::time::Instant::now();
+    let result = store.check(&check1(key, limit(), 1)).await;
+    (result, start.elapsed())
+}
+
+/// Calls until one succeeds (Redis coming back, a failover completing), asserting that every
+/// failure on the way was transient and fast. Returns how many calls failed.
+async fn until_success(store: &RedisStore, key: &BucketKey, within: Duration) -> usize {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut failures = 0;
+    loop {
+        let (result, took) = call(store, key).await;
+        match result {
+            Ok(out) => {
+                assert!(out.allowed());
+                return failures;
+            }
+            Err(e) => {
+                assert!(e.is_transient(), "non-transient error during recovery: {e}");
+                assert!(took < FAIL_FAST, "a failing call took {took:?}");
+                failures += 1;
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no recovery within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn start_redis() -> RedisServer {
+    tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_redis_fails_fast_then_recovers_on_restart() {
+    let mut server = start_redis().await;
+    let store = store_for(RedisConfig::single(server.url()));
+    let key = BucketKey::new(b"kill", "r").expect("key");
+    until_success(&store, &key, Duration::from_secs(5)).await;
+
+    server.kill();
+    for _ in 0..5 {
+        let (result, took) = call(&store, &key).await;
+        let err = result.expect_err("Redis is dead");
+        assert!(err.is_transient(), "{err}");
+        assert!(took < FAIL_FAST, "took {took:?}");
+    }
+
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart().expect("restart");
+        server
+    })
+    .await
+    .expect("join");
+    until_success(&store, &key, Duration::from_secs(10)).await;
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_redis_times_out_within_the_budget_then_recovers() {
+    let mut server = start_redis().await;
+    let store = store_for(RedisConfig::single(server.url()));
+    let key = BucketKey::new(b"pause", "r").expect("key");
+    until_success(&store, &key, Duration::from_secs(5)).await;
+
+    server.pause().expect("SIGSTOP");
+    for _ in 0..5 {
+        let (result, took) = call(&store, &key).await;
+        match result {
+            Err(StoreError::Timeout { budget }) => assert_eq!(budget, BUDGET),
+            other => panic!("expected a timeout, got {other:?}"),
+        }
+        assert!(took < FAIL_FAST, "took {took:?}");
+    }
+    server.resume().expect("SIGCONT");
+    until_success(&store, &key, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_at_start_is_a_transient_error_not_a_crash() {
+    let mut server = start_redis().await;
+    server.kill();
+    // The store opens with nothing listening: no I/O happens until a call.
+    let store = store_for(RedisConfig::single(server.url()));
+    let key = BucketKey::new(b"late", "r").expect("key");
+    let (result, took) = call(&store, &key).await;
+    assert!(result.expect_err("nothing listens").is_transient());
+    assert!(took < FAIL_FAST, "took {took:?}");
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart().expect("start");
+        server
+    })
+    .await
+    .expect("join");
+    until_success(&store, &key, Duration::from_secs(10)).await;
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_is_invisible_to_callers() {
+    let server = start_redis().await;
+    let store = store_for(RedisConfig {
+        call_timeout: Duration::from_secs(3),
+        ..RedisConfig::single(server.url())
+    });
+    let key = BucketKey::new(b"flush", "r").expect("key");
+    let scripts = |server: &RedisServer| {
+        let info = server.cli(&["INFO", "memory"]).expect("info");
+        info.lines()
+            .find_map(|l| l.strip_prefix("number_of_cached_scripts:"))
+            .and_then(|n| n.trim().parse::<u32>().ok())
+            .expect("number_of_cached_scripts")
+    };
+    assert!(call(&store, &key).await.0.expect("first call").allowed());
+    assert_eq!(scripts(&server), 1);
+    server.cli(&["SCRIPT", "FLUSH"]).expect("flush");
+    assert_eq!(scripts(&server), 0);
+    let out = call(&store, &key)
+        .await
+        .0
+        .expect("the call after a flush succeeds");
+    assert!(out.allowed());
+    assert_eq!(
+        out.buckets[0].remaining,
+        1_000_000 - 2,
+        "state survived; only the script cache was lost"
+    );
+    assert_eq!(scripts(&server), 1, "the script was loaded again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_primary_killed_recovers_after_the_replica_is_promoted() {
+    let mut cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1))
+        .await
+        .expect("join")
+        .expect("cluster starts");
+    let store = store_for(RedisConfig::cluster(cluster.urls()));
+    let key = BucketKey::new(b"failover", "r").expect("key");
+    until_success(&store, &key, Duration::from_secs(10)).await;
+    let before = call(&store, &key).await.0.expect("healthy").buckets[0].remaining;
+
+    let slot_key = key.as_str().to_owned();
+    let (cluster, killed) = tokio::task::spawn_blocking(move || {
+        let port = cluster.kill_primary_for(&slot_key).expect("kill primary");
+        (cluster, port)
+    })
+    .await
+    .expect("join");
+
+    let failures = until_success(&store, &key, Duration::from_secs(30)).await;
+    assert!(failures > 0, "calls to a dead primary cannot all succeed");
+    let new_primary = tokio::task::spawn_blocking(move || {
+        cluster
+            .wait_healthy(Duration::from_secs(30))
+            .expect("healthy again");
+        let port = cluster.primary_for(key.as_str()).expect("primary");
+        (port, cluster)
+    })
+    .await
+    .expect("join");
+    assert_ne!(new_primary.0, killed, "the replica took over");
+    // Replication is asynchronous: the promoted replica may lack the last writes, never
+    // gains any. The bucket is at most as full as it was, plus this call's refill.
+    let after = call(&store, &BucketKey::new(b"failover", "r").expect("key"))
+        .await
+        .0
+        .expect("ok");
+    assert!(
+        after.buckets[0].remaining <= before + 60,
+        "{} vs {before}",
+        after.buckets[0].remaining
+    );
+}

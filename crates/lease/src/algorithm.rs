@@ -33,14 +33,14 @@ pub(crate) fn window_start(now: Micros, window_us: u64) -> Micros {
     now - now % window_us
 }
 
-/// A member id not yet used in a sorted set: `<now>`, else `<now>-1`, `<now>-2`, ...
-/// (Two writes in the same microsecond are rare but possible after a failover moved the clock.)
-pub(crate) fn unique_id(now: Micros, suffix: &str, taken: impl Fn(&str) -> bool) -> String {
-    let mut id = now.to_string();
+/// An id not `taken` yet: `<base>`, else `<base>-1`, `<base>-2`, ... (Two entries in the same
+/// microsecond are rare but possible, e.g. after a failover moved the clock back.)
+pub(crate) fn unique_id(base: Micros, taken: impl Fn(&str) -> bool) -> String {
+    let mut id = base.to_string();
     let mut n = 0u32;
-    while taken(&format!("{id}{suffix}")) {
+    while taken(&id) {
         n += 1;
-        id = format!("{now}-{n}");
+        id = format!("{base}-{n}");
     }
     id
 }

@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use crate::algorithm::entry_log::member_units;
 use crate::algorithm::zset::ZSet;
-use crate::algorithm::{ttl_ms, unique_id};
+use crate::algorithm::ttl_ms;
 use crate::clock::{Micros, SharedClock, SystemClock};
 use crate::error::StoreError;
 use crate::key::BucketKey;
@@ -234,7 +234,8 @@ impl LeaseStore for MemoryStore {
         let creates: Vec<&str> = names.iter().map(String::as_str).collect();
         self.with_shard(&asks[0].key, &creates, |keys, now| {
             asks.iter()
-                .map(|ask| {
+                .enumerate()
+                .map(|(position, ask)| {
                     let lease_key = ask.key.lease_key();
                     let mut leases = keys.sorted(&lease_key, now);
                     leases.remove_up_to(now);
@@ -257,14 +258,11 @@ impl LeaseStore for MemoryStore {
                     let (valid_for, ws) = lease_validity(&ask.limit, &b, now, ttl_us);
                     let tail = format!(":{ws}:{}:{nonce}", ask.limit.algorithm().script_code());
                     let id = match entry {
-                        // The log entry's member `<id>:<units>` starts the lease id.
+                        // The log's lease is named after its entry (`<id>:<units>`); other
+                        // leases after the time and the ask's position (the nonce tells
+                        // requests apart).
                         Some(member) => member,
-                        None => {
-                            let units = format!(":{grant}");
-                            let id =
-                                unique_id(now, &format!("{units}{tail}"), |m| leases.contains(m));
-                            format!("{id}{units}")
-                        }
+                        None => format!("{now}.{}:{grant}", position + 1),
                     };
                     let lease = format!("{id}{tail}");
                     leases.add(now + valid_for, lease.clone());

@@ -56,7 +56,7 @@ impl EntryLog {
             .filter(|(s, _)| *s == score)
             .map(|(_, m)| m.split(':').next().unwrap_or_default())
             .collect();
-        let id = unique_id(base, "", |id| taken.contains(&id));
+        let id = unique_id(base, |id| taken.contains(&id));
         let member = format!("{id}:{units}{tail}");
         self.entries.add(score, member.clone());
         self.used += units;

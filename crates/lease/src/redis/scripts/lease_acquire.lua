@@ -48,11 +48,9 @@ for i = 1, #KEYS / 2 do
     elseif alg == LOG then
       valid, ws = math.min(ttl, b.p2), now
     end
-    local id = entry
-    if not id then
-      local tail = ':' .. int(grant)
-      id = unique_id(lease_key, now, tail .. ':' .. int(ws) .. ':' .. alg .. ':' .. nonce) .. tail
-    end
+    -- The log's lease is named after its entry; other leases after the time and the ask's
+    -- position in this request (the nonce tells requests apart).
+    local id = entry or (int(now) .. '.' .. i .. ':' .. int(grant))
     local lease = id .. ':' .. int(ws) .. ':' .. alg .. ':' .. nonce
     redis.call('ZADD', lease_key, int(now + valid), lease)
     reply[i] = {grant, lease, valid, available(b, now), 0, reset_after(b, now)}

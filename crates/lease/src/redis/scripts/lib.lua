@@ -13,6 +13,7 @@ State: token bucket    HASH  alg=1 tokens=<%.17g> ts=<us>
        sliding log     ZSET  <key>:log    member <id>:<units>          score = admission time
        concurrency     ZSET  <key>:slots  member <id>:<units>:<nonce>  score = slot expiry
        leases          ZSET  <key>:leases member <id>:<units>:<ws>:<alg>:<nonce>  score = expiry
+                       (<id> is the log entry's id, else <now>.<ask position>)
 Invariants:
   - a hash written by another algorithm (the rule changed) reads as no state;
   - every key expires once its state is neutral (bucket full, windows over, entries gone)
@@ -39,17 +40,6 @@ end
 local function window_start(t, w) return t - math.fmod(t, w) end
 
 local function pos(x) if x < 0 then return 0 end return x end
-
--- A member id not yet in sorted set `key`: `<now>`, else `<now>-1`, `<now>-2`, ...
-local function unique_id(key, now, suffix)
-  local id = int(now)
-  local n = 0
-  while redis.call('ZSCORE', key, id .. suffix) do
-    n = n + 1
-    id = int(now) .. '-' .. n
-  end
-  return id
-end
 
 local function member_units(member)
   return tonumber(string.match(member, '^[^:]*:(%d+)')) or 0

@@ -16,8 +16,8 @@ use hdrhistogram::Histogram;
 use redis::aio::ConnectionManager;
 use tokio::time::Instant;
 use tollgate_lease::{
-    BucketKey, CheckItem, CheckRequest, LeaseAsk, LeaseRequest, LeaseStore, Limit, MemoryStore, RedisConfig,
-    RedisStore, Store,
+    BucketKey, CheckItem, CheckRequest, LeaseAsk, LeaseRequest, LeaseStore, Limit, MemoryStore,
+    RedisConfig, RedisStore, Store,
 };
 use tollgate_testkit::RedisServer;
 
@@ -52,7 +52,13 @@ fn histogram() -> Histogram<u64> {
 }
 
 /// Runs `call` from `inflight` concurrent tasks for `secs`, recording each call's latency (ns).
-async fn drive<F, Fut>(name: &str, inflight: usize, secs: f64, decisions_per_call: u64, call: F) -> Row
+async fn drive<F, Fut>(
+    name: &str,
+    inflight: usize,
+    secs: f64,
+    decisions_per_call: u64,
+    call: F,
+) -> Row
 where
     F: Fn(usize) -> Fut + Clone + Send + 'static,
     Fut: Future<Output = ()> + Send,
@@ -81,7 +87,13 @@ where
     for t in tasks {
         latency.add(t.await.expect("join")).expect("add");
     }
-    Row { name: name.to_owned(), calls: latency.len(), secs: start.elapsed().as_secs_f64(), decisions_per_call, latency }
+    Row {
+        name: name.to_owned(),
+        calls: latency.len(),
+        secs: start.elapsed().as_secs_f64(),
+        decisions_per_call,
+        latency,
+    }
 }
 
 fn key(i: usize, rule: &str) -> BucketKey {
@@ -100,8 +112,11 @@ fn ready<F: Future>(f: F) -> F::Output {
 fn memory_row(name: &str, threads: usize, secs: f64) -> Row {
     let store = MemoryStore::new();
     let limit = Limit::token_bucket(1_000_000_000_000, 1e9).expect("limit");
-    let reqs: Arc<Vec<CheckRequest>> =
-        Arc::new((0..IDENTITIES).map(|i| CheckRequest::single(key(i, "tb"), limit, 1).expect("req")).collect());
+    let reqs: Arc<Vec<CheckRequest>> = Arc::new(
+        (0..IDENTITIES)
+            .map(|i| CheckRequest::single(key(i, "tb"), limit, 1).expect("req"))
+            .collect(),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let start = std::time::SystemTime::now();
     let handles: Vec<_> = (0..threads)
@@ -118,7 +133,8 @@ fn memory_row(name: &str, threads: usize, secs: f64) -> Row {
                         assert!(out.allowed());
                         i += threads;
                     }
-                    h.record_n((clock.elapsed().as_nanos() as u64 / 64).max(1), 64).expect("record");
+                    h.record_n((clock.elapsed().as_nanos() as u64 / 64).max(1), 64)
+                        .expect("record");
                 }
                 h
             })
@@ -132,20 +148,35 @@ fn memory_row(name: &str, threads: usize, secs: f64) -> Row {
         latency.add(h.join().expect("join")).expect("add");
     }
     let secs = start.elapsed().expect("clock").as_secs_f64();
-    Row { name: name.to_owned(), calls: latency.len(), secs, decisions_per_call: 1, latency }
+    Row {
+        name: name.to_owned(),
+        calls: latency.len(),
+        secs,
+        decisions_per_call: 1,
+        latency,
+    }
 }
 
 fn main() {
-    let secs: f64 = std::env::var("BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let secs: f64 = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
     let server = match std::env::var("TOLLGATE_BENCH_REDIS") {
         Ok(_) => None,
         Err(_) => Some(RedisServer::start().expect("redis-server")),
     };
     let url = std::env::var("TOLLGATE_BENCH_REDIS")
         .unwrap_or_else(|_| server.as_ref().map(RedisServer::url).expect("url"));
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     rt.block_on(async {
-        let config = RedisConfig { call_timeout: Duration::from_secs(2), ..RedisConfig::single(url.clone()) };
+        let config = RedisConfig {
+            call_timeout: Duration::from_secs(2),
+            ..RedisConfig::single(url.clone())
+        };
         let store = Store::Redis(RedisStore::open(&config).expect("store"));
         let client = redis::Client::open(url.as_str()).expect("client");
         let conn = ConnectionManager::new(client).await.expect("connection");
@@ -153,13 +184,25 @@ fn main() {
 
         let huge = Limit::token_bucket(1_000_000_000_000, 1e9).expect("limit");
         let fw = Limit::fixed_window(1_000_000_000, Duration::from_secs(3600)).expect("limit");
-        let one = Arc::new((0..IDENTITIES).map(|i| CheckRequest::single(key(i, "tb"), huge, 1).expect("req")).collect::<Vec<_>>());
+        let one = Arc::new(
+            (0..IDENTITIES)
+                .map(|i| CheckRequest::single(key(i, "tb"), huge, 1).expect("req"))
+                .collect::<Vec<_>>(),
+        );
         let two = Arc::new(
             (0..IDENTITIES)
                 .map(|i| {
                     CheckRequest::new(vec![
-                        CheckItem { key: key(i, "tb"), limit: huge, cost: 1 },
-                        CheckItem { key: key(i, "fw"), limit: fw, cost: 1 },
+                        CheckItem {
+                            key: key(i, "tb"),
+                            limit: huge,
+                            cost: 1,
+                        },
+                        CheckItem {
+                            key: key(i, "fw"),
+                            limit: fw,
+                            cost: 1,
+                        },
                     ])
                     .expect("req")
                 })
@@ -168,7 +211,13 @@ fn main() {
         let leases = Arc::new(
             (0..IDENTITIES)
                 .map(|i| {
-                    let ask = LeaseAsk { key: key(i, "lease"), limit: huge, want: 50, min: 1, max_share: 0.5 };
+                    let ask = LeaseAsk {
+                        key: key(i, "lease"),
+                        limit: huge,
+                        want: 50,
+                        min: 1,
+                        max_share: 0.5,
+                    };
                     LeaseRequest::new(vec![ask], Duration::from_secs(1)).expect("req")
                 })
                 .collect::<Vec<_>>(),
@@ -179,19 +228,25 @@ fn main() {
         for (mode, inflight) in [("1 in flight", 1usize), ("64 in flight", 64)] {
             let baseline = {
                 let (conn, seed) = (conn.clone(), Arc::new(seed.clone()));
-                drive(&format!("seed script, EVALSHA per check ({mode})"), inflight, secs, 1, move |i| {
-                    let (mut conn, seed) = (conn.clone(), seed.clone());
-                    async move {
-                        let _: Vec<i64> = seed
-                            .key(format!("seed:{{bench-{i}}}"))
-                            .arg(1_000_000_000_000u64)
-                            .arg(1_000_000_000u64)
-                            .arg(1)
-                            .invoke_async(&mut conn)
-                            .await
-                            .expect("seed script");
-                    }
-                })
+                drive(
+                    &format!("seed script, EVALSHA per check ({mode})"),
+                    inflight,
+                    secs,
+                    1,
+                    move |i| {
+                        let (mut conn, seed) = (conn.clone(), seed.clone());
+                        async move {
+                            let _: Vec<i64> = seed
+                                .key(format!("seed:{{bench-{i}}}"))
+                                .arg(1_000_000_000_000u64)
+                                .arg(1_000_000_000u64)
+                                .arg(1)
+                                .invoke_async(&mut conn)
+                                .await
+                                .expect("seed script");
+                        }
+                    },
+                )
                 .await
             };
             let base = baseline.calls as f64 / baseline.secs;
@@ -199,33 +254,51 @@ fn main() {
             let rows = [
                 {
                     let (store, reqs) = (store.clone(), one.clone());
-                    drive(&format!("check, 1 rule ({mode})"), inflight, secs, 1, move |i| {
-                        let (store, reqs) = (store.clone(), reqs.clone());
-                        async move {
-                            assert!(store.check(&reqs[i]).await.expect("check").allowed());
-                        }
-                    })
+                    drive(
+                        &format!("check, 1 rule ({mode})"),
+                        inflight,
+                        secs,
+                        1,
+                        move |i| {
+                            let (store, reqs) = (store.clone(), reqs.clone());
+                            async move {
+                                assert!(store.check(&reqs[i]).await.expect("check").allowed());
+                            }
+                        },
+                    )
                     .await
                 },
                 {
                     let (store, reqs) = (store.clone(), two.clone());
-                    drive(&format!("check, 2 rules atomically ({mode})"), inflight, secs, 1, move |i| {
-                        let (store, reqs) = (store.clone(), reqs.clone());
-                        async move {
-                            assert!(store.check(&reqs[i]).await.expect("check").allowed());
-                        }
-                    })
+                    drive(
+                        &format!("check, 2 rules atomically ({mode})"),
+                        inflight,
+                        secs,
+                        1,
+                        move |i| {
+                            let (store, reqs) = (store.clone(), reqs.clone());
+                            async move {
+                                assert!(store.check(&reqs[i]).await.expect("check").allowed());
+                            }
+                        },
+                    )
                     .await
                 },
                 {
                     let (store, reqs) = (store.clone(), leases.clone());
-                    drive(&format!("lease acquire, 50 units ({mode})"), inflight, secs, 50, move |i| {
-                        let (store, reqs) = (store.clone(), reqs.clone());
-                        async move {
-                            let grants = store.acquire_leases(&reqs[i]).await.expect("lease");
-                            assert_eq!(grants[0].units, 50);
-                        }
-                    })
+                    drive(
+                        &format!("lease acquire, 50 units ({mode})"),
+                        inflight,
+                        secs,
+                        50,
+                        move |i| {
+                            let (store, reqs) = (store.clone(), reqs.clone());
+                            async move {
+                                let grants = store.acquire_leases(&reqs[i]).await.expect("lease");
+                                assert_eq!(grants[0].units, 50);
+                            }
+                        },
+                    )
                     .await
                 },
             ];

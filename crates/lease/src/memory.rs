@@ -17,8 +17,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::algorithm::entry_log::member_units;
-use crate::algorithm::zset::ZSet;
 use crate::algorithm::ttl_ms;
+use crate::algorithm::zset::ZSet;
 use crate::clock::{Micros, SharedClock, SystemClock};
 use crate::error::StoreError;
 use crate::key::BucketKey;

@@ -17,10 +17,6 @@ impl ZSet {
         self.entries.is_empty()
     }
 
-    pub(crate) fn contains(&self, member: &str) -> bool {
-        self.entries.iter().any(|(_, m)| m == member)
-    }
-
     pub(crate) fn score(&self, member: &str) -> Option<Micros> {
         self.entries
             .iter()

@@ -70,6 +70,22 @@ impl BucketKey {
         })
     }
 
+    /// Rebuilds a key from [`BucketKey::as_str`] (e.g. out of a slot token a client sent back).
+    pub fn parse(text: &str) -> Option<Self> {
+        let rest = text.strip_prefix("rl:{")?;
+        let close = rest.find('}')?;
+        let tag = &rest[..close];
+        let rule = rest[close + 1..].strip_prefix(':')?;
+        let escaped = |s: &str| {
+            !s.is_empty()
+                && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-' | b'%'))
+        };
+        if !escaped(tag) || !escaped(rule) || text.len() > 4 * (MAX_IDENTITY_BYTES + MAX_RULE_BYTES) {
+            return None;
+        }
+        Some(Self { key: text.into(), tag_end: 4 + close + 1 })
+    }
+
     /// The full Redis key of the bucket's state.
     pub fn as_str(&self) -> &str {
         &self.key
@@ -163,6 +179,16 @@ mod tests {
         assert_ne!(empty, percent);
         assert_ne!(empty, nul);
         assert_ne!(percent, nul);
+    }
+
+    #[test]
+    fn keys_parse_back() {
+        let key = BucketKey::new(b"a:b{c}", "r.1").expect("key");
+        assert_eq!(BucketKey::parse(key.as_str()), Some(key.clone()));
+        assert_eq!(BucketKey::parse(key.as_str()).map(|k| k.identity_prefix().to_owned()), Some(key.identity_prefix().to_owned()));
+        for bad in ["", "rl:{}:r", "rl:{a}", "rl:{a}:", "xx:{a}:r", "rl:{a b}:r", "rl:{a}:r:x"] {
+            assert_eq!(BucketKey::parse(bad), None, "{bad}");
+        }
     }
 
     #[test]

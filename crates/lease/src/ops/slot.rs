@@ -55,6 +55,13 @@ impl SlotRelease {
         })
     }
 
+    /// Slots named by their bucket key alone (their limit is not needed to release them).
+    /// Every key must belong to the same identity.
+    pub fn of_keys(items: Vec<(BucketKey, SlotId)>) -> Result<Self, InvalidInput> {
+        validate_keys(items.iter().map(|(k, _)| k), Repeats::Allowed)?;
+        Ok(Self { items })
+    }
+
     /// The slots, in request order.
     pub fn items(&self) -> &[(BucketKey, SlotId)] {
         &self.items

@@ -1,0 +1,256 @@
+//! The node's Prometheus metrics, registered once and served on `/metrics`.
+//!
+//! Hot-path counters are resolved when a rule set is compiled ([`RuleCounters`]), so a decision
+//! increments plain atomics and never looks up a label set.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// A rule's labels.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    /// The rule's domain.
+    pub domain: String,
+    /// The rule's id.
+    pub rule: String,
+}
+
+/// What happened to a request at one rule.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum Outcome {
+    /// Admitted by the rule.
+    Allowed,
+    /// Denied by the rule.
+    Denied,
+    /// A SHADOW rule would have denied.
+    ShadowDenied,
+    /// The store failed and the rule's OPEN fail mode admitted.
+    FailedOpen,
+    /// The store failed and the rule's CLOSED fail mode denied.
+    FailedClosed,
+    /// The store failed and the rule's LOCAL fallback bucket decided.
+    LocalFallback,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    domain: String,
+    rule: String,
+    outcome: Outcome,
+}
+
+/// A store operation, for latency and error labels.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum StoreOp {
+    /// `check`.
+    Check,
+    /// `lease acquire`.
+    LeaseAcquire,
+    /// `lease return`.
+    LeaseReturn,
+    /// `slot release`.
+    SlotRelease,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    op: StoreOp,
+}
+
+/// Why a store call failed.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum StoreFailure {
+    /// It ran out of time.
+    Timeout,
+    /// The store could not be reached, or is failing over.
+    Unavailable,
+    /// The circuit breaker was open: the store was not called.
+    BreakerOpen,
+    /// Anything else (bad reply, rejected command).
+    Other,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailureLabels {
+    op: StoreOp,
+    failure: StoreFailure,
+}
+
+/// Per-rule decision counters, resolved once per compiled rule.
+#[derive(Debug, Clone, Default)]
+pub struct RuleCounters {
+    /// Admitted.
+    pub allowed: Counter,
+    /// Denied.
+    pub denied: Counter,
+    /// Would have been denied (SHADOW).
+    pub shadow_denied: Counter,
+    /// Admitted because the store failed (OPEN).
+    pub failed_open: Counter,
+    /// Denied because the store failed (CLOSED).
+    pub failed_closed: Counter,
+    /// Decided by the local fallback bucket (LOCAL).
+    pub local_fallback: Counter,
+}
+
+impl RuleCounters {
+    /// The counter for `outcome`.
+    pub fn get(&self, outcome: Outcome) -> &Counter {
+        match outcome {
+            Outcome::Allowed => &self.allowed,
+            Outcome::Denied => &self.denied,
+            Outcome::ShadowDenied => &self.shadow_denied,
+            Outcome::FailedOpen => &self.failed_open,
+            Outcome::FailedClosed => &self.failed_closed,
+            Outcome::LocalFallback => &self.local_fallback,
+        }
+    }
+}
+
+/// Every metric of a node.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    decisions: Family<DecisionLabels, Counter>,
+    /// Store call latency, seconds, by operation.
+    store_latency: Family<OpLabels, Histogram>,
+    store_failures: Family<FailureLabels, Counter>,
+    /// Breaker state: 0 closed, 1 half-open, 2 open.
+    pub breaker_state: Gauge,
+    /// Times the breaker opened.
+    pub breaker_opened: Counter,
+    /// Leases acquired (grants of at least one unit).
+    pub leases_acquired: Counter,
+    /// Units granted by leases.
+    pub lease_units_acquired: Counter,
+    /// Leases returned with unspent units.
+    pub leases_returned: Counter,
+    /// Units credited back to the store by returns.
+    pub lease_units_returned: Counter,
+    /// Decisions served from a live lease without waiting for the store.
+    pub lease_hits: Counter,
+    /// Decisions that had to wait for the store (cold key, lease ran dry).
+    pub lease_misses: Counter,
+    /// Per-key actors alive.
+    pub key_actors: Gauge,
+    /// New keys refused an actor because the cap was reached (decided by a direct check).
+    pub key_actors_refused: Counter,
+    /// Requests rejected by the local pre-limit before reaching the store.
+    pub prelimit_denied: Counter,
+    /// The active rule set's version.
+    pub rules_version: Gauge,
+    /// Rules in the active set.
+    pub rules_loaded: Gauge,
+    /// Rule reloads rejected (the previous set stayed).
+    pub rules_reload_errors: Counter,
+    /// Seconds since the rules were last loaded successfully from their source.
+    pub rules_staleness_seconds: Gauge,
+}
+
+impl Metrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::with_prefix("tollgate");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register("decisions", "Decisions per rule and outcome", decisions.clone());
+        let store_latency = Family::<OpLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_05, 2.0, 14))
+        });
+        registry.register("store_call_seconds", "Store call latency by operation", store_latency.clone());
+        let store_failures = Family::<FailureLabels, Counter>::default();
+        registry.register("store_failures", "Store calls that failed, by operation and cause", store_failures.clone());
+        let m = Metrics {
+            decisions,
+            store_latency,
+            store_failures,
+            breaker_state: Gauge::default(),
+            breaker_opened: Counter::default(),
+            leases_acquired: Counter::default(),
+            lease_units_acquired: Counter::default(),
+            leases_returned: Counter::default(),
+            lease_units_returned: Counter::default(),
+            lease_hits: Counter::default(),
+            lease_misses: Counter::default(),
+            key_actors: Gauge::default(),
+            key_actors_refused: Counter::default(),
+            prelimit_denied: Counter::default(),
+            rules_version: Gauge::default(),
+            rules_loaded: Gauge::default(),
+            rules_reload_errors: Counter::default(),
+            rules_staleness_seconds: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("breaker_state", "Store circuit breaker: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
+        registry.register("breaker_opened", "Times the store circuit breaker opened", m.breaker_opened.clone());
+        registry.register("leases_acquired", "Leases granted with at least one unit", m.leases_acquired.clone());
+        registry.register("lease_units_acquired", "Units granted by leases", m.lease_units_acquired.clone());
+        registry.register("leases_returned", "Leases returned with unspent units", m.leases_returned.clone());
+        registry.register("lease_units_returned", "Unspent units credited back to the store", m.lease_units_returned.clone());
+        registry.register("lease_hits", "Decisions served from a live lease", m.lease_hits.clone());
+        registry.register("lease_misses", "Decisions that waited for the store", m.lease_misses.clone());
+        registry.register("key_actors", "Per-key actors alive", m.key_actors.clone());
+        registry.register("key_actors_refused", "New keys decided without an actor because the cap was reached", m.key_actors_refused.clone());
+        registry.register("prelimit_denied", "Requests rejected by the local pre-limit", m.prelimit_denied.clone());
+        registry.register("rules_version", "Version of the active rule set", m.rules_version.clone());
+        registry.register("rules_loaded", "Rules in the active rule set", m.rules_loaded.clone());
+        registry.register("rules_reload_errors", "Rule reloads rejected (the previous set stayed)", m.rules_reload_errors.clone());
+        registry.register("rules_staleness_seconds", "Seconds since rules were last loaded from their source", m.rules_staleness_seconds.clone());
+        Arc::new(Metrics { registry, ..m })
+    }
+
+    /// The counters of one rule.
+    pub fn rule_counters(&self, labels: &RuleLabels) -> RuleCounters {
+        let get = |outcome| {
+            self.decisions
+                .get_or_create(&DecisionLabels { domain: labels.domain.clone(), rule: labels.rule.clone(), outcome })
+                .clone()
+        };
+        RuleCounters {
+            allowed: get(Outcome::Allowed),
+            denied: get(Outcome::Denied),
+            shadow_denied: get(Outcome::ShadowDenied),
+            failed_open: get(Outcome::FailedOpen),
+            failed_closed: get(Outcome::FailedClosed),
+            local_fallback: get(Outcome::LocalFallback),
+        }
+    }
+
+    /// Records a store call's latency.
+    pub fn observe_store(&self, op: StoreOp, seconds: f64) {
+        self.store_latency.get_or_create(&OpLabels { op }).observe(seconds);
+    }
+
+    /// Counts a failed store call.
+    pub fn count_failure(&self, op: StoreOp, failure: StoreFailure) {
+        self.store_failures.get_or_create(&FailureLabels { op, failure }).inc();
+    }
+
+    /// The decision counter value for one rule and outcome (tests, benchmarks).
+    pub fn decisions(&self, domain: &str, rule: &str, outcome: Outcome) -> u64 {
+        self.decisions
+            .get(&DecisionLabels { domain: domain.into(), rule: rule.into(), outcome })
+            .map_or(0, |c| c.get())
+    }
+
+    /// Store calls that failed with `failure`, all operations together.
+    pub fn failures(&self, failure: StoreFailure) -> u64 {
+        [StoreOp::Check, StoreOp::LeaseAcquire, StoreOp::LeaseReturn, StoreOp::SlotRelease]
+            .into_iter()
+            .map(|op| self.store_failures.get(&FailureLabels { op, failure }).map_or(0, |c| c.get()))
+            .sum()
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

@@ -1,0 +1,22 @@
+//! Rules: what they are, the two file formats, the compiled set the decision path matches
+//! against, and the watcher that swaps it when files change.
+//!
+//! # Layout
+//! - [`model`]: a rule, its patterns, modes and fail modes.
+//! - [`native`]: Tollgate's rule document and file format (also the admin API's body).
+//! - [`envoy`]: envoyproxy/ratelimit's YAML configuration.
+//! - [`source`]: loading files, with errors that name the file, line and field.
+//! - [`set`]: the compiled, indexed rule set.
+//! - [`watch`]: reloading when files change; an invalid file is rejected whole.
+
+pub mod envoy;
+pub mod model;
+pub mod native;
+pub mod set;
+pub mod source;
+pub mod watch;
+
+pub use model::{FailMode, Identity, Mode, Pattern, Rule};
+pub use native::{RuleDoc, RulesFile};
+pub use set::{CompiledRule, Matched, RuleKind, RuleSet};
+pub use source::{LoadedRules, RulesError};

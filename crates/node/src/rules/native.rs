@@ -1,0 +1,350 @@
+//! Tollgate's own rule format: one document per rule (also the admin API's body), and a file
+//! holding a list of them.
+//!
+//! ```yaml
+//! domain: public-api            # default domain for the rules below
+//! rules:
+//!   - id: gold-orders-create    # [A-Za-z0-9._-], up to 64 characters
+//!     name: gold-orders         # policy name in RateLimit headers (default: the id)
+//!     match:                    # every key must be present; "*" = any value, own counter
+//!       plan: gold
+//!       route: POST /orders
+//!     per: [api_key]            # keys whose values key the counters (default: the "*"
+//!                               # keys, else the first present of api_key, user, ip)
+//!     algorithm: TOKEN_BUCKET   # or SLIDING_WINDOW, SLIDING_WINDOW_LOG, FIXED_WINDOW, CONCURRENCY
+//!     capacity: 100             # TOKEN_BUCKET: capacity + refillPerSecond
+//!     refillPerSecond: 10       # windows: limit + window ("30s", "5m", "1d" or seconds)
+//!     mode: ENFORCE             # ENFORCE (default), SHADOW, DISABLED
+//!     failMode: OPEN            # OPEN (default), CLOSED, LOCAL
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tollgate_lease::{Algorithm, LimitSpec};
+
+use crate::rules::model::{FailMode, Identity, Mode, Pattern, Rule, parse_duration};
+
+/// A duration as written: `"30s"` or a number of seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum DurationValue {
+    /// A number of seconds.
+    Seconds(f64),
+    /// `500ms`, `30s`, `5m`, `1h`, `1d`, `1w`.
+    Text(String),
+}
+
+impl DurationValue {
+    fn parse(&self) -> Result<Duration, String> {
+        match self {
+            DurationValue::Seconds(s) if s.is_finite() && *s > 0.0 && *s <= 1e10 => Ok(Duration::from_secs_f64(*s)),
+            DurationValue::Seconds(s) => Err(format!("{s} is not a positive number of seconds")),
+            DurationValue::Text(t) => parse_duration(t),
+        }
+    }
+}
+
+/// One rule as written in a file or an admin request. Unknown fields are refused.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RuleDoc {
+    /// Unique id (in a file; the admin API takes it from the path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Domain (defaults to the file's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// Policy name in headers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Descriptor entries to match: key → value, `*` or a wildcard.
+    #[serde(rename = "match", default)]
+    pub matches: BTreeMap<String, String>,
+    /// Keys whose values key the counters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per: Option<Vec<String>>,
+    /// `TOKEN_BUCKET`, `SLIDING_WINDOW`, `SLIDING_WINDOW_LOG`, `FIXED_WINDOW`, `CONCURRENCY`.
+    #[serde(default)]
+    pub algorithm: String,
+    /// TOKEN_BUCKET: burst size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<f64>,
+    /// TOKEN_BUCKET: sustained rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refill_per_second: Option<f64>,
+    /// Windows: units per window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<f64>,
+    /// Windows: window length.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<DurationValue>,
+    /// CONCURRENCY: slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<f64>,
+    /// CONCURRENCY: how long an unreleased slot lives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot_ttl: Option<DurationValue>,
+    /// ENFORCE (default), SHADOW, DISABLED.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    /// OPEN (default), CLOSED, LOCAL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fail_mode: Option<String>,
+}
+
+/// A rule field that is missing or wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("field `{field}`: {reason}")]
+pub struct FieldError {
+    /// The field as written (`capacity`, `match.route`, ...).
+    pub field: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn field_error(field: impl Into<String>, reason: impl Into<String>) -> FieldError {
+    FieldError { field: field.into(), reason: reason.into() }
+}
+
+/// Checks a rule id: 1 to 64 characters of `[A-Za-z0-9._-]`.
+pub fn validate_id(id: &str) -> Result<(), FieldError> {
+    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
+        return Err(field_error("id", format!("{id:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ -")));
+    }
+    Ok(())
+}
+
+impl RuleDoc {
+    /// Validates the document into a rule. `default_domain` applies when it names none.
+    pub fn validate(&self, default_domain: Option<&str>, origin: String) -> Result<Rule, FieldError> {
+        let id = self.id.clone().ok_or_else(|| field_error("id", "is required"))?;
+        validate_id(&id)?;
+        let domain = self
+            .domain
+            .clone()
+            .or_else(|| default_domain.map(str::to_owned))
+            .ok_or_else(|| field_error("domain", "is required (on the rule or at the top of the file)"))?;
+        if domain.is_empty() || domain.len() > 64 {
+            return Err(field_error("domain", "must be 1 to 64 characters"));
+        }
+        let mut matches = Vec::with_capacity(self.matches.len());
+        for (key, value) in &self.matches {
+            if key.is_empty() {
+                return Err(field_error("match", "keys must not be empty"));
+            }
+            matches.push((key.clone(), Pattern::parse(value)));
+        }
+        let identity = match &self.per {
+            Some(keys) => {
+                if let Some(bad) = keys.iter().find(|k| k.is_empty()) {
+                    return Err(field_error("per", format!("keys must not be empty, got {bad:?}")));
+                }
+                Identity::Keys(keys.clone())
+            }
+            None => {
+                let keyed: Vec<String> =
+                    matches.iter().filter(|(_, p)| p.keys_counter()).map(|(k, _)| k.clone()).collect();
+                if keyed.is_empty() { Identity::Default } else { Identity::Keys(keyed) }
+            }
+        };
+        let algorithm: Algorithm = if self.algorithm.is_empty() {
+            return Err(field_error("algorithm", "is required"));
+        } else {
+            self.algorithm.parse().map_err(|e: tollgate_lease::LimitError| field_error("algorithm", e.reason))?
+        };
+        let limit = self.limit_spec(algorithm)?.validate().map_err(|e| field_error(e.field, e.reason))?;
+        let mode = match &self.mode {
+            Some(m) => m.parse().map_err(|e| field_error("mode", e))?,
+            None => Mode::Enforce,
+        };
+        let fail_mode = match &self.fail_mode {
+            Some(m) => m.parse().map_err(|e| field_error("failMode", e))?,
+            None => FailMode::Open,
+        };
+        let name = self.name.clone().unwrap_or_else(|| id.clone());
+        if name.is_empty() || name.len() > 128 || name.contains(['"', '\\']) || name.chars().any(char::is_control) {
+            return Err(field_error("name", "must be 1 to 128 printable characters without quotes or backslashes"));
+        }
+        Ok(Rule { id, domain, name, matches, identity, limit, mode, fail_mode, origin })
+    }
+
+    fn limit_spec(&self, algorithm: Algorithm) -> Result<LimitSpec, FieldError> {
+        let given: [(&str, bool); 6] = [
+            ("capacity", self.capacity.is_some()),
+            ("refillPerSecond", self.refill_per_second.is_some()),
+            ("limit", self.limit.is_some()),
+            ("window", self.window.is_some()),
+            ("maxInFlight", self.max_in_flight.is_some()),
+            ("slotTtl", self.slot_ttl.is_some()),
+        ];
+        let wanted: &[&str] = match algorithm {
+            Algorithm::TokenBucket => &["capacity", "refillPerSecond"],
+            Algorithm::Concurrency => &["maxInFlight", "slotTtl"],
+            _ => &["limit", "window"],
+        };
+        for (field, present) in given {
+            if present && !wanted.contains(&field) {
+                return Err(field_error(field, format!("does not apply to {algorithm}; it takes {}", wanted.join(" and "))));
+            }
+        }
+        let need = |v: Option<f64>, field: &str| v.ok_or_else(|| field_error(field, format!("is required for {algorithm}")));
+        let need_duration = |v: &Option<DurationValue>, field: &str| match v {
+            Some(d) => d.parse().map_err(|e| field_error(field, e)),
+            None => Err(field_error(field, format!("is required for {algorithm}"))),
+        };
+        Ok(match algorithm {
+            Algorithm::TokenBucket => LimitSpec::TokenBucket {
+                capacity: need(self.capacity, "capacity")?,
+                refill_per_second: need(self.refill_per_second, "refillPerSecond")?,
+            },
+            Algorithm::Concurrency => LimitSpec::Concurrency {
+                max_in_flight: need(self.max_in_flight, "maxInFlight")?,
+                slot_ttl: need_duration(&self.slot_ttl, "slotTtl")?,
+            },
+            Algorithm::FixedWindow => {
+                LimitSpec::FixedWindow { limit: need(self.limit, "limit")?, window: need_duration(&self.window, "window")? }
+            }
+            Algorithm::SlidingWindow => {
+                LimitSpec::SlidingWindow { limit: need(self.limit, "limit")?, window: need_duration(&self.window, "window")? }
+            }
+            Algorithm::SlidingWindowLog => LimitSpec::SlidingWindowLog {
+                limit: need(self.limit, "limit")?,
+                window: need_duration(&self.window, "window")?,
+            },
+        })
+    }
+
+    /// The document a rule was made from (for export and the admin API).
+    pub fn from_rule(rule: &Rule) -> Self {
+        let secs = |d: Duration| DurationValue::Text(format_duration(d));
+        let mut doc = RuleDoc {
+            id: Some(rule.id.clone()),
+            domain: Some(rule.domain.clone()),
+            name: (rule.name != rule.id).then(|| rule.name.clone()),
+            matches: rule
+                .matches
+                .iter()
+                .map(|(k, p)| {
+                    let text = match p {
+                        Pattern::Exact(v) | Pattern::Wildcard(v) => v.clone(),
+                        Pattern::Any => "*".into(),
+                    };
+                    (k.clone(), text)
+                })
+                .collect(),
+            per: match &rule.identity {
+                Identity::Keys(keys) => Some(keys.clone()),
+                Identity::Default => None,
+            },
+            algorithm: rule.limit.algorithm().to_string(),
+            mode: Some(rule.mode.to_string()),
+            fail_mode: Some(rule.fail_mode.to_string()),
+            ..RuleDoc::default()
+        };
+        match rule.limit.spec() {
+            LimitSpec::TokenBucket { capacity, refill_per_second } => {
+                doc.capacity = Some(capacity);
+                doc.refill_per_second = Some(refill_per_second);
+            }
+            LimitSpec::Concurrency { max_in_flight, slot_ttl } => {
+                doc.max_in_flight = Some(max_in_flight);
+                doc.slot_ttl = Some(secs(slot_ttl));
+            }
+            LimitSpec::FixedWindow { limit, window }
+            | LimitSpec::SlidingWindow { limit, window }
+            | LimitSpec::SlidingWindowLog { limit, window } => {
+                doc.limit = Some(limit);
+                doc.window = Some(secs(window));
+            }
+        }
+        doc
+    }
+}
+
+/// Writes a duration in the largest unit that divides it (`90s`, `5m`, `1d`, `250ms`).
+pub fn format_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    for (unit, size) in [("w", 604_800_000u128), ("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
+        if ms >= size && ms % size == 0 {
+            return format!("{}{unit}", ms / size);
+        }
+    }
+    format!("{ms}ms")
+}
+
+/// A rules file in Tollgate's format.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RulesFile {
+    /// The default domain of the rules below.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// The rules.
+    #[serde(default)]
+    pub rules: Vec<RuleDoc>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(yaml: &str) -> RuleDoc {
+        yaml_serde::from_str(yaml).expect("parses")
+    }
+
+    #[test]
+    fn the_seed_admin_body_is_a_valid_rule() {
+        let body = r#"{ "match": { "plan": "gold", "route": "POST /orders" },
+          "algorithm": "TOKEN_BUCKET", "capacity": 100, "refillPerSecond": 10,
+          "mode": "ENFORCE", "failMode": "OPEN" }"#;
+        let mut d: RuleDoc = serde_json::from_str(body).expect("json");
+        d.id = Some("gold-orders-create".into());
+        let rule = d.validate(Some("public-api"), "test".into()).expect("valid");
+        assert_eq!(rule.identity, Identity::Default);
+        assert_eq!(rule.limit.capacity(), 100);
+        assert_eq!(rule.mode, Mode::Enforce);
+        assert_eq!(RuleDoc::from_rule(&rule).validate(None, "again".into()), Ok(Rule { origin: "again".into(), ..rule }));
+    }
+
+    #[test]
+    fn star_keys_key_the_counters() {
+        let rule = doc("{id: r, domain: d, match: {ip: '*', route: 'GET /x'}, algorithm: FIXED_WINDOW, limit: 5, window: 1m}")
+            .validate(None, String::new())
+            .expect("valid");
+        assert_eq!(rule.identity, Identity::Keys(vec!["ip".into()]));
+        assert_eq!(rule.limit.window(), Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let field = |yaml: &str| doc(yaml).validate(Some("d"), String::new()).expect_err("invalid").field;
+        assert_eq!(field("{algorithm: TOKEN_BUCKET, capacity: 1, refillPerSecond: 1}"), "id");
+        assert_eq!(field("{id: 'a b', algorithm: TOKEN_BUCKET}"), "id");
+        assert_eq!(field("{id: a}"), "algorithm");
+        assert_eq!(field("{id: a, algorithm: LEAKY}"), "algorithm");
+        assert_eq!(field("{id: a, algorithm: TOKEN_BUCKET, refillPerSecond: 1}"), "capacity");
+        assert_eq!(field("{id: a, algorithm: TOKEN_BUCKET, capacity: 0, refillPerSecond: 1}"), "capacity");
+        assert_eq!(field("{id: a, algorithm: TOKEN_BUCKET, capacity: 5, refillPerSecond: .nan}"), "refillPerSecond");
+        assert_eq!(field("{id: a, algorithm: TOKEN_BUCKET, capacity: 5, refillPerSecond: 1, window: 5s}"), "window");
+        assert_eq!(field("{id: a, algorithm: FIXED_WINDOW, limit: 5, window: 5 parsecs}"), "window");
+        assert_eq!(field("{id: a, algorithm: FIXED_WINDOW, limit: 5, window: 1s, mode: LOUD}"), "mode");
+        assert_eq!(field("{id: a, algorithm: CONCURRENCY, maxInFlight: 2, slotTtl: 1s, failMode: X}"), "failMode");
+        assert_eq!(field("{id: a, algorithm: CONCURRENCY, maxInFlight: 2}"), "slotTtl");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = yaml_serde::from_str::<RuleDoc>("{id: a, capacty: 5}").expect_err("unknown field");
+        assert!(err.to_string().contains("capacty"), "{err}");
+    }
+
+    #[test]
+    fn durations_format_in_their_largest_unit() {
+        assert_eq!(format_duration(Duration::from_secs(60)), "1m");
+        assert_eq!(format_duration(Duration::from_secs(90)), "90s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format_duration(Duration::from_secs(86_400)), "1d");
+    }
+}

@@ -1,0 +1,205 @@
+//! Loading rule files: Tollgate's format or envoyproxy/ratelimit's, told apart by their
+//! top-level keys. A directory loads every `.yaml`, `.yml` and `.json` file in it. Errors name
+//! the file, the line and the field.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::rules::envoy::EnvoyConfig;
+use crate::rules::model::Rule;
+use crate::rules::native::RulesFile;
+use crate::rules::set::EnvoyDomainConfig;
+
+/// Rules read from files, validated but not compiled.
+#[derive(Debug, Clone, Default)]
+pub struct LoadedRules {
+    /// Tollgate rules.
+    pub native: Vec<Rule>,
+    /// envoyproxy/ratelimit domains.
+    pub envoy: Vec<EnvoyDomainConfig>,
+}
+
+impl LoadedRules {
+    /// Adds another source's rules.
+    pub fn extend(&mut self, other: LoadedRules) {
+        self.native.extend(other.native);
+        self.envoy.extend(other.envoy);
+    }
+}
+
+/// A rule file that cannot be used, and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct RulesError {
+    /// The file.
+    pub file: PathBuf,
+    /// The line, when known.
+    pub line: Option<usize>,
+    /// What is wrong (naming the field).
+    pub message: String,
+}
+
+impl fmt::Display for RulesError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}: {}", self.file.display(), self.message),
+            None => write!(f, "{}: {}", self.file.display(), self.message),
+        }
+    }
+}
+
+/// The files a path stands for: itself, or a directory's rule files in name order.
+pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, RulesError> {
+    let err = |e: std::io::Error| RulesError { file: path.to_owned(), line: None, message: e.to_string() };
+    if !path.is_dir() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(err)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// Reads and validates every rule file under `paths`.
+pub fn load(paths: &[PathBuf]) -> Result<LoadedRules, RulesError> {
+    let mut out = LoadedRules::default();
+    for path in paths {
+        for file in rule_files(path)? {
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| RulesError { file: file.clone(), line: None, message: e.to_string() })?;
+            out.extend(parse(&text, &file)?);
+        }
+    }
+    Ok(out)
+}
+
+/// Parses one file's text.
+pub fn parse(text: &str, file: &Path) -> Result<LoadedRules, RulesError> {
+    let error = |line, message| RulesError { file: file.to_owned(), line, message };
+    let yaml_error = |e: yaml_serde::Error| error(None, e.to_string());
+    let top: yaml_serde::Value = yaml_serde::from_str(text).map_err(yaml_error)?;
+    let has = |key: &str| top.as_mapping().is_some_and(|m| m.contains_key(key));
+    if has("rules") {
+        let parsed: RulesFile = yaml_serde::from_str(text).map_err(yaml_error)?;
+        let items = item_lines(text, "rules");
+        let mut native = Vec::with_capacity(parsed.rules.len());
+        for (i, doc) in parsed.rules.iter().enumerate() {
+            let block = items.get(i).copied();
+            let origin = format!("{}:{}", file.display(), block.map_or(0, |b| b.0));
+            let rule = doc.validate(parsed.domain.as_deref(), origin).map_err(|e| {
+                let line = block.map(|b| field_line(text, b, &e.field).unwrap_or(b.0));
+                let named = doc.id.as_deref().map(|id| format!("rule {id:?} ")).unwrap_or_default();
+                error(line, format!("{named}(rules[{i}]): {e}"))
+            })?;
+            native.push(rule);
+        }
+        Ok(LoadedRules { native, envoy: vec![] })
+    } else if has("descriptors") || has("domain") {
+        let config: EnvoyConfig = yaml_serde::from_str(text).map_err(yaml_error)?;
+        let nodes = config.validate().map_err(|e| error(None, e))?;
+        Ok(LoadedRules {
+            native: vec![],
+            envoy: vec![EnvoyDomainConfig { domain: config.domain, nodes, origin: file.display().to_string() }],
+        })
+    } else if top.is_null() {
+        Ok(LoadedRules::default())
+    } else {
+        Err(error(
+            None,
+            "neither Tollgate rules (a top-level `rules:` list) nor an envoyproxy/ratelimit config \
+             (`domain:` and `descriptors:`)"
+                .into(),
+        ))
+    }
+}
+
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// The lines (1-based, `[start, end)`) of each item of the block list under top-level `key`.
+/// Flow-style lists give nothing; errors then carry serde's location only.
+fn item_lines(text: &str, key: &str) -> Vec<(usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let Some(open) = lines.iter().position(|l| {
+        l.strip_prefix(key).and_then(|r| r.strip_prefix(':')).is_some_and(|r| r.trim().is_empty() || r.trim().starts_with('#'))
+    }) else {
+        return vec![];
+    };
+    let mut starts = vec![];
+    let mut item_indent = None;
+    let mut end = lines.len();
+    for (i, line) in lines.iter().enumerate().skip(open + 1) {
+        let t = line.trim_start();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if indent(line) == 0 && !t.starts_with('-') {
+            end = i;
+            break;
+        }
+        if t.starts_with("- ") || t == "-" {
+            let at = indent(line);
+            if *item_indent.get_or_insert(at) == at {
+                starts.push(i);
+            }
+        }
+    }
+    starts.iter().enumerate().map(|(n, &s)| (s + 1, starts.get(n + 1).map_or(end, |&e| e) + 1)).collect()
+}
+
+/// The line of `field:` within an item's lines, if written there.
+fn field_line(text: &str, (start, end): (usize, usize), field: &str) -> Option<usize> {
+    let top = field.split('.').next().unwrap_or(field);
+    text.lines().enumerate().skip(start - 1).take(end - start).find_map(|(i, line)| {
+        let t = line.trim_start().trim_start_matches("- ");
+        let flow = line.contains(&format!("{top}:")) && line.contains('{');
+        (t.starts_with(&format!("{top}:")) || flow).then_some(i + 1)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "rules.yaml";
+
+    fn err(text: &str) -> RulesError {
+        parse(text, Path::new(FILE)).expect_err("invalid")
+    }
+
+    #[test]
+    fn semantic_errors_name_the_file_line_and_field() {
+        let text = "domain: public-api\nrules:\n  - id: ok\n    algorithm: FIXED_WINDOW\n    limit: 5\n    window: 1s\n  - id: broken\n    algorithm: TOKEN_BUCKET\n    capacity: -3\n    refillPerSecond: 1\n";
+        let e = err(text);
+        assert_eq!(e.line, Some(9), "{e}");
+        assert!(e.to_string().starts_with("rules.yaml:9: rule \"broken\" (rules[1]): field `capacity`"), "{e}");
+    }
+
+    #[test]
+    fn missing_fields_point_at_their_rule() {
+        let e = err("domain: d\nrules:\n  - id: a\n    algorithm: TOKEN_BUCKET\n    capacity: 3\n");
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("refillPerSecond"), "{e}");
+    }
+
+    #[test]
+    fn syntax_and_unknown_field_errors_carry_serdes_location() {
+        let e = err("domain: d\nrules:\n  - id: a\n    capacty: 3\n");
+        assert!(e.to_string().contains("capacty") && e.to_string().contains("line 3"), "{e}");
+        let e = err("rules: [ {id: a, algorithm: }\n");
+        assert!(e.to_string().contains("rules.yaml"), "{e}");
+    }
+
+    #[test]
+    fn formats_are_told_apart() {
+        let native = parse("domain: d\nrules:\n  - {id: a, algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n", Path::new(FILE)).expect("native");
+        assert_eq!((native.native.len(), native.envoy.len()), (1, 0));
+        let envoy = parse("domain: rl\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n", Path::new(FILE)).expect("envoy");
+        assert_eq!((envoy.native.len(), envoy.envoy.len()), (0, 1));
+        assert!(err("hello: world\n").message.contains("neither"));
+        assert!(parse("", Path::new(FILE)).expect("empty").native.is_empty());
+    }
+}

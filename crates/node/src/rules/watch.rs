@@ -1,0 +1,101 @@
+//! Keeps the active rule set in step with its files: checks them every interval (size,
+//! modification time and content), and on a change loads, validates and compiles the whole
+//! set before swapping it in. An invalid new set is rejected whole and the old one stays.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+
+use crate::metrics::Metrics;
+use crate::rules::set::RuleSet;
+use crate::rules::source::{self, LoadedRules, RulesError};
+
+/// The active rule set, swapped atomically; readers never see a half-built set.
+#[derive(Debug)]
+pub struct ActiveRules {
+    current: ArcSwap<RuleSet>,
+    next_version: AtomicU64,
+    metrics: Arc<Metrics>,
+}
+
+impl ActiveRules {
+    /// Starts with no rules.
+    pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self { current: ArcSwap::from_pointee(RuleSet::default()), next_version: AtomicU64::new(1), metrics })
+    }
+
+    /// The set requests are matched against right now.
+    pub fn load(&self) -> arc_swap::Guard<Arc<RuleSet>> {
+        self.current.load()
+    }
+
+    /// Compiles `rules` and swaps them in, or leaves the active set alone on error.
+    pub fn install(&self, rules: &LoadedRules) -> Result<u64, String> {
+        let version = self.next_version.fetch_add(1, Ordering::Relaxed);
+        let set = RuleSet::compile(&rules.native, &rules.envoy, version, &self.metrics)?;
+        let count = set.rules().len();
+        self.current.store(Arc::new(set));
+        self.metrics.rules_version.set(version as i64);
+        self.metrics.rules_loaded.set(count as i64);
+        tracing::info!(version, rules = count, "rule set installed");
+        Ok(version)
+    }
+
+    /// Loads every file under `paths` and installs the result.
+    pub fn install_files(&self, paths: &[PathBuf]) -> Result<u64, RulesError> {
+        let loaded = source::load(paths)?;
+        self.install(&loaded).map_err(|message| RulesError { file: paths.first().cloned().unwrap_or_default(), line: None, message })
+    }
+}
+
+/// What the files looked like at the last check.
+fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, Option<(u64, std::time::SystemTime)>, u64)> {
+    let mut out = vec![];
+    for path in paths {
+        for file in source::rule_files(path).unwrap_or_else(|_| vec![path.clone()]) {
+            let meta = std::fs::metadata(&file).ok().and_then(|m| Some((m.len(), m.modified().ok()?)));
+            let content = std::fs::read(&file).map(|b| {
+                use std::hash::{DefaultHasher, Hash, Hasher};
+                let mut h = DefaultHasher::new();
+                b.hash(&mut h);
+                h.finish()
+            });
+            out.push((file, meta, content.unwrap_or(0)));
+        }
+    }
+    out
+}
+
+/// Reloads `paths` into `rules` whenever they change, until `stop` resolves.
+pub async fn watch(
+    paths: Vec<PathBuf>,
+    rules: Arc<ActiveRules>,
+    interval: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let mut seen = fingerprint(&paths);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = ticker.tick() => {}
+        }
+        let now = fingerprint(&paths);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match rules.install_files(&paths) {
+            Ok(version) => tracing::info!(version, "rules reloaded"),
+            Err(e) => {
+                rules.metrics.rules_reload_errors.inc();
+                tracing::error!(error = %e, "rejected the changed rules; the previous set stays active");
+            }
+        }
+    }
+}

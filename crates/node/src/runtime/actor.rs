@@ -1,0 +1,416 @@
+//! The per-key actor: one per identity active on this node. It holds the identity's leases,
+//! refills them (before they run dry), returns what is unspent when they end or when the node
+//! stops, and stops itself once the key has been idle.
+//!
+//! The decision path talks to it only when a lease cannot serve a request (a cold key, a lease
+//! run dry, a window ended), or to ask for a refill ahead of time. Store calls run in spawned
+//! tasks that report back as messages, so the actor never waits on the store: requests that
+//! arrive meanwhile queue as waiters and are served together when the lease arrives, or failed
+//! together if the store fails (none waits behind another's timeout).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tollgate_lease::{LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, Micros, ReturnRequest, StoreError};
+
+use crate::runtime::bucket::{Bucket, NO_DEADLINE};
+use crate::runtime::shared::Shared;
+use crate::runtime::sizing::Demand;
+
+/// Units of one bucket a request needs.
+#[derive(Debug, Clone)]
+pub struct Want {
+    /// The bucket.
+    pub bucket: Arc<Bucket>,
+    /// Units.
+    pub cost: u64,
+}
+
+/// What the actor did for a request.
+#[derive(Debug)]
+pub enum AcquireOutcome {
+    /// The units were taken from the leases, for this request.
+    Reserved,
+    /// The store has no room in `wants[index]` for now.
+    Denied {
+        /// Which want.
+        index: usize,
+        /// When it will, as the store says.
+        retry_after: Duration,
+    },
+    /// The store could not answer.
+    Failed(StoreError),
+}
+
+/// Messages of the key actor.
+#[derive(Debug)]
+pub enum KeyMsg {
+    /// Reserve every want's units for one request, or none.
+    Acquire {
+        /// The units needed.
+        wants: Vec<Want>,
+        /// Where the outcome goes.
+        reply: RpcReplyPort<AcquireOutcome>,
+    },
+    /// The decision path saw a lease running low: refill it ahead.
+    Refill(Arc<Bucket>),
+    /// A store call finished.
+    Granted {
+        /// What was asked.
+        asks: Vec<Arc<Bucket>>,
+        /// Minimum units per ask.
+        mins: Vec<u64>,
+        /// The store's answer.
+        result: Result<Vec<LeaseGrant>, StoreError>,
+    },
+    /// Time to look at lease expiries and idleness.
+    Tick,
+    /// Return everything and stop.
+    Shutdown(RpcReplyPort<()>),
+}
+
+/// The actor's behaviour (stateless; state lives in [`KeyState`]).
+#[derive(Debug)]
+pub struct KeyActor;
+
+/// Startup arguments.
+#[derive(Debug)]
+pub struct KeyArgs {
+    /// The identity (hash tag) this actor serves.
+    pub identity: Vec<u8>,
+    /// Runtime-wide pieces.
+    pub shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct HeldLease {
+    id: LeaseId,
+    units: u64,
+    expires_at: Micros,
+}
+
+#[derive(Debug)]
+struct Held {
+    bucket: Arc<Bucket>,
+    leases: VecDeque<HeldLease>,
+    demand: Demand,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    wants: Vec<Want>,
+    reply: RpcReplyPort<AcquireOutcome>,
+}
+
+/// The actor's state.
+#[derive(Debug)]
+pub struct KeyState {
+    identity: Vec<u8>,
+    shared: Arc<Shared>,
+    held: HashMap<String, Held>,
+    waiters: VecDeque<Waiter>,
+    in_flight: bool,
+    last_active: Micros,
+    next_tick: Option<Micros>,
+}
+
+impl Actor for KeyActor {
+    type Msg = KeyMsg;
+    type State = KeyState;
+    type Arguments = KeyArgs;
+
+    async fn pre_start(&self, myself: ActorRef<KeyMsg>, args: KeyArgs) -> Result<KeyState, ActorProcessingErr> {
+        let now = args.shared.clock.now_micros();
+        args.shared.metrics.key_actors.inc();
+        let mut state = KeyState {
+            identity: args.identity,
+            shared: args.shared,
+            held: HashMap::new(),
+            waiters: VecDeque::new(),
+            in_flight: false,
+            last_active: now,
+            next_tick: None,
+        };
+        let idle = state.shared.config.idle_timeout;
+        state.schedule_tick(&myself, now + idle.as_micros() as u64, now);
+        Ok(state)
+    }
+
+    async fn handle(&self, myself: ActorRef<KeyMsg>, msg: KeyMsg, state: &mut KeyState) -> Result<(), ActorProcessingErr> {
+        let now = state.shared.clock.now_micros();
+        match msg {
+            KeyMsg::Acquire { wants, reply } => {
+                state.last_active = now;
+                for want in &wants {
+                    state.hold(&want.bucket);
+                }
+                state.waiters.push_back(Waiter { wants, reply });
+                state.serve(now);
+                state.request_for_waiters(&myself, now);
+            }
+            KeyMsg::Refill(bucket) => {
+                state.last_active = now;
+                if state.in_flight {
+                    bucket.refill_done();
+                } else {
+                    let shared = state.shared.clone();
+                    let held = state.hold(&bucket);
+                    held.demand.on_refill(now);
+                    let want = shared.config.lease.want(&held.demand, 1, bucket.limit.capacity());
+                    state.send_request(&myself, vec![(bucket, 1, want)]);
+                }
+            }
+            KeyMsg::Granted { asks, mins, result } => {
+                state.in_flight = false;
+                match result {
+                    Ok(grants) => {
+                        for ((bucket, min), grant) in asks.iter().zip(mins).zip(grants) {
+                            state.install(&myself, bucket, min, grant, now);
+                        }
+                        state.serve(now);
+                        state.request_for_waiters(&myself, now);
+                    }
+                    Err(e) => {
+                        for bucket in &asks {
+                            bucket.refill_done();
+                        }
+                        for waiter in state.waiters.drain(..) {
+                            let _ = waiter.reply.send(AcquireOutcome::Failed(e.clone()));
+                        }
+                    }
+                }
+            }
+            KeyMsg::Tick => {
+                state.next_tick = None;
+                state.expire_leases(now).await;
+                let idle_for = Duration::from_micros(now.saturating_sub(state.last_active));
+                let holding = state.held.values().any(|h| !h.leases.is_empty());
+                if !holding && state.waiters.is_empty() && !state.in_flight && idle_for >= state.shared.config.idle_timeout {
+                    myself.stop(Some("idle".into()));
+                    return Ok(());
+                }
+                let idle_check = state.last_active + state.shared.config.idle_timeout.as_micros() as u64;
+                let next = state.next_expiry().map_or(idle_check, |e| e.min(idle_check));
+                state.schedule_tick(&myself, next, now);
+            }
+            KeyMsg::Shutdown(reply) => {
+                state.return_all(now).await;
+                for waiter in state.waiters.drain(..) {
+                    let _ = waiter.reply.send(AcquireOutcome::Failed(StoreError::Unavailable("node shutting down".into())));
+                }
+                let _ = reply.send(());
+                myself.stop(Some("shutdown".into()));
+            }
+        }
+        Ok(())
+    }
+
+    async fn post_stop(&self, myself: ActorRef<KeyMsg>, state: &mut KeyState) -> Result<(), ActorProcessingErr> {
+        for held in state.held.values() {
+            // Anything still held is returned by Shutdown; an idle actor holds nothing.
+            state.shared.registry.remove_bucket(&crate::runtime::registry::bucket_key(held.bucket.rule.uid, &state.identity));
+        }
+        state.shared.registry.remove_actor(&state.identity, &myself);
+        state.shared.metrics.key_actors.dec();
+        Ok(())
+    }
+}
+
+impl KeyState {
+    fn hold(&mut self, bucket: &Arc<Bucket>) -> &mut Held {
+        self.held
+            .entry(bucket.key.as_str().to_owned())
+            .or_insert_with(|| Held { bucket: bucket.clone(), leases: VecDeque::new(), demand: Demand::default() })
+    }
+
+    /// Serves every waiter that the leases (or a recorded denial) can answer now.
+    fn serve(&mut self, now: Micros) {
+        let mut still = VecDeque::with_capacity(self.waiters.len());
+        while let Some(waiter) = self.waiters.pop_front() {
+            if let Some((index, retry_after)) =
+                waiter.wants.iter().enumerate().find_map(|(i, w)| w.bucket.denied_for(w.cost, now).map(|r| (i, r)))
+            {
+                let _ = waiter.reply.send(AcquireOutcome::Denied { index, retry_after });
+            } else if take_all(&waiter.wants, now) {
+                let _ = waiter.reply.send(AcquireOutcome::Reserved);
+            } else {
+                still.push_back(waiter);
+            }
+        }
+        self.waiters = still;
+    }
+
+    /// Asks the store for what the waiting requests need, unless a call is already out.
+    fn request_for_waiters(&mut self, myself: &ActorRef<KeyMsg>, now: Micros) {
+        if self.in_flight || self.waiters.is_empty() {
+            return;
+        }
+        // Per bucket: units all waiters need beyond what is held, and the first one's need.
+        let mut needs: Vec<(Arc<Bucket>, u64, u64)> = vec![];
+        for waiter in &self.waiters {
+            for want in &waiter.wants {
+                match needs.iter_mut().find(|(b, _, _)| Arc::ptr_eq(b, &want.bucket)) {
+                    Some(entry) => entry.1 += want.cost,
+                    None => needs.push((want.bucket.clone(), want.cost, want.cost)),
+                }
+            }
+        }
+        let mut asks = vec![];
+        for (bucket, total, first) in needs {
+            let held = bucket.units().max(0) as u64;
+            if total <= held {
+                continue;
+            }
+            let capacity = bucket.limit.capacity();
+            let min = first.saturating_sub(held).clamp(1, capacity);
+            let shared = self.shared.clone();
+            let entry = self.hold(&bucket);
+            entry.demand.on_refill(now);
+            let want = shared.config.lease.want(&entry.demand, total - held, capacity).max(min);
+            asks.push((bucket, min, want));
+        }
+        if !asks.is_empty() {
+            self.send_request(myself, asks);
+        }
+    }
+
+    /// Starts one lease call for `asks` (bucket, min, want); its result comes back as a message.
+    fn send_request(&mut self, myself: &ActorRef<KeyMsg>, asks: Vec<(Arc<Bucket>, u64, u64)>) {
+        self.in_flight = true;
+        let policy = &self.shared.config.lease;
+        let lease_asks = asks
+            .iter()
+            .map(|(b, min, want)| LeaseAsk { key: b.key.clone(), limit: b.limit, want: *want, min: *min, max_share: policy.max_share })
+            .collect();
+        let request = LeaseRequest::new(lease_asks, policy.ttl);
+        let shared = self.shared.clone();
+        let myself = myself.clone();
+        let mins = asks.iter().map(|(_, m, _)| *m).collect();
+        let buckets: Vec<Arc<Bucket>> = asks.into_iter().map(|(b, _, _)| b).collect();
+        tokio::spawn(async move {
+            let result = match request {
+                Ok(req) => shared.store.acquire_leases(&req).await,
+                Err(e) => Err(StoreError::Invalid(e)),
+            };
+            let _ = myself.cast(KeyMsg::Granted { asks: buckets, mins, result });
+        });
+    }
+
+    fn install(&mut self, myself: &ActorRef<KeyMsg>, bucket: &Arc<Bucket>, min: u64, grant: LeaseGrant, now: Micros) {
+        bucket.observe(grant.remaining, grant.reset_after, now);
+        bucket.refill_done();
+        let Some(id) = grant.lease.filter(|_| grant.units > 0) else {
+            bucket.deny_until(min, grant.retry_after, now);
+            return;
+        };
+        let valid = grant.valid_for.as_micros() as u64;
+        let spend_before = if bucket.has_deadline() { now + valid } else { NO_DEADLINE };
+        bucket.install(grant.units, spend_before, now);
+        bucket.clear_denial();
+        let metrics = &self.shared.metrics;
+        metrics.leases_acquired.inc();
+        metrics.lease_units_acquired.inc_by(grant.units);
+        let expires_at = now + valid;
+        let held = self.hold(bucket);
+        held.demand.on_grant(now, grant.units);
+        held.leases.push_back(HeldLease { id, units: grant.units, expires_at });
+        let margin = self.return_margin();
+        self.schedule_tick(myself, expires_at.saturating_sub(margin), now);
+    }
+
+    /// Returns leases shortly before they end: the newest lease of a bucket takes back what
+    /// is unspent (older ones are spent first), and a window's units die with the window.
+    async fn expire_leases(&mut self, now: Micros) {
+        let margin = self.return_margin();
+        let mut returns = vec![];
+        for held in self.held.values_mut() {
+            while let Some(front) = held.leases.front() {
+                if front.expires_at > now + margin {
+                    break;
+                }
+                let lease = held.leases.pop_front().expect("front exists");
+                if held.leases.is_empty() {
+                    let unspent = held.bucket.reclaim();
+                    let give = unspent.min(lease.units);
+                    if give > 0 && lease.expires_at > now {
+                        returns.push((held.bucket.clone(), lease.id, give));
+                    }
+                }
+            }
+        }
+        self.send_returns(returns).await;
+    }
+
+    /// Every unspent unit goes back to the store (node shutdown).
+    async fn return_all(&mut self, now: Micros) {
+        let mut returns = vec![];
+        for held in self.held.values_mut() {
+            let unspent = held.bucket.reclaim();
+            let mut left = unspent;
+            // Newest first: its grant is the most likely to cover what is unspent.
+            while let Some(lease) = held.leases.pop_back() {
+                let give = left.min(lease.units);
+                if give > 0 && lease.expires_at > now {
+                    returns.push((held.bucket.clone(), lease.id, give));
+                    left -= give;
+                }
+            }
+        }
+        self.send_returns(returns).await;
+    }
+
+    async fn send_returns(&self, returns: Vec<(Arc<Bucket>, LeaseId, u64)>) {
+        if returns.is_empty() {
+            return;
+        }
+        let items = returns
+            .into_iter()
+            .map(|(b, lease, unspent)| LeaseReturn { key: b.key.clone(), limit: b.limit, lease, unspent })
+            .collect();
+        let Ok(req) = ReturnRequest::new(items) else { return };
+        match self.shared.store.return_leases(&req).await {
+            Ok(credited) => {
+                let metrics = &self.shared.metrics;
+                for units in credited.into_iter().filter(|u| *u > 0) {
+                    metrics.leases_returned.inc();
+                    metrics.lease_units_returned.inc_by(units);
+                }
+            }
+            // Unreturned units stay consumed until the lease expires: under-admission only.
+            Err(e) => tracing::debug!(error = %e, "lease return failed"),
+        }
+    }
+
+    fn next_expiry(&self) -> Option<Micros> {
+        let margin = self.return_margin();
+        self.held.values().filter_map(|h| h.leases.front().map(|l| l.expires_at.saturating_sub(margin))).min()
+    }
+
+    /// How long before a lease ends its unspent units are returned.
+    fn return_margin(&self) -> u64 {
+        (self.shared.config.lease.ttl.as_micros() as u64 / 10).min(100_000)
+    }
+
+    fn schedule_tick(&mut self, myself: &ActorRef<KeyMsg>, at: Micros, now: Micros) {
+        if self.next_tick.is_some_and(|t| t <= at) {
+            return;
+        }
+        self.next_tick = Some(at);
+        myself.send_after(Duration::from_micros(at.saturating_sub(now)), || KeyMsg::Tick);
+    }
+}
+
+/// Takes every want's units, or none.
+pub fn take_all(wants: &[Want], now: Micros) -> bool {
+    for (i, want) in wants.iter().enumerate() {
+        if !want.bucket.try_take(want.cost, || now) {
+            for taken in &wants[..i] {
+                taken.bucket.give_back(taken.cost);
+            }
+            return false;
+        }
+    }
+    true
+}

@@ -1,0 +1,180 @@
+//! One bucket (a rule applied to one identity) as this node holds it: the units leased and not
+//! yet spent, in one atomic the decision path takes from without a lock, a mailbox hop or a
+//! clock read (token buckets); plus the local pre-limit, the LOCAL fallback and what the store
+//! last said.
+//!
+//! Only the key's actor adds units, replaces the spending deadline and reclaims units; the
+//! decision path only takes and gives back.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use ractor::ActorRef;
+use tollgate_lease::{Algorithm, BucketKey, Limit, Micros};
+
+use crate::rules::CompiledRule;
+use crate::runtime::actor::KeyMsg;
+use crate::runtime::local::LocalBucket;
+
+/// No deadline: token bucket units may be spent whenever (they were taken from the global
+/// bucket when leased; spending them late never over-admits).
+pub const NO_DEADLINE: u64 = u64::MAX;
+
+/// A bucket held by this node.
+#[derive(Debug)]
+pub struct Bucket {
+    /// The bucket's store key.
+    pub key: BucketKey,
+    /// The rule it was made for.
+    pub rule: Arc<CompiledRule>,
+    /// The rule's limit.
+    pub limit: Limit,
+    /// The identity's actor.
+    pub actor: ActorRef<KeyMsg>,
+    /// Leased units not yet spent.
+    units: AtomicI64,
+    /// Window leases: units may be spent only before this time (node clock, µs).
+    spend_before: AtomicU64,
+    /// Size of the latest grant (decides when to refill ahead).
+    last_grant: AtomicU64,
+    /// Set while a refill-ahead is queued, so only one is.
+    refill_queued: AtomicBool,
+    /// The store said no units for costs ≥ `denied_cost` until `denied_until`: answer locally.
+    denied_until: AtomicU64,
+    denied_cost: AtomicU64,
+    /// What the store said remains globally, and when the bucket would be full.
+    global_remaining: AtomicU64,
+    full_at: AtomicU64,
+    /// The coarse per-node pre-limit (None: disabled).
+    pub prelimit: Option<LocalBucket>,
+    /// The LOCAL fail mode's bucket: the limit divided by the node count.
+    pub fallback: Arc<LocalBucket>,
+}
+
+impl Bucket {
+    /// A bucket holding nothing yet.
+    pub fn new(
+        key: BucketKey,
+        rule: Arc<CompiledRule>,
+        limit: Limit,
+        actor: ActorRef<KeyMsg>,
+        prelimit_factor: Option<f64>,
+        cluster_nodes: u32,
+    ) -> Self {
+        Self {
+            prelimit: prelimit_factor.map(|f| LocalBucket::for_limit(&limit, f)),
+            fallback: Arc::new(LocalBucket::for_limit(&limit, 1.0 / f64::from(cluster_nodes.max(1)))),
+            key,
+            rule,
+            limit,
+            actor,
+            units: AtomicI64::new(0),
+            spend_before: AtomicU64::new(0),
+            last_grant: AtomicU64::new(0),
+            refill_queued: AtomicBool::new(false),
+            denied_until: AtomicU64::new(0),
+            denied_cost: AtomicU64::new(u64::MAX),
+            global_remaining: AtomicU64::new(limit.capacity()),
+            full_at: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether leased units of this bucket must be spent before a deadline (windows).
+    pub fn has_deadline(&self) -> bool {
+        !matches!(self.limit.algorithm(), Algorithm::TokenBucket)
+    }
+
+    /// Takes `cost` leased units, if there are that many (and, for windows, their window has
+    /// not ended at `now`). Never blocks; a compare-and-swap loop on one atomic.
+    pub fn try_take(&self, cost: u64, now: impl FnOnce() -> Micros) -> bool {
+        let spend_before = self.spend_before.load(Ordering::Acquire);
+        if spend_before != NO_DEADLINE && now() >= spend_before {
+            return false;
+        }
+        let cost = cost as i64;
+        let mut units = self.units.load(Ordering::Acquire);
+        loop {
+            if units < cost {
+                return false;
+            }
+            match self.units.compare_exchange_weak(units, units - cost, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return true,
+                Err(actual) => units = actual,
+            }
+        }
+    }
+
+    /// Gives back units taken for a request that was denied elsewhere.
+    pub fn give_back(&self, cost: u64) {
+        self.units.fetch_add(cost as i64, Ordering::AcqRel);
+    }
+
+    /// Leased units left.
+    pub fn units(&self) -> i64 {
+        self.units.load(Ordering::Acquire)
+    }
+
+    /// Whether the decision path should ask the actor to refill ahead, given `refill`
+    /// (granted, left) → bool. Returns true once until the refill is done.
+    pub fn should_queue_refill(&self, refill: impl FnOnce(u64, i64) -> bool) -> bool {
+        refill(self.last_grant.load(Ordering::Relaxed), self.units())
+            && !self.refill_queued.swap(true, Ordering::AcqRel)
+    }
+
+    /// The store recently said there is no room for `cost`: until when.
+    pub fn denied_for(&self, cost: u64, now: Micros) -> Option<Duration> {
+        let until = self.denied_until.load(Ordering::Acquire);
+        (now < until && cost >= self.denied_cost.load(Ordering::Acquire)).then(|| Duration::from_micros(until - now))
+    }
+
+    /// Estimated units left globally: what the store last said plus what this node holds.
+    pub fn remaining(&self) -> u64 {
+        self.global_remaining.load(Ordering::Relaxed) + self.units().max(0) as u64
+    }
+
+    /// Estimated time until the bucket is full.
+    pub fn reset_after(&self, now: Micros) -> Duration {
+        Duration::from_micros(self.full_at.load(Ordering::Relaxed).saturating_sub(now))
+    }
+
+    // ---- for the actor only ----------------------------------------------------------------
+
+    /// Adds a grant's units. Units of a window that has ended are dropped first.
+    pub(crate) fn install(&self, units: u64, spend_before: u64, now: Micros) {
+        let old = self.spend_before.load(Ordering::Acquire);
+        if old != NO_DEADLINE && now >= old {
+            self.units.store(0, Ordering::Release);
+        }
+        self.units.fetch_add(units as i64, Ordering::AcqRel);
+        self.spend_before.store(spend_before, Ordering::Release);
+        self.last_grant.store(units, Ordering::Relaxed);
+    }
+
+    /// Takes every unit back (to return them to the store, or because their window ended).
+    pub(crate) fn reclaim(&self) -> u64 {
+        self.units.swap(0, Ordering::AcqRel).max(0) as u64
+    }
+
+    /// Records what the store said about the bucket.
+    pub(crate) fn observe(&self, remaining: u64, reset_after: Duration, now: Micros) {
+        self.global_remaining.store(remaining, Ordering::Relaxed);
+        self.full_at.store(now + reset_after.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// Records that the store had no room for `cost` until `now + retry_after`.
+    pub(crate) fn deny_until(&self, cost: u64, retry_after: Duration, now: Micros) {
+        self.denied_cost.store(cost, Ordering::Release);
+        self.denied_until.store(now + retry_after.as_micros() as u64, Ordering::Release);
+    }
+
+    /// The refill the decision path queued is done (or failed).
+    pub(crate) fn refill_done(&self) {
+        self.refill_queued.store(false, Ordering::Release);
+    }
+
+    /// Forgets a recorded denial (new units arrived).
+    pub(crate) fn clear_denial(&self) {
+        self.denied_until.store(0, Ordering::Release);
+    }
+}

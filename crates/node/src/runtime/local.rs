@@ -1,0 +1,105 @@
+//! A lock-free local bucket (GCRA, as governor implements it): the coarse per-node pre-limit
+//! and the LOCAL fail mode's fallback. One atomic holds the theoretical arrival time; a check
+//! is a compare-and-swap.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tollgate_lease::{Algorithm, Limit, Micros};
+
+/// A token bucket in one atomic: `capacity` units, refilled at `rate` per second.
+#[derive(Debug)]
+pub struct LocalBucket {
+    /// Theoretical arrival time, nanoseconds on the node clock.
+    tat: AtomicU64,
+    /// Nanoseconds per unit.
+    interval: u64,
+    /// Burst tolerance: `capacity × interval`.
+    tolerance: u64,
+}
+
+impl LocalBucket {
+    /// `capacity` units refilled at `rate` per second (both > 0).
+    pub fn new(capacity: f64, rate: f64) -> Self {
+        let interval = (1e9 / rate).ceil().max(1.0) as u64;
+        let tolerance = (capacity.max(1.0) * interval as f64) as u64;
+        Self { tat: AtomicU64::new(0), interval, tolerance }
+    }
+
+    /// A local stand-in for `limit`, scaled by `factor` (0.5: half of it). Windows become a
+    /// bucket of `limit` units refilled at `limit / window`; slots, of `max_in_flight` refilled
+    /// per slot TTL.
+    pub fn for_limit(limit: &Limit, factor: f64) -> Self {
+        let capacity = limit.capacity() as f64 * factor;
+        let period = match limit.algorithm() {
+            Algorithm::TokenBucket => return Self::new(capacity, limit.refill_per_second().unwrap_or(1.0) * factor),
+            Algorithm::Concurrency => limit.slot_ttl(),
+            _ => limit.window(),
+        };
+        let secs = period.unwrap_or(Duration::from_secs(1)).as_secs_f64();
+        Self::new(capacity, capacity / secs)
+    }
+
+    /// Takes `cost` units at `now`, or says how long until they would fit.
+    pub fn take(&self, cost: u64, now: Micros) -> Result<(), Duration> {
+        let now_ns = now.saturating_mul(1000);
+        let increment = cost.saturating_mul(self.interval);
+        let mut tat = self.tat.load(Ordering::Acquire);
+        loop {
+            let next = tat.max(now_ns).saturating_add(increment);
+            let ahead = next - now_ns;
+            if ahead > self.tolerance && increment > 0 {
+                return Err(Duration::from_nanos(ahead - self.tolerance));
+            }
+            match self.tat.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(()),
+                Err(actual) => tat = actual,
+            }
+        }
+    }
+
+    /// Gives back `cost` units taken for a request that was denied elsewhere.
+    pub fn refund(&self, cost: u64) {
+        let decrement = cost.saturating_mul(self.interval);
+        let _ = self.tat.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(t.saturating_sub(decrement)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admits_a_burst_then_the_rate() {
+        let b = LocalBucket::new(10.0, 5.0);
+        let now = 1_000_000;
+        for _ in 0..10 {
+            b.take(1, now).expect("burst");
+        }
+        let wait = b.take(1, now).expect_err("empty");
+        assert_eq!(wait, Duration::from_millis(200));
+        b.take(1, now + 200_000).expect("refilled one");
+        assert!(b.take(1, now + 200_000).is_err());
+    }
+
+    #[test]
+    fn refunds_give_units_back() {
+        let b = LocalBucket::new(2.0, 1.0);
+        b.take(2, 0).expect("burst");
+        assert!(b.take(1, 0).is_err());
+        b.refund(1);
+        b.take(1, 0).expect("refunded");
+    }
+
+    #[test]
+    fn windows_become_their_average_rate() {
+        let limit = Limit::fixed_window(60, Duration::from_secs(60)).expect("limit");
+        let b = LocalBucket::for_limit(&limit, 0.5);
+        for _ in 0..30 {
+            b.take(1, 0).expect("half the window limit");
+        }
+        assert!(b.take(1, 0).is_err());
+        assert!(b.take(1, 1_000_000).is_err(), "half of 60/min is one unit per two seconds");
+        b.take(1, 2_000_000).expect("refilled after two seconds");
+    }
+}

@@ -1,0 +1,635 @@
+//! The node: matches a request against the active rules and decides it, all or nothing.
+//!
+//! The decision path, for each matched bucket: the local pre-limit (a coarse per-node bucket
+//! that rejects floods without touching the store); a recent denial from the store (answered
+//! locally until its retry-after); then the lease, taken from one atomic counter with no lock,
+//! mailbox hop or store call. Only when a lease cannot serve the request does it go to the
+//! key's actor, which leases more. When the store cannot answer, each rule's fail mode decides.
+//! A denied request spends nothing: whatever it took is given back.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use ractor::rpc::CallResult;
+use ractor::{Actor, ActorRef};
+use tollgate_lease::{
+    Algorithm, BucketKey, CheckItem, CheckRequest, Limit, LimitSpec, SharedClock, SlotRelease, Store, StoreError,
+};
+
+use crate::metrics::{Metrics, Outcome, RuleLabels};
+use crate::rules::watch::ActiveRules;
+use crate::rules::{CompiledRule, FailMode, Mode, RuleKind, RuleSet};
+use crate::runtime::actor::{AcquireOutcome, KeyMsg, Want};
+use crate::runtime::breaker::BreakerState;
+use crate::runtime::bucket::Bucket;
+use crate::runtime::guarded::GuardedStore;
+use crate::runtime::local::LocalBucket;
+use crate::runtime::registry::{Registry, bucket_key};
+use crate::runtime::request::{Matching, Request, RequestError};
+use crate::runtime::shared::{RuntimeConfig, Shared};
+use crate::runtime::supervisor::{KeySupervisor, SupervisorMsg};
+use crate::runtime::verdict::{HeldSlot, RuleStatus, Verdict};
+
+/// A running node. Cheap to clone; every clone is the same node.
+#[derive(Debug, Clone)]
+pub struct Node {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    shared: Arc<Shared>,
+    rules: Arc<ActiveRules>,
+    supervisor: ActorRef<SupervisorMsg>,
+    overrides: DashMap<(String, u32, u64), Arc<CompiledRule>>,
+    /// LOCAL fallback buckets of keys decided without an actor (bounded like the actors).
+    fallbacks: DashMap<Vec<u8>, Arc<LocalBucket>>,
+    stopping: AtomicBool,
+    /// How long the decision path waits for an actor: the store budget plus a margin.
+    actor_wait: Duration,
+}
+
+/// One rule matched by one descriptor.
+#[derive(Debug, Clone)]
+struct Hit {
+    descriptor: usize,
+    rule: Arc<CompiledRule>,
+    identity: Vec<u8>,
+    cost: u64,
+}
+
+/// What to give back if the request ends up denied.
+#[derive(Debug, Default)]
+struct Undo {
+    leases: Vec<(Arc<Bucket>, u64)>,
+    prelimits: Vec<(Arc<Bucket>, u64)>,
+    fallbacks: Vec<(Arc<LocalBucket>, u64)>,
+    slots: Vec<HeldSlot>,
+}
+
+impl Node {
+    /// Starts a node on `store`, deciding with `rules`. `store_timeout` is the store's call
+    /// budget (it bounds how long a decision waits for a lease).
+    pub async fn start(
+        store: Store,
+        rules: Arc<ActiveRules>,
+        config: RuntimeConfig,
+        clock: SharedClock,
+        metrics: Arc<Metrics>,
+        store_timeout: Duration,
+    ) -> Result<Self, ractor::SpawnErr> {
+        let shared = Arc::new(Shared {
+            store: GuardedStore::new(store, config.breaker.clone(), clock.clone(), metrics.clone()),
+            registry: Registry::new(config.max_key_actors),
+            clock,
+            metrics,
+            config,
+        });
+        let (supervisor, _) = Actor::spawn(None, KeySupervisor, shared.clone()).await?;
+        if let Store::Memory(memory) = shared.store.inner() {
+            // Sweep expired keys so an in-memory node's memory follows its live keys.
+            let memory = memory.clone();
+            let handle = supervisor.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(5));
+                while handle.get_status() == ractor::ActorStatus::Running {
+                    tick.tick().await;
+                    memory.purge_expired();
+                }
+            });
+        }
+        Ok(Node {
+            inner: Arc::new(Inner {
+                shared,
+                rules,
+                supervisor,
+                overrides: DashMap::new(),
+                fallbacks: DashMap::new(),
+                stopping: AtomicBool::new(false),
+                actor_wait: store_timeout + Duration::from_millis(20),
+            }),
+        })
+    }
+
+    /// The active rules.
+    pub fn rules(&self) -> &Arc<ActiveRules> {
+        &self.inner.rules
+    }
+
+    /// The node's metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.shared.metrics
+    }
+
+    /// The store's circuit breaker state.
+    pub fn breaker_state(&self) -> BreakerState {
+        self.inner.shared.store.breaker_state()
+    }
+
+    /// The store (for readiness checks).
+    pub fn store(&self) -> &Store {
+        self.inner.shared.store.inner()
+    }
+
+    /// Key actors alive and buckets held.
+    pub fn held(&self) -> (usize, usize) {
+        let registry = &self.inner.shared.registry;
+        (registry.live_actors(), registry.buckets())
+    }
+
+    /// Decides `request` against every rule it matches: all of them admit it, or none spends.
+    pub async fn check(&self, request: &Request) -> Result<Verdict, RequestError> {
+        request.validate()?;
+        let rules = self.inner.rules.load();
+        let hits = self.hits(&rules, request);
+        Ok(self.decide(hits).await)
+    }
+
+    /// Releases concurrency slots (idempotent). Returns how many were still held.
+    pub async fn release_slots(&self, slots: &[HeldSlot]) -> Result<usize, StoreError> {
+        let mut by_identity: HashMap<&str, Vec<(BucketKey, tollgate_lease::SlotId)>> = HashMap::new();
+        for s in slots {
+            by_identity.entry(s.key.identity_prefix()).or_default().push((s.key.clone(), s.slot.clone()));
+        }
+        let mut released = 0;
+        for (_, items) in by_identity {
+            let req = SlotRelease::of_keys(items)?;
+            released += self.inner.shared.store.release_slots(&req).await?.into_iter().filter(|r| *r).count();
+        }
+        Ok(released)
+    }
+
+    /// Stops the node: every key actor returns its unspent leased units to the store, then
+    /// stops. Decisions after this fail open.
+    pub async fn shutdown(&self) {
+        self.inner.stopping.store(true, Ordering::Release);
+        let actors = self.inner.shared.registry.actors();
+        let waits = actors.into_iter().map(|actor| async move {
+            let _ = actor.call(KeyMsg::Shutdown, Some(Duration::from_secs(2))).await;
+        });
+        futures::future::join_all(waits).await;
+        self.inner.supervisor.stop(None);
+    }
+
+    fn now(&self) -> u64 {
+        self.inner.shared.clock.now_micros()
+    }
+
+    /// Every rule the request matches, with the identity and cost of its bucket.
+    fn hits(&self, rules: &RuleSet, request: &Request) -> Vec<Hit> {
+        let mut hits = vec![];
+        let mut push = |descriptor: usize, matched: crate::rules::Matched, cost: u64| {
+            hits.push(Hit { descriptor, rule: matched.rule, identity: matched.identity, cost });
+        };
+        let mut native = vec![];
+        match request.matching {
+            Matching::Merged => {
+                let merged: Vec<(String, String)> =
+                    request.descriptors.iter().flat_map(|d| d.entries.iter().cloned()).collect();
+                rules.match_native(&request.domain, &merged, &mut native);
+                for m in native.drain(..) {
+                    push(0, m, request.cost_of(0));
+                }
+                for (i, d) in request.descriptors.iter().enumerate() {
+                    if let Some(m) = rules.match_envoy(&request.domain, &d.entries) {
+                        push(i, m, request.cost_of(i));
+                    }
+                }
+            }
+            Matching::PerDescriptor => {
+                for (i, d) in request.descriptors.iter().enumerate() {
+                    let cost = request.cost_of(i);
+                    if let Some(o) = d.limit {
+                        let rule = self.override_rule(&request.domain, o.requests, o.unit);
+                        let identity = d.entries.iter().flat_map(|(k, v)| [k.as_str(), "=", v.as_str(), "\u{1f}"]).collect::<String>();
+                        push(i, crate::rules::Matched { rule, identity: identity.into_bytes() }, cost);
+                        continue;
+                    }
+                    if let Some(m) = rules.match_envoy(&request.domain, &d.entries) {
+                        push(i, m, cost);
+                    }
+                    rules.match_native(&request.domain, &d.entries, &mut native);
+                    for m in native.drain(..) {
+                        push(i, m, cost);
+                    }
+                }
+            }
+        }
+        // envoyproxy/ratelimit `replaces`: a matched limit drops the limits it names.
+        let replaced: Vec<&String> = hits.iter().flat_map(|h| h.rule.replaces.iter()).collect();
+        if !replaced.is_empty() {
+            let replaced: Vec<String> = replaced.into_iter().cloned().collect();
+            hits.retain(|h| !h.rule.replace_name.as_ref().is_some_and(|n| replaced.contains(n)));
+        }
+        hits
+    }
+
+    fn override_rule(&self, domain: &str, requests: u32, unit: Duration) -> Arc<CompiledRule> {
+        let key = (domain.to_owned(), requests, unit.as_secs());
+        self.inner
+            .overrides
+            .entry(key)
+            .or_insert_with(|| {
+                let id = format!("override.{requests}-per-{}s", unit.as_secs());
+                let counters = self.inner.shared.metrics.rule_counters(&RuleLabels { domain: domain.into(), rule: id.clone() });
+                match (LimitSpec::FixedWindow { limit: f64::from(requests), window: unit }).validate() {
+                    Ok(limit) => Arc::new(CompiledRule::dynamic(domain, id, limit, counters)),
+                    Err(_) => {
+                        let mut rule = CompiledRule::dynamic(domain, id, Limit::fixed_window(1, unit).unwrap_or_else(|_| fallback_limit()), counters);
+                        rule.kind = RuleKind::Block(unit);
+                        Arc::new(rule)
+                    }
+                }
+            })
+            .clone()
+    }
+
+    async fn decide(&self, hits: Vec<Hit>) -> Verdict {
+        let now = self.now();
+        let mut statuses: Vec<Option<RuleStatus>> = vec![None; hits.len()];
+        let (mut enforce, mut shadow) = (vec![], vec![]);
+        let mut blocked = false;
+        for (i, hit) in hits.iter().enumerate() {
+            match hit.rule.kind {
+                RuleKind::Unlimited => statuses[i] = Some(status(hit, true, u64::MAX, Duration::ZERO, Duration::ZERO, Outcome::Allowed)),
+                RuleKind::Block(window) => {
+                    let shadowed = hit.rule.mode == Mode::Shadow;
+                    let outcome = if shadowed { Outcome::ShadowDenied } else { Outcome::Denied };
+                    blocked |= !shadowed;
+                    statuses[i] = Some(status(hit, false, 0, window, window, outcome));
+                }
+                RuleKind::Limited(_) if hit.rule.mode == Mode::Shadow => shadow.push(i),
+                RuleKind::Limited(_) => enforce.push(i),
+            }
+        }
+        let mut undo = Undo::default();
+        let mut failed_closed = false;
+        let allowed = !blocked && self.reserve(&hits, &enforce, &mut statuses, &mut undo, &mut failed_closed, now).await;
+        let slots = if allowed {
+            std::mem::take(&mut undo.slots)
+        } else {
+            self.rollback(undo);
+            vec![]
+        };
+        if allowed {
+            for i in shadow {
+                let mut shadow_undo = Undo::default();
+                let mut ignored = false;
+                if !self.reserve(&hits, &[i], &mut statuses, &mut shadow_undo, &mut ignored, now).await {
+                    self.rollback(shadow_undo);
+                    if let Some(s) = statuses[i].as_mut() {
+                        s.outcome = Some(Outcome::ShadowDenied);
+                    }
+                }
+            }
+        }
+        let statuses: Vec<RuleStatus> = statuses
+            .into_iter()
+            .zip(&hits)
+            .map(|(s, hit)| {
+                s.unwrap_or_else(|| RuleStatus {
+                    descriptor: hit.descriptor,
+                    rule: hit.rule.clone(),
+                    allowed: true,
+                    remaining: hit.rule.limit().map_or(0, |l| l.capacity()),
+                    retry_after: Duration::ZERO,
+                    reset_after: Duration::ZERO,
+                    outcome: None,
+                })
+            })
+            .collect();
+        for s in &statuses {
+            let counted = match s.outcome {
+                // Rules that admitted a request another rule denied are not counted as allowing.
+                Some(Outcome::Allowed) if !allowed => None,
+                other => other,
+            };
+            if let Some(outcome) = counted {
+                s.rule.counters.get(outcome).inc();
+            }
+        }
+        let retry_after = if allowed {
+            Duration::ZERO
+        } else {
+            statuses.iter().filter(|s| !s.allowed && s.rule.mode == Mode::Enforce).map(|s| s.retry_after).max().unwrap_or_default()
+        };
+        Verdict { allowed, retry_after, statuses, failed_closed, slots }
+    }
+
+    /// Reserves every hit in `indices`, or returns false having filled the status of the hit
+    /// that denied (what was reserved stays in `undo` for the caller to give back).
+    async fn reserve(
+        &self,
+        hits: &[Hit],
+        indices: &[usize],
+        statuses: &mut [Option<RuleStatus>],
+        undo: &mut Undo,
+        failed_closed: &mut bool,
+        now: u64,
+    ) -> bool {
+        let shared = &self.inner.shared;
+        let mut slow: Vec<(usize, Arc<Bucket>)> = vec![];
+        let mut direct: Vec<usize> = vec![];
+        for &i in indices {
+            let hit = &hits[i];
+            let Some(limit) = hit.rule.limit() else { continue };
+            if hit.cost > limit.capacity() {
+                // Can never fit: deny without asking anyone.
+                let wait = full_period(&limit);
+                statuses[i] = Some(status(hit, false, 0, wait, wait, Outcome::Denied));
+                return false;
+            }
+            // Peeks and concurrency slots are store checks; so is everything while stopping.
+            if hit.cost == 0 || limit.algorithm() == Algorithm::Concurrency || self.inner.stopping.load(Ordering::Acquire) {
+                direct.push(i);
+                continue;
+            }
+            let Some(bucket) = self.bucket(hit, limit).await else {
+                direct.push(i);
+                continue;
+            };
+            if let Some(pre) = &bucket.prelimit {
+                if let Err(wait) = pre.take(hit.cost, now) {
+                    shared.metrics.prelimit_denied.inc();
+                    statuses[i] = Some(status(hit, false, 0, wait, bucket.reset_after(now), Outcome::Denied));
+                    return false;
+                }
+                undo.prelimits.push((bucket.clone(), hit.cost));
+            }
+            if let Some(wait) = bucket.denied_for(hit.cost, now) {
+                statuses[i] = Some(status(hit, false, 0, wait, bucket.reset_after(now), Outcome::Denied));
+                return false;
+            }
+            if bucket.try_take(hit.cost, || now) {
+                shared.metrics.lease_hits.inc();
+                undo.leases.push((bucket.clone(), hit.cost));
+                statuses[i] = Some(status(hit, true, bucket.remaining(), Duration::ZERO, bucket.reset_after(now), Outcome::Allowed));
+                if bucket.should_queue_refill(|granted, left| shared.config.lease.should_refill(granted, left)) {
+                    let _ = bucket.actor.cast(KeyMsg::Refill(bucket.clone()));
+                }
+            } else {
+                slow.push((i, bucket));
+            }
+        }
+        // Per identity, one actor call for every bucket that needs the store.
+        while !slow.is_empty() {
+            let actor = slow[0].1.actor.clone();
+            let (group, rest): (Vec<_>, Vec<_>) = slow.into_iter().partition(|(_, b)| b.actor.get_id() == actor.get_id());
+            slow = rest;
+            shared.metrics.lease_misses.inc_by(group.len() as u64);
+            let wants: Vec<Want> = group.iter().map(|(i, b)| Want { bucket: b.clone(), cost: hits[*i].cost }).collect();
+            let outcome = match actor.call(|reply| KeyMsg::Acquire { wants, reply }, Some(self.inner.actor_wait)).await {
+                Ok(CallResult::Success(outcome)) => outcome,
+                Ok(CallResult::Timeout) => AcquireOutcome::Failed(StoreError::Timeout { budget: self.inner.actor_wait }),
+                Ok(CallResult::SenderError) | Err(_) => {
+                    // The actor stopped (idle) after the bucket was looked up: forget it and
+                    // decide these directly.
+                    for (i, b) in &group {
+                        shared.registry.remove_bucket(&bucket_key(b.rule.uid, &hits[*i].identity));
+                        direct.push(*i);
+                    }
+                    continue;
+                }
+            };
+            match outcome {
+                AcquireOutcome::Reserved => {
+                    let now = self.now();
+                    for (i, b) in &group {
+                        undo.leases.push((b.clone(), hits[*i].cost));
+                        statuses[*i] = Some(status(&hits[*i], true, b.remaining(), Duration::ZERO, b.reset_after(now), Outcome::Allowed));
+                    }
+                }
+                AcquireOutcome::Denied { index, retry_after } => {
+                    let (i, b) = &group[index];
+                    statuses[*i] = Some(status(&hits[*i], false, 0, retry_after, b.reset_after(self.now()), Outcome::Denied));
+                    return false;
+                }
+                AcquireOutcome::Failed(error) => {
+                    for (i, b) in &group {
+                        if !self.fail_mode(*i, &hits[*i], Some(b), &error, statuses, undo, failed_closed) {
+                            return false;
+                        }
+                    }
+                }
+            }
+        }
+        // Peeks, slots, and buckets without an actor (cap reached, or shutting down): a direct
+        // check per identity, all or nothing within it.
+        for group in group_by_identity(hits, &direct) {
+            if !self.check_directly(hits, &group, statuses, undo, failed_closed).await {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Decides hits by one store check (their buckets share an identity). Hits of the same
+    /// bucket are checked as one item of their summed cost.
+    async fn check_directly(
+        &self,
+        hits: &[Hit],
+        group: &[usize],
+        statuses: &mut [Option<RuleStatus>],
+        undo: &mut Undo,
+        failed_closed: &mut bool,
+    ) -> bool {
+        let mut items: Vec<CheckItem> = vec![];
+        let mut item_of = Vec::with_capacity(group.len());
+        for &i in group {
+            let hit = &hits[i];
+            let (Some(limit), Ok(key)) = (hit.rule.limit(), BucketKey::new(&hit.identity, &hit.rule.id)) else {
+                item_of.push(None);
+                continue;
+            };
+            match items.iter().position(|it| it.key == key) {
+                Some(at) => {
+                    items[at].cost += hit.cost;
+                    item_of.push(Some(at));
+                }
+                None => {
+                    item_of.push(Some(items.len()));
+                    items.push(CheckItem { key, limit, cost: hit.cost });
+                }
+            }
+        }
+        let request = match CheckRequest::new(items.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                // Summed costs above a bucket's capacity: that request can never fit.
+                tracing::debug!(error = %e, "a request cannot be admitted");
+                let i = group[0];
+                statuses[i] = Some(status(&hits[i], false, 0, Duration::ZERO, Duration::ZERO, Outcome::Denied));
+                return false;
+            }
+        };
+        match self.inner.shared.store.check(&request).await {
+            Ok(outcome) => {
+                let allowed = outcome.allowed();
+                for (&i, at) in group.iter().zip(item_of) {
+                    let Some(at) = at else { continue };
+                    let b = &outcome.buckets[at];
+                    statuses[i] = Some(status(&hits[i], b.allowed, b.remaining, b.retry_after, b.reset_after, if b.allowed { Outcome::Allowed } else { Outcome::Denied }));
+                }
+                if allowed {
+                    for (item, b) in items.iter().zip(outcome.buckets) {
+                        if let Some(slot) = b.slot {
+                            undo.slots.push(HeldSlot { key: item.key.clone(), slot });
+                        }
+                    }
+                }
+                allowed
+            }
+            Err(error) => group.iter().all(|&i| self.fail_mode(i, &hits[i], None, &error, statuses, undo, failed_closed)),
+        }
+    }
+
+    /// Applies a rule's fail mode after the store failed; false if it denies.
+    #[allow(clippy::too_many_arguments)]
+    fn fail_mode(
+        &self,
+        index: usize,
+        hit: &Hit,
+        bucket: Option<&Arc<Bucket>>,
+        error: &StoreError,
+        statuses: &mut [Option<RuleStatus>],
+        undo: &mut Undo,
+        failed_closed: &mut bool,
+    ) -> bool {
+        let now = self.now();
+        let (allowed, outcome, retry) = match hit.rule.fail_mode {
+            FailMode::Open => (true, Outcome::FailedOpen, Duration::ZERO),
+            FailMode::Closed => {
+                *failed_closed = true;
+                (false, Outcome::FailedClosed, Duration::from_secs(1))
+            }
+            FailMode::Local => match bucket.map(|b| b.fallback.clone()).or_else(|| self.fallback_for(hit)) {
+                Some(local) => match local.take(hit.cost, now) {
+                    Ok(()) => {
+                        undo.fallbacks.push((local, hit.cost));
+                        (true, Outcome::LocalFallback, Duration::ZERO)
+                    }
+                    Err(wait) => (false, Outcome::LocalFallback, wait),
+                },
+                // No room to remember another key: fail open rather than grow without bound.
+                None => (true, Outcome::FailedOpen, Duration::ZERO),
+            },
+        };
+        tracing::debug!(rule = %hit.rule.id, %error, ?outcome, "store failed; the rule's fail mode decided");
+        statuses[index] = Some(status(hit, allowed, 0, retry, Duration::ZERO, outcome));
+        allowed
+    }
+
+    /// The bucket for a hit, creating it (and its key's actor) on first use. None when the
+    /// actor cap is reached: the hit is then decided directly.
+    async fn bucket(&self, hit: &Hit, limit: Limit) -> Option<Arc<Bucket>> {
+        let shared = &self.inner.shared;
+        let key = bucket_key(hit.rule.uid, &hit.identity);
+        if let Some(bucket) = shared.registry.bucket(&key) {
+            return Some(bucket);
+        }
+        let store_key = BucketKey::new(&hit.identity, &hit.rule.id).ok()?;
+        let actor = match shared.registry.actor(&hit.identity) {
+            Some(actor) => actor,
+            None => {
+                if !shared.registry.reserve_actor() {
+                    shared.metrics.key_actors_refused.inc();
+                    return None;
+                }
+                let spawned = self
+                    .inner
+                    .supervisor
+                    .call(|reply| SupervisorMsg::Spawn { identity: hit.identity.clone(), reply }, Some(Duration::from_secs(1)))
+                    .await;
+                let Ok(CallResult::Success(Some(actor))) = spawned else {
+                    shared.registry.unreserve_actor();
+                    return None;
+                };
+                let kept = shared.registry.insert_actor(hit.identity.clone(), actor.clone());
+                if kept.get_id() != actor.get_id() {
+                    // Another request spawned this identity's actor first.
+                    actor.stop(None);
+                    shared.registry.unreserve_actor();
+                }
+                kept
+            }
+        };
+        let bucket = Arc::new(Bucket::new(
+            store_key,
+            hit.rule.clone(),
+            limit,
+            actor,
+            shared.config.prelimit_factor,
+            shared.config.cluster_nodes,
+        ));
+        Some(shared.registry.insert_bucket(key, bucket))
+    }
+
+    /// The LOCAL fallback bucket of a key that has no bucket on this node.
+    fn fallback_for(&self, hit: &Hit) -> Option<Arc<LocalBucket>> {
+        let limit = hit.rule.limit()?;
+        let key = bucket_key(hit.rule.uid, &hit.identity);
+        if let Some(local) = self.inner.fallbacks.get(&key) {
+            return Some(local.clone());
+        }
+        if self.inner.fallbacks.len() >= self.inner.shared.config.max_key_actors {
+            return None;
+        }
+        let nodes = f64::from(self.inner.shared.config.cluster_nodes.max(1));
+        Some(self.inner.fallbacks.entry(key).or_insert_with(|| Arc::new(LocalBucket::for_limit(&limit, 1.0 / nodes))).clone())
+    }
+
+    fn rollback(&self, undo: Undo) {
+        for (bucket, cost) in undo.leases {
+            bucket.give_back(cost);
+        }
+        for (bucket, cost) in undo.prelimits {
+            if let Some(pre) = &bucket.prelimit {
+                pre.refund(cost);
+            }
+        }
+        for (local, cost) in undo.fallbacks {
+            local.refund(cost);
+        }
+        if !undo.slots.is_empty() {
+            let node = self.clone();
+            tokio::spawn(async move {
+                let _ = node.release_slots(&undo.slots).await;
+            });
+        }
+    }
+}
+
+fn fallback_limit() -> Limit {
+    // A valid limit always exists; this is only reached if one second is somehow invalid.
+    Limit::fixed_window(1, Duration::from_secs(1)).unwrap_or_else(|_| unreachable!("1 per second is a valid limit"))
+}
+
+/// How long a bucket takes to go from empty to full.
+fn full_period(limit: &Limit) -> Duration {
+    match limit.algorithm() {
+        Algorithm::TokenBucket => {
+            Duration::from_secs_f64(limit.capacity() as f64 / limit.refill_per_second().unwrap_or(1.0))
+        }
+        Algorithm::Concurrency => limit.slot_ttl().unwrap_or_default(),
+        _ => limit.window().unwrap_or_default(),
+    }
+}
+
+fn status(hit: &Hit, allowed: bool, remaining: u64, retry_after: Duration, reset_after: Duration, outcome: Outcome) -> RuleStatus {
+    RuleStatus { descriptor: hit.descriptor, rule: hit.rule.clone(), allowed, remaining, retry_after, reset_after, outcome: Some(outcome) }
+}
+
+/// Hits grouped by identity (one hash tag, one store call each), in first-seen order.
+fn group_by_identity(hits: &[Hit], indices: &[usize]) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = vec![];
+    for &i in indices {
+        match groups.iter_mut().find(|g| hits[g[0]].identity == hits[i].identity) {
+            Some(g) => g.push(i),
+            None => groups.push(vec![i]),
+        }
+    }
+    groups
+}

@@ -1,0 +1,105 @@
+//! The buckets and key actors alive on this node, found by the decision path without locks
+//! held across awaits. Their number is bounded: past the cap, new keys are decided by a direct
+//! store call and leave nothing behind, so a flood of new keys cannot exhaust memory.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use dashmap::DashMap;
+use ractor::ActorRef;
+
+use crate::runtime::actor::KeyMsg;
+use crate::runtime::bucket::Bucket;
+
+/// A bucket's registry key: the rule's uid, then the identity.
+pub fn bucket_key(uid: u64, identity: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(8 + identity.len());
+    key.extend_from_slice(&uid.to_le_bytes());
+    key.extend_from_slice(identity);
+    key
+}
+
+/// Buckets and actors by key.
+#[derive(Debug)]
+pub struct Registry {
+    buckets: DashMap<Vec<u8>, Arc<Bucket>>,
+    actors: DashMap<Vec<u8>, ActorRef<KeyMsg>>,
+    live: AtomicUsize,
+    max_actors: usize,
+}
+
+impl Registry {
+    /// An empty registry holding at most `max_actors` key actors.
+    pub fn new(max_actors: usize) -> Self {
+        Self { buckets: DashMap::new(), actors: DashMap::new(), live: AtomicUsize::new(0), max_actors }
+    }
+
+    /// The bucket under `key` ([`bucket_key`]).
+    pub fn bucket(&self, key: &[u8]) -> Option<Arc<Bucket>> {
+        self.buckets.get(key).map(|b| b.clone())
+    }
+
+    /// Adds a bucket, or returns the one another request added first.
+    pub fn insert_bucket(&self, key: Vec<u8>, bucket: Arc<Bucket>) -> Arc<Bucket> {
+        self.buckets.entry(key).or_insert(bucket).clone()
+    }
+
+    /// Drops a bucket.
+    pub fn remove_bucket(&self, key: &[u8]) {
+        self.buckets.remove(key);
+    }
+
+    /// The actor of `identity`.
+    pub fn actor(&self, identity: &[u8]) -> Option<ActorRef<KeyMsg>> {
+        self.actors.get(identity).map(|a| a.clone())
+    }
+
+    /// Reserves room for one more actor, if the cap allows.
+    pub fn reserve_actor(&self) -> bool {
+        self.live
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max_actors).then_some(n + 1))
+            .is_ok()
+    }
+
+    /// Gives back a reservation that was not used.
+    pub fn unreserve_actor(&self) {
+        self.live.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Records `identity`'s actor, or returns the one another request recorded first.
+    pub fn insert_actor(&self, identity: Vec<u8>, actor: ActorRef<KeyMsg>) -> ActorRef<KeyMsg> {
+        self.actors.entry(identity).or_insert(actor).clone()
+    }
+
+    /// Forgets `identity`'s actor if it is still `actor`, and frees its place.
+    pub fn remove_actor(&self, identity: &[u8], actor: &ActorRef<KeyMsg>) {
+        if self.actors.remove_if(identity, |_, a| a.get_id() == actor.get_id()).is_some() {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Forgets every bucket whose actor is `actor` (after a crash, when the actor could not).
+    pub fn remove_buckets_of(&self, actor: &ActorRef<KeyMsg>) {
+        self.buckets.retain(|_, b| b.actor.get_id() != actor.get_id());
+    }
+
+    /// The identity `actor` serves.
+    pub fn identity_of(&self, actor: &ActorRef<KeyMsg>) -> Option<Vec<u8>> {
+        self.actors.iter().find(|a| a.value().get_id() == actor.get_id()).map(|a| a.key().clone())
+    }
+
+    /// Actors alive.
+    pub fn live_actors(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Every actor (for shutdown).
+    pub fn actors(&self) -> Vec<ActorRef<KeyMsg>> {
+        self.actors.iter().map(|a| a.value().clone()).collect()
+    }
+
+    /// Buckets held.
+    pub fn buckets(&self) -> usize {
+        self.buckets.len()
+    }
+}

@@ -1,0 +1,60 @@
+//! What every part of a node's runtime shares: the store, the registry, the clock, the
+//! metrics and the settings.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tollgate_lease::SharedClock;
+
+use crate::metrics::Metrics;
+use crate::runtime::breaker::BreakerConfig;
+use crate::runtime::guarded::GuardedStore;
+use crate::runtime::registry::Registry;
+use crate::runtime::sizing::LeasePolicy;
+
+/// Settings of the decision runtime.
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Lease sizes and lifetimes.
+    pub lease: LeasePolicy,
+    /// The local pre-limit per bucket, as a multiple of the rule's limit (None: off). At 1.0
+    /// one node admits at most what the whole limit allows, so it never denies a request the
+    /// global limit would admit from this node alone.
+    pub prelimit_factor: Option<f64>,
+    /// The store's circuit breaker.
+    pub breaker: BreakerConfig,
+    /// Nodes sharing the limits (the LOCAL fail mode gives each node `limit / nodes`).
+    pub cluster_nodes: u32,
+    /// The most key actors (identities with state) held at once.
+    pub max_key_actors: usize,
+    /// A key actor with no leases stops after this long without requests.
+    pub idle_timeout: Duration,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        Self {
+            lease: LeasePolicy::default(),
+            prelimit_factor: Some(1.0),
+            breaker: BreakerConfig::default(),
+            cluster_nodes: 1,
+            max_key_actors: 100_000,
+            idle_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Runtime-wide pieces, shared by the node and its actors.
+#[derive(Debug)]
+pub struct Shared {
+    /// The store behind its breaker.
+    pub store: GuardedStore,
+    /// Buckets and actors.
+    pub registry: Registry,
+    /// The node clock.
+    pub clock: SharedClock,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Settings.
+    pub config: RuntimeConfig,
+}

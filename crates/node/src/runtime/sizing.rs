@@ -1,0 +1,102 @@
+//! How big a lease to ask for: sized by the key's demand, so a hot key leases up to the
+//! maximum (about 50) and a trickle leases exactly its cost (a per-request store call, no
+//! stranded units); and never more than a share of what remains, so other nodes do not starve
+//! (the store applies `max_share`).
+
+use std::time::Duration;
+
+use tollgate_lease::Micros;
+
+/// Lease settings.
+#[derive(Debug, Clone)]
+pub struct LeasePolicy {
+    /// The most units one lease takes.
+    pub max_units: u64,
+    /// How long a lease lives.
+    pub ttl: Duration,
+    /// The largest share of what remains globally one lease may take, in (0, 1].
+    pub max_share: f64,
+    /// Refill when a lease is down to this fraction of its size (refill before running dry).
+    pub refill_at: f64,
+}
+
+impl Default for LeasePolicy {
+    fn default() -> Self {
+        Self { max_units: 50, ttl: Duration::from_secs(1), max_share: 0.5, refill_at: 0.25 }
+    }
+}
+
+/// A key's observed demand: units per second, smoothed.
+#[derive(Debug, Clone, Default)]
+pub struct Demand {
+    rate: f64,
+    last_grant_at: Option<Micros>,
+    last_grant: u64,
+}
+
+impl Demand {
+    /// Units per second, as last estimated.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// Records that the previous grant was used up by `now` (a new lease is needed), which
+    /// shows how fast units go.
+    pub fn on_refill(&mut self, now: Micros) {
+        if let Some(at) = self.last_grant_at {
+            let elapsed = (now.saturating_sub(at)).max(1_000) as f64 / 1e6;
+            let observed = self.last_grant as f64 / elapsed;
+            self.rate = if self.rate == 0.0 { observed } else { 0.5 * self.rate + 0.5 * observed };
+        }
+    }
+
+    /// Records a grant.
+    pub fn on_grant(&mut self, now: Micros, units: u64) {
+        self.last_grant_at = Some(now);
+        self.last_grant = units;
+    }
+}
+
+impl LeasePolicy {
+    /// Units to ask for: enough for half a lease lifetime at the observed rate, at least
+    /// `need`, at most the maximum and the bucket's capacity.
+    pub fn want(&self, demand: &Demand, need: u64, capacity: u64) -> u64 {
+        let by_rate = (demand.rate() * self.ttl.as_secs_f64() / 2.0).ceil() as u64;
+        by_rate.min(self.max_units).max(need).min(capacity)
+    }
+
+    /// Whether a lease of `granted` units, down to `left`, should be refilled now. Leases of
+    /// one unit (a trickle) are never refilled ahead: that would strand units.
+    pub fn should_refill(&self, granted: u64, left: i64) -> bool {
+        granted > 1 && (left as f64) <= (granted as f64 * self.refill_at).max(1.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_trickle_leases_its_cost_and_a_hot_key_the_maximum() {
+        let policy = LeasePolicy::default();
+        let mut demand = Demand::default();
+        assert_eq!(policy.want(&demand, 1, 1000), 1, "no demand seen yet");
+        demand.on_grant(0, 1);
+        demand.on_refill(2_000_000); // one unit in two seconds
+        assert_eq!(policy.want(&demand, 1, 1000), 1);
+        let mut hot = Demand::default();
+        hot.on_grant(0, 10);
+        hot.on_refill(10_000); // ten units in 10 ms: 1000/s
+        assert_eq!(policy.want(&hot, 1, 1000), 50);
+        assert_eq!(policy.want(&hot, 1, 20), 20, "never above capacity");
+        assert_eq!(policy.want(&hot, 80, 1000), 80, "at least what the request needs");
+    }
+
+    #[test]
+    fn refills_come_before_the_lease_runs_dry() {
+        let policy = LeasePolicy::default();
+        assert!(!policy.should_refill(50, 20));
+        assert!(policy.should_refill(50, 12));
+        assert!(!policy.should_refill(1, 0), "a trickle never refills ahead");
+    }
+}

@@ -1,0 +1,53 @@
+//! Protocol types for Tollgate's gRPC APIs, generated at build time by protox (no system
+//! `protoc`).
+//!
+//! # Layout
+//! - [`envoy`]: Envoy's rate limit service, v3 (`envoy.service.ratelimit.v3`), wire-compatible.
+//! - [`tollgate`]: Tollgate's own decision API (`tollgate.ratelimit.v1`).
+//! - [`FILE_DESCRIPTOR_SET`]: every message and service, for gRPC reflection.
+
+#![allow(missing_docs, unreachable_pub, clippy::all)]
+
+/// Envoy's protos (only what the rate limit service needs).
+pub mod envoy {
+    pub mod service {
+        pub mod ratelimit {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+    }
+    pub mod extensions {
+        pub mod common {
+            pub mod ratelimit {
+                pub mod v3 {
+                    tonic::include_proto!("envoy.extensions.common.ratelimit.v3");
+                }
+            }
+        }
+    }
+    pub mod config {
+        pub mod core {
+            pub mod v3 {
+                tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+    pub mod r#type {
+        pub mod v3 {
+            tonic::include_proto!("envoy.r#type.v3");
+        }
+    }
+}
+
+/// Tollgate's own API.
+pub mod tollgate {
+    pub mod ratelimit {
+        pub mod v1 {
+            tonic::include_proto!("tollgate.ratelimit.v1");
+        }
+    }
+}
+
+/// The encoded `FileDescriptorSet` of every proto here, for gRPC reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/descriptors.bin"));

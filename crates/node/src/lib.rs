@@ -5,8 +5,18 @@
 //! # Layout
 //! - [`rules`]: rule formats (Tollgate's, envoyproxy/ratelimit's), the compiled set, reloads.
 //! - [`runtime`]: per-key lease actors, pre-limit, breaker, fail modes, the decision path.
+//! - [`grpc`]: Envoy's rate limit service and Tollgate's own API.
+//! - [`http`]: health, readiness and Prometheus metrics.
+//! - [`headers`]: `RateLimit`, `RateLimit-Policy`, `X-RateLimit-*` and `Retry-After`.
 //! - [`metrics`]: Prometheus metrics.
+//! - [`config`]: the binary's settings (file, environment, flags).
+//! - [`app`]: a whole node process, wired from a config.
 
+pub mod app;
+pub mod config;
+pub mod grpc;
+pub mod headers;
+pub mod http;
 pub mod metrics;
 pub mod rules;
 pub mod runtime;

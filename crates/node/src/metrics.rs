@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -21,8 +21,20 @@ pub struct RuleLabels {
     pub rule: String,
 }
 
+/// Label values in snake_case, as Prometheus conventions have them.
+macro_rules! snake_label {
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl EncodeLabelValue for $ty {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+                use std::fmt::Write;
+                encoder.write_str(match self { $($ty::$variant => $name),+ })
+            }
+        }
+    };
+}
+
 /// What happened to a request at one rule.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum Outcome {
     /// Admitted by the rule.
     Allowed,
@@ -45,8 +57,17 @@ struct DecisionLabels {
     outcome: Outcome,
 }
 
+snake_label!(Outcome {
+    Allowed => "allowed",
+    Denied => "denied",
+    ShadowDenied => "shadow_denied",
+    FailedOpen => "failed_open",
+    FailedClosed => "failed_closed",
+    LocalFallback => "local_fallback",
+});
+
 /// A store operation, for latency and error labels.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum StoreOp {
     /// `check`.
     Check,
@@ -63,8 +84,15 @@ struct OpLabels {
     op: StoreOp,
 }
 
+snake_label!(StoreOp {
+    Check => "check",
+    LeaseAcquire => "lease_acquire",
+    LeaseReturn => "lease_return",
+    SlotRelease => "slot_release",
+});
+
 /// Why a store call failed.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum StoreFailure {
     /// It ran out of time.
     Timeout,
@@ -75,6 +103,13 @@ pub enum StoreFailure {
     /// Anything else (bad reply, rejected command).
     Other,
 }
+
+snake_label!(StoreFailure {
+    Timeout => "timeout",
+    Unavailable => "unavailable",
+    BreakerOpen => "breaker_open",
+    Other => "other",
+});
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailureLabels {

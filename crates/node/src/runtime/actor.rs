@@ -114,6 +114,8 @@ pub struct KeyState {
     in_flight: bool,
     last_active: Micros,
     next_tick: Option<Micros>,
+    /// A shutdown waiting for the lease call in flight, whose units must be returned too.
+    stopping: Option<RpcReplyPort<()>>,
 }
 
 impl Actor for KeyActor {
@@ -132,6 +134,7 @@ impl Actor for KeyActor {
             in_flight: false,
             last_active: now,
             next_tick: None,
+            stopping: None,
         };
         let idle = state.shared.config.idle_timeout;
         state.schedule_tick(&myself, now + idle.as_micros() as u64, now);
@@ -181,6 +184,9 @@ impl Actor for KeyActor {
                         }
                     }
                 }
+                if let Some(reply) = state.stopping.take() {
+                    state.finish_shutdown(&myself, reply, now).await;
+                }
             }
             KeyMsg::Tick => {
                 state.next_tick = None;
@@ -196,12 +202,12 @@ impl Actor for KeyActor {
                 state.schedule_tick(&myself, next, now);
             }
             KeyMsg::Shutdown(reply) => {
-                state.return_all(now).await;
-                for waiter in state.waiters.drain(..) {
-                    let _ = waiter.reply.send(AcquireOutcome::Failed(StoreError::Unavailable("node shutting down".into())));
+                if state.in_flight {
+                    // The lease on its way must be returned too: finish when it lands.
+                    state.stopping = Some(reply);
+                } else {
+                    state.finish_shutdown(&myself, reply, now).await;
                 }
-                let _ = reply.send(());
-                myself.stop(Some("shutdown".into()));
             }
         }
         Ok(())
@@ -341,6 +347,15 @@ impl KeyState {
             }
         }
         self.send_returns(returns).await;
+    }
+
+    async fn finish_shutdown(&mut self, myself: &ActorRef<KeyMsg>, reply: RpcReplyPort<()>, now: Micros) {
+        self.return_all(now).await;
+        for waiter in self.waiters.drain(..) {
+            let _ = waiter.reply.send(AcquireOutcome::Failed(StoreError::Unavailable("node shutting down".into())));
+        }
+        let _ = reply.send(());
+        myself.stop(Some("shutdown".into()));
     }
 
     /// Every unspent unit goes back to the store (node shutdown).

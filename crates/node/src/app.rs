@@ -1,0 +1,98 @@
+//! A whole node process: store, rules (loaded, then watched), the decision runtime and both
+//! servers, wired from a [`Config`] and stopped by one shutdown signal, after which every
+//! unspent lease is returned.
+
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tollgate_lease::{MemoryConfig, MemoryStore, RedisStore, Store, TokioClock};
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::rules::watch::{ActiveRules, watch as watch_rules};
+use crate::runtime::Node;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A rule file is invalid.
+    #[error("{0}")]
+    Rules(#[from] crate::rules::RulesError),
+    /// The store could not be set up.
+    #[error("store: {0}")]
+    Store(#[from] tollgate_lease::StoreError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The runtime's actors could not start.
+    #[error("runtime: {0}")]
+    Runtime(#[from] ractor::SpawnErr),
+}
+
+/// A started node process.
+#[derive(Debug)]
+pub struct App {
+    /// The decision runtime.
+    pub node: Node,
+    /// Where gRPC listens.
+    pub grpc_addr: std::net::SocketAddr,
+    /// Where HTTP listens.
+    pub http_addr: std::net::SocketAddr,
+    grpc: TcpListener,
+    http: TcpListener,
+    config: Config,
+}
+
+impl App {
+    /// Loads the rules, opens the store, starts the runtime and binds both listeners. A rule
+    /// file error stops the start; Redis being down does not (the node serves per fail mode
+    /// and connects in the background).
+    pub async fn start(config: Config) -> Result<App, StartError> {
+        let metrics = Metrics::new();
+        let rules = ActiveRules::new(metrics.clone());
+        rules.install_files(&config.rules)?;
+        let clock = Arc::new(TokioClock::new());
+        let store = match &config.redis {
+            Some(redis) => Store::Redis(RedisStore::open(redis)?),
+            None => Store::Memory(MemoryStore::with_clock(
+                clock.clone(),
+                MemoryConfig { max_keys: config.memory_max_keys, ..MemoryConfig::default() },
+            )),
+        };
+        let node = Node::start(store, rules, config.runtime.clone(), clock, metrics, config.store_timeout).await?;
+        let bind = |addr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source }) };
+        let grpc = bind(config.grpc_listen).await?;
+        let http = bind(config.http_listen).await?;
+        let grpc_addr = grpc.local_addr().map_err(|source| StartError::Listen { addr: config.grpc_listen, source })?;
+        let http_addr = http.local_addr().map_err(|source| StartError::Listen { addr: config.http_listen, source })?;
+        Ok(App { node, grpc_addr, http_addr, grpc, http, config })
+    }
+
+    /// Serves until `shutdown`, then returns the node's unspent leases.
+    pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) {
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopped = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, store = if self.config.redis.is_some() { "redis" } else { "memory" }, "tollgate node serving");
+        let watcher = tokio::spawn(watch_rules(
+            self.config.rules.clone(),
+            self.node.rules().clone(),
+            self.config.rules_reload,
+            stopped(stop_rx.clone()),
+        ));
+        let grpc = tokio::spawn(crate::grpc::server::serve(self.node.clone(), self.grpc, stopped(stop_rx.clone())));
+        let http = tokio::spawn(crate::http::serve(self.node.clone(), self.http, stopped(stop_rx)));
+        shutdown.await;
+        tracing::info!("shutting down: returning unspent leases");
+        let _ = stop_tx.send(true);
+        let _ = tokio::join!(watcher, grpc, http);
+        self.node.shutdown().await;
+    }
+}

@@ -1,0 +1,274 @@
+//! The binary's settings: a YAML file (`--config`), `TOLLGATE_*` environment variables and
+//! flags, in rising precedence. `tollgate --help` lists every one.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::{Args, Parser};
+use serde::Deserialize;
+use tollgate_lease::RedisConfig;
+
+use crate::runtime::RuntimeConfig;
+use crate::runtime::breaker::BreakerConfig;
+use crate::runtime::sizing::LeasePolicy;
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tollgate",
+    version,
+    about = "Tollgate node: a distributed API rate limiter serving Envoy's rate limit service (gRPC) and Tollgate's own API.",
+    long_about = "Tollgate node: a distributed API rate limiter serving Envoy's rate limit service \
+                  (envoy.service.ratelimit.v3) and Tollgate's CheckRateLimit over gRPC, with /healthz, \
+                  /readyz and /metrics over HTTP.\n\nWithout --redis-url the node keeps its state in \
+                  memory (a single node). Settings come from --config (YAML, the same names in \
+                  snake_case), then TOLLGATE_* environment variables, then flags."
+)]
+pub struct Cli {
+    /// YAML file with any of the settings below (snake_case names).
+    #[arg(long, env = "TOLLGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// The settings.
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+/// Every setting; unset ones fall back to the file, then to the default.
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    /// gRPC address (Envoy RLS and Tollgate API) [default: 0.0.0.0:8081]
+    #[arg(long, env = "TOLLGATE_GRPC_LISTEN")]
+    pub grpc_listen: Option<SocketAddr>,
+    /// HTTP address (/healthz, /readyz, /metrics) [default: 0.0.0.0:8080]
+    #[arg(long, env = "TOLLGATE_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
+    /// Rule files or directories (Tollgate rules or envoyproxy/ratelimit YAML), comma-separated.
+    #[arg(long = "rules", env = "TOLLGATE_RULES", value_delimiter = ',')]
+    pub rules: Option<Vec<PathBuf>>,
+    /// How often rule files are checked for changes, ms [default: 1000]
+    #[arg(long, env = "TOLLGATE_RULES_RELOAD_MS")]
+    pub rules_reload_ms: Option<u64>,
+    /// Redis URLs (redis://host:port/); none: the in-memory store. Comma-separated seeds for a cluster.
+    #[arg(long = "redis-url", env = "TOLLGATE_REDIS_URL", value_delimiter = ',')]
+    pub redis_url: Option<Vec<String>>,
+    /// The Redis URLs are Redis Cluster seeds [default: false]
+    #[arg(long, env = "TOLLGATE_REDIS_CLUSTER", num_args = 0..=1, default_missing_value = "true")]
+    pub redis_cluster: Option<bool>,
+    /// Budget of one store call, ms [default: 5]
+    #[arg(long, env = "TOLLGATE_STORE_TIMEOUT_MS")]
+    pub store_timeout_ms: Option<u64>,
+    /// Most units one lease takes [default: 50]
+    #[arg(long, env = "TOLLGATE_LEASE_MAX_UNITS")]
+    pub lease_max_units: Option<u64>,
+    /// Lease lifetime, ms [default: 1000]
+    #[arg(long, env = "TOLLGATE_LEASE_TTL_MS")]
+    pub lease_ttl_ms: Option<u64>,
+    /// Largest share of what remains globally one lease takes, (0, 1] [default: 0.5]
+    #[arg(long, env = "TOLLGATE_LEASE_MAX_SHARE")]
+    pub lease_max_share: Option<f64>,
+    /// Local pre-limit per bucket as a multiple of the rule's limit; 0 turns it off [default: 1]
+    #[arg(long, env = "TOLLGATE_PRELIMIT_FACTOR")]
+    pub prelimit_factor: Option<f64>,
+    /// Nodes sharing the limits (the LOCAL fail mode gives each limit / nodes) [default: 1]
+    #[arg(long, env = "TOLLGATE_CLUSTER_NODES")]
+    pub cluster_nodes: Option<u32>,
+    /// Most identities held with state on this node [default: 100000]
+    #[arg(long, env = "TOLLGATE_MAX_KEY_ACTORS")]
+    pub max_key_actors: Option<usize>,
+    /// A key actor without leases stops after this long idle, ms [default: 10000]
+    #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT_MS")]
+    pub idle_timeout_ms: Option<u64>,
+    /// Consecutive store failures that open the circuit breaker [default: 5]
+    #[arg(long, env = "TOLLGATE_BREAKER_FAILURES")]
+    pub breaker_failures: Option<u32>,
+    /// First breaker cooldown before a probe, ms [default: 200]
+    #[arg(long, env = "TOLLGATE_BREAKER_COOLDOWN_MS")]
+    pub breaker_cooldown_ms: Option<u64>,
+    /// Longest breaker cooldown, ms [default: 1000]
+    #[arg(long, env = "TOLLGATE_BREAKER_MAX_COOLDOWN_MS")]
+    pub breaker_max_cooldown_ms: Option<u64>,
+    /// In-memory store: most keys held [default: 4000000]
+    #[arg(long, env = "TOLLGATE_MEMORY_MAX_KEYS")]
+    pub memory_max_keys: Option<usize>,
+    /// Log format: text or json [default: text]
+    #[arg(long, env = "TOLLGATE_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+macro_rules! merge_fields {
+    ($a:ident, $b:ident, $($field:ident),+) => {
+        Settings { $($field: $a.$field.or($b.$field)),+ }
+    };
+}
+
+impl Settings {
+    /// These settings where set, else `fallback`'s.
+    pub fn or(self, fallback: Settings) -> Settings {
+        merge_fields!(self, fallback, grpc_listen, http_listen, rules, rules_reload_ms, redis_url, redis_cluster,
+            store_timeout_ms, lease_max_units, lease_ttl_ms, lease_max_share, prelimit_factor, cluster_nodes,
+            max_key_actors, idle_timeout_ms, breaker_failures, breaker_cooldown_ms, breaker_max_cooldown_ms,
+            memory_max_keys, log_format)
+    }
+
+    /// Reads a settings file.
+    pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError { field: "config".into(), reason: format!("{}: {e}", path.display()) })?;
+        if text.trim().is_empty() {
+            return Ok(Settings::default());
+        }
+        yaml_serde::from_str(&text).map_err(|e| ConfigError { field: "config".into(), reason: format!("{}: {e}", path.display()) })
+    }
+}
+
+/// A setting that is out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid setting `{field}`: {reason}")]
+pub struct ConfigError {
+    /// The setting (snake_case, as in the file).
+    pub field: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// The binary's resolved configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// gRPC address.
+    pub grpc_listen: SocketAddr,
+    /// HTTP address.
+    pub http_listen: SocketAddr,
+    /// Rule files.
+    pub rules: Vec<PathBuf>,
+    /// Rule file check interval.
+    pub rules_reload: Duration,
+    /// Redis, or None for the in-memory store.
+    pub redis: Option<RedisConfig>,
+    /// The in-memory store's key cap.
+    pub memory_max_keys: usize,
+    /// The store call budget.
+    pub store_timeout: Duration,
+    /// The decision runtime.
+    pub runtime: RuntimeConfig,
+    /// Logs as JSON lines.
+    pub log_json: bool,
+}
+
+fn bad(field: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError { field: field.into(), reason: reason.into() }
+}
+
+impl TryFrom<Settings> for Config {
+    type Error = ConfigError;
+
+    fn try_from(s: Settings) -> Result<Config, ConfigError> {
+        let ms = Duration::from_millis;
+        let store_timeout = ms(s.store_timeout_ms.unwrap_or(5));
+        if store_timeout.is_zero() {
+            return Err(bad("store_timeout_ms", "must be at least 1"));
+        }
+        let redis = match s.redis_url.filter(|u| !u.is_empty()) {
+            None => None,
+            Some(urls) => Some(RedisConfig {
+                urls,
+                cluster: s.redis_cluster.unwrap_or(false),
+                call_timeout: store_timeout,
+                ..RedisConfig::default()
+            }),
+        };
+        let max_share = s.lease_max_share.unwrap_or(0.5);
+        if !(max_share > 0.0 && max_share <= 1.0) {
+            return Err(bad("lease_max_share", format!("must be in (0, 1], got {max_share}")));
+        }
+        let lease_max_units = s.lease_max_units.unwrap_or(50);
+        if lease_max_units == 0 {
+            return Err(bad("lease_max_units", "must be at least 1"));
+        }
+        let lease_ttl = ms(s.lease_ttl_ms.unwrap_or(1000));
+        if lease_ttl < ms(10) || lease_ttl > Duration::from_secs(3600) {
+            return Err(bad("lease_ttl_ms", "must be between 10 and 3600000"));
+        }
+        let prelimit = s.prelimit_factor.unwrap_or(1.0);
+        if !(prelimit.is_finite() && prelimit >= 0.0) {
+            return Err(bad("prelimit_factor", format!("must be 0 (off) or positive, got {prelimit}")));
+        }
+        let cluster_nodes = s.cluster_nodes.unwrap_or(1);
+        if cluster_nodes == 0 {
+            return Err(bad("cluster_nodes", "must be at least 1"));
+        }
+        let log_json = match s.log_format.as_deref().unwrap_or("text") {
+            "text" => false,
+            "json" => true,
+            other => return Err(bad("log_format", format!("must be text or json, got {other:?}"))),
+        };
+        let breaker = BreakerConfig {
+            failures_to_open: s.breaker_failures.unwrap_or(5).max(1),
+            cooldown: ms(s.breaker_cooldown_ms.unwrap_or(200).max(1)),
+            max_cooldown: ms(s.breaker_max_cooldown_ms.unwrap_or(1000).max(1)),
+        };
+        Ok(Config {
+            grpc_listen: s.grpc_listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8081))),
+            http_listen: s.http_listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8080))),
+            rules: s.rules.unwrap_or_default(),
+            rules_reload: ms(s.rules_reload_ms.unwrap_or(1000).max(10)),
+            redis,
+            memory_max_keys: s.memory_max_keys.unwrap_or(4_000_000).max(1),
+            store_timeout,
+            runtime: RuntimeConfig {
+                lease: LeasePolicy { max_units: lease_max_units, ttl: lease_ttl, max_share, ..LeasePolicy::default() },
+                prelimit_factor: (prelimit > 0.0).then_some(prelimit),
+                breaker,
+                cluster_nodes,
+                max_key_actors: s.max_key_actors.unwrap_or(100_000).max(1),
+                idle_timeout: ms(s.idle_timeout_ms.unwrap_or(10_000)).max(lease_ttl * 2),
+            },
+            log_json,
+        })
+    }
+}
+
+impl Cli {
+    /// Flags and environment over the file over defaults.
+    pub fn resolve(self) -> Result<Config, ConfigError> {
+        let file = match &self.config {
+            Some(path) => Settings::from_file(path)?,
+            None => Settings::default(),
+        };
+        Config::try_from(self.settings.or(file))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_defaults_fill_the_rest() {
+        let file: Settings = yaml_serde::from_str("store_timeout_ms: 9\nlease_max_units: 20\n").expect("yaml");
+        let cli = Cli::try_parse_from(["tollgate", "--lease-max-units", "30", "--redis-url", "redis://a:1/,redis://b:2/", "--redis-cluster"])
+            .expect("flags");
+        let config = Config::try_from(cli.settings.or(file)).expect("valid");
+        assert_eq!(config.store_timeout, Duration::from_millis(9));
+        assert_eq!(config.runtime.lease.max_units, 30);
+        let redis = config.redis.expect("redis");
+        assert_eq!(redis.urls.len(), 2);
+        assert!(redis.cluster);
+        assert_eq!(config.grpc_listen.port(), 8081);
+    }
+
+    #[test]
+    fn bad_settings_name_their_field() {
+        let err = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tollgate"], args].concat()).expect("flags");
+            Config::try_from(cli.settings).expect_err("invalid").field
+        };
+        assert_eq!(err(&["--lease-max-share", "1.5"]), "lease_max_share");
+        assert_eq!(err(&["--store-timeout-ms", "0"]), "store_timeout_ms");
+        assert_eq!(err(&["--log-format", "xml"]), "log_format");
+        assert_eq!(err(&["--prelimit-factor", "-1"]), "prelimit_factor");
+        let unknown = yaml_serde::from_str::<Settings>("lease_max_unit: 3\n").expect_err("unknown");
+        assert!(unknown.to_string().contains("lease_max_unit"), "{unknown}");
+    }
+}

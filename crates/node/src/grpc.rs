@@ -1,0 +1,19 @@
+//! The gRPC APIs: Envoy's rate limit service (v3, wire-compatible) and Tollgate's own
+//! `CheckRateLimit`, plus gRPC health and reflection, on one server.
+//!
+//! # Layout
+//! - [`rls`]: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+//! - [`check`]: `tollgate.ratelimit.v1.RateLimiter` (`CheckRateLimit`, `ReleaseSlots`).
+//! - [`server`]: the server, on a listener and a shutdown signal the caller owns.
+
+pub mod check;
+pub mod rls;
+pub mod server;
+
+use tonic::Status;
+
+use crate::runtime::RequestError;
+
+fn invalid(e: RequestError) -> Status {
+    Status::invalid_argument(e.to_string())
+}

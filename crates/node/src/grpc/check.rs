@@ -1,0 +1,101 @@
+//! Tollgate's own decision API: `CheckRateLimit(domain, descriptors, cost)` →
+//! `{decision, remaining, retryAfterMs, matchedRule}`, and `ReleaseSlots` for concurrency
+//! rules. Descriptors are merged into one set of request attributes (a rule may match `plan`
+//! from one descriptor and `route` from another). A store failure never becomes a gRPC error:
+//! each rule's fail mode decides, and `rules[].failed_with` says so.
+
+use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiter;
+use tollgate_proto::tollgate::ratelimit::v1::{
+    CheckRateLimitRequest, CheckRateLimitResponse, Decision, ReleaseSlotsRequest, ReleaseSlotsResponse, RuleStatus,
+};
+use tonic::{Request, Response, Status};
+
+use crate::grpc::invalid;
+use crate::metrics::Outcome;
+use crate::runtime::{Descriptor, HeldSlot, Matching, Node};
+
+/// The service.
+#[derive(Debug, Clone)]
+pub struct Check {
+    node: Node,
+}
+
+impl Check {
+    /// Serves `node`.
+    pub fn new(node: Node) -> Self {
+        Self { node }
+    }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    d.as_micros().div_ceil(1000) as u64
+}
+
+fn decision(allowed: bool) -> i32 {
+    (if allowed { Decision::Allow } else { Decision::Deny }) as i32
+}
+
+#[tonic::async_trait]
+impl RateLimiter for Check {
+    async fn check_rate_limit(
+        &self,
+        request: Request<CheckRateLimitRequest>,
+    ) -> Result<Response<CheckRateLimitResponse>, Status> {
+        let req = request.into_inner();
+        let request = crate::runtime::Request {
+            domain: req.domain,
+            descriptors: req
+                .descriptors
+                .into_iter()
+                .map(|d| Descriptor { entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(), ..Descriptor::default() })
+                .collect(),
+            cost: req.cost.max(1),
+            matching: Matching::Merged,
+        };
+        let verdict = self.node.check(&request).await.map_err(invalid)?;
+        let decisive = verdict.decisive();
+        let rules = verdict
+            .statuses
+            .iter()
+            .filter(|s| s.outcome.is_some())
+            .map(|s| RuleStatus {
+                rule: s.rule.id.clone(),
+                decision: decision(s.allowed),
+                limit: s.rule.limit().map_or(0, |l| l.capacity()),
+                remaining: s.remaining,
+                retry_after_ms: millis(s.retry_after),
+                reset_after_ms: millis(s.reset_after),
+                mode: s.rule.mode.to_string(),
+                failed_with: match s.outcome {
+                    Some(Outcome::FailedOpen) => "OPEN".into(),
+                    Some(Outcome::FailedClosed) => "CLOSED".into(),
+                    Some(Outcome::LocalFallback) => "LOCAL".into(),
+                    _ => String::new(),
+                },
+            })
+            .collect();
+        Ok(Response::new(CheckRateLimitResponse {
+            decision: decision(verdict.allowed),
+            remaining: decisive.map_or(0, |s| if s.allowed { s.remaining } else { 0 }),
+            retry_after_ms: millis(verdict.retry_after),
+            matched_rule: decisive.map(|s| s.rule.id.clone()).unwrap_or_default(),
+            rules,
+            slots: verdict.slots.iter().map(HeldSlot::token).collect(),
+        }))
+    }
+
+    async fn release_slots(&self, request: Request<ReleaseSlotsRequest>) -> Result<Response<ReleaseSlotsResponse>, Status> {
+        let req = request.into_inner();
+        let slots = req
+            .slots
+            .iter()
+            .map(|t| HeldSlot::from_token(t).ok_or_else(|| Status::invalid_argument(format!("{t:?} is not a slot token"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        let released = self
+            .node
+            .release_slots(&slots)
+            .await
+            .map_err(|e| if e.is_transient() { Status::unavailable(e.to_string()) } else { Status::invalid_argument(e.to_string()) })?;
+        Ok(Response::new(ReleaseSlotsResponse { released: released as u32 }))
+    }
+}

@@ -1,0 +1,159 @@
+//! Envoy's rate limit service, v3: every descriptor gets a status (one per request descriptor,
+//! in order), `overall_code` is never UNKNOWN, and the response carries the rate-limit headers
+//! for Envoy to add. A store failure becomes UNAVAILABLE only where a rule's fail mode says to
+//! deny; otherwise the fail modes decide and the answer is OK or OVER_LIMIT as usual.
+
+use std::time::Duration;
+
+use tollgate_proto::envoy::config::core::v3::HeaderValue;
+use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
+use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use tollgate_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tollgate_proto::envoy::r#type::v3::RateLimitUnit;
+use tonic::{Request, Response, Status};
+
+use crate::grpc::invalid;
+use crate::headers::{ceil_secs, headers, policy};
+use crate::rules::{Mode, RuleKind};
+use crate::runtime::{Descriptor, LimitOverride, Matching, Node, RuleStatus, Verdict};
+
+/// The service.
+#[derive(Debug, Clone)]
+pub struct Rls {
+    node: Node,
+}
+
+impl Rls {
+    /// Serves `node`.
+    pub fn new(node: Node) -> Self {
+        Self { node }
+    }
+}
+
+fn unit_duration(unit: i32) -> Option<Duration> {
+    let secs = match RateLimitUnit::try_from(unit).ok()? {
+        RateLimitUnit::Second => 1,
+        RateLimitUnit::Minute => 60,
+        RateLimitUnit::Hour => 3600,
+        RateLimitUnit::Day => 86_400,
+        RateLimitUnit::Month => 2_592_000,
+        RateLimitUnit::Year => 31_536_000,
+        RateLimitUnit::Unknown => return None,
+    };
+    Some(Duration::from_secs(secs))
+}
+
+/// The request in the runtime's terms.
+pub fn to_request(req: RateLimitRequest) -> Result<crate::runtime::Request, Status> {
+    let mut descriptors = Vec::with_capacity(req.descriptors.len());
+    for (i, d) in req.descriptors.into_iter().enumerate() {
+        if d.is_negative_hits {
+            return Err(Status::invalid_argument(format!(
+                "descriptors[{i}].is_negative_hits is not supported"
+            )));
+        }
+        let limit = match d.limit {
+            None => None,
+            Some(o) => Some(LimitOverride {
+                requests: o.requests_per_unit,
+                unit: unit_duration(o.unit)
+                    .ok_or_else(|| Status::invalid_argument(format!("descriptors[{i}].limit.unit is unknown")))?,
+            }),
+        };
+        descriptors.push(Descriptor {
+            entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+            cost: d.hits_addend,
+            limit,
+        });
+    }
+    Ok(crate::runtime::Request {
+        domain: req.domain,
+        descriptors,
+        cost: u64::from(req.hits_addend.max(1)),
+        matching: Matching::PerDescriptor,
+    })
+}
+
+/// How a status's limit reads in Envoy's terms: requests per unit.
+fn current_limit(s: &RuleStatus) -> Option<RateLimit> {
+    let p = policy(&s.rule)?;
+    let (requests, unit) = match p.window {
+        None => (p.quota, Unit::Unknown),
+        Some(1) => (p.quota, Unit::Second),
+        Some(60) => (p.quota, Unit::Minute),
+        Some(3600) => (p.quota, Unit::Hour),
+        Some(86_400) => (p.quota, Unit::Day),
+        Some(604_800) => (p.quota, Unit::Week),
+        Some(2_592_000) => (p.quota, Unit::Month),
+        Some(31_536_000) => (p.quota, Unit::Year),
+        // Other windows: the same rate, per second, rounded up.
+        Some(w) => (p.quota.div_ceil(w), Unit::Second),
+    };
+    Some(RateLimit { name: p.name, requests_per_unit: u32::try_from(requests).unwrap_or(u32::MAX), unit: unit as i32 })
+}
+
+fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
+
+/// The response for a decision over `descriptors` request descriptors.
+pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
+    let mut statuses = Vec::with_capacity(descriptors);
+    for i in 0..descriptors {
+        let mine: Vec<&RuleStatus> = verdict.statuses.iter().filter(|s| s.descriptor == i && s.outcome.is_some()).collect();
+        let over = mine.iter().any(|s| !s.allowed && s.rule.mode == Mode::Enforce);
+        let code = if over { Code::OverLimit } else { Code::Ok };
+        let shown = if over {
+            mine.iter().filter(|s| !s.allowed && s.rule.mode == Mode::Enforce).max_by_key(|s| s.retry_after)
+        } else {
+            mine.iter().filter(|s| policy(&s.rule).is_some()).min_by_key(|s| s.remaining)
+        };
+        let status = match shown {
+            Some(s) => DescriptorStatus {
+                code: code as i32,
+                current_limit: current_limit(s),
+                limit_remaining: if s.allowed { u32::try_from(s.remaining).unwrap_or(u32::MAX) } else { 0 },
+                duration_until_reset: Some(duration(if s.allowed { s.reset_after } else { s.retry_after })),
+                quota: None,
+            },
+            None if mine.iter().any(|s| matches!(s.rule.kind, RuleKind::Unlimited)) => DescriptorStatus {
+                code: code as i32,
+                current_limit: None,
+                limit_remaining: u32::MAX,
+                duration_until_reset: None,
+                quota: None,
+            },
+            None => DescriptorStatus { code: code as i32, current_limit: None, limit_remaining: 0, duration_until_reset: None, quota: None },
+        };
+        statuses.push(status);
+    }
+    let all: Vec<&RuleStatus> = verdict.statuses.iter().collect();
+    let response_headers_to_add = headers(verdict, &all)
+        .into_iter()
+        .map(|(key, value)| HeaderValue { key: key.into(), value, raw_value: vec![] })
+        .collect();
+    RateLimitResponse {
+        overall_code: (if verdict.allowed { Code::Ok } else { Code::OverLimit }) as i32,
+        statuses,
+        response_headers_to_add,
+        ..RateLimitResponse::default()
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(&self, request: Request<RateLimitRequest>) -> Result<Response<RateLimitResponse>, Status> {
+        let request = to_request(request.into_inner())?;
+        let descriptors = request.descriptors.len();
+        let verdict = self.node.check(&request).await.map_err(invalid)?;
+        if verdict.failed_closed {
+            let rule = verdict.statuses.iter().find(|s| !s.allowed).map_or("", |s| s.rule.id.as_str());
+            return Err(Status::unavailable(format!(
+                "the rate limit store is unavailable and rule {rule:?} fails closed; retry in {} s",
+                ceil_secs(verdict.retry_after).max(1)
+            )));
+        }
+        Ok(Response::new(to_response(&verdict, descriptors)))
+    }
+}

@@ -1,0 +1,36 @@
+//! The gRPC server. It takes its listener and its shutdown signal, so tests and the binary run
+//! the same code.
+
+use std::future::Future;
+
+use tokio::net::TcpListener;
+use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiterServer;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+use crate::grpc::check::Check;
+use crate::grpc::rls::Rls;
+use crate::runtime::Node;
+
+/// The largest request message accepted (Envoy's are a few hundred bytes).
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+
+/// Serves Envoy's RLS, Tollgate's API, health and reflection on `listener` until `shutdown`.
+pub async fn serve(node: Node, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> Result<(), tonic::transport::Error> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<RateLimitServiceServer<Rls>>().await;
+    health.set_serving::<RateLimiterServer<Check>>().await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tollgate_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("the file descriptor set is compiled in and valid");
+    Server::builder()
+        .tcp_nodelay(true)
+        .add_service(RateLimitServiceServer::new(Rls::new(node.clone())).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(RateLimiterServer::new(Check::new(node)).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(health_service)
+        .add_service(reflection)
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+        .await
+}

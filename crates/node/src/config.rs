@@ -267,7 +267,7 @@ mod tests {
         assert_eq!(err(&["--lease-max-share", "1.5"]), "lease_max_share");
         assert_eq!(err(&["--store-timeout-ms", "0"]), "store_timeout_ms");
         assert_eq!(err(&["--log-format", "xml"]), "log_format");
-        assert_eq!(err(&["--prelimit-factor", "-1"]), "prelimit_factor");
+        assert_eq!(err(&["--prelimit-factor=-1"]), "prelimit_factor");
         let unknown = yaml_serde::from_str::<Settings>("lease_max_unit: 3\n").expect_err("unknown");
         assert!(unknown.to_string().contains("lease_max_unit"), "{unknown}");
     }

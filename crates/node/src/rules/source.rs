@@ -188,7 +188,7 @@ mod tests {
     #[test]
     fn syntax_and_unknown_field_errors_carry_serdes_location() {
         let e = err("domain: d\nrules:\n  - id: a\n    capacty: 3\n");
-        assert!(e.to_string().contains("capacty") && e.to_string().contains("line 3"), "{e}");
+        assert!(e.to_string().contains("capacty") && e.to_string().contains("line 4"), "{e}");
         let e = err("rules: [ {id: a, algorithm: }\n");
         assert!(e.to_string().contains("rules.yaml"), "{e}");
     }

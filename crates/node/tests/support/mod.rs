@@ -55,3 +55,91 @@ pub async fn allowed(node: &Node, request: &Request, n: usize) -> usize {
 pub async fn check(node: &Node, request: &Request) -> Verdict {
     node.check(request).await.expect("valid request")
 }
+
+/// A whole node process (memory store unless `redis` is given) serving on ephemeral ports, with
+/// its rules in a temporary file. Dropping the returned sender stops it.
+pub struct Served {
+    pub grpc: std::net::SocketAddr,
+    pub http: std::net::SocketAddr,
+    pub node: Node,
+    pub rules_file: std::path::PathBuf,
+    pub stop: Option<tokio::sync::oneshot::Sender<()>>,
+    pub task: Option<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Served {
+    pub async fn start(yaml: &str, extra: tollgate_node::config::Settings) -> Served {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rules_file = dir.path().join("rules.yaml");
+        std::fs::write(&rules_file, yaml).expect("write rules");
+        let settings = tollgate_node::config::Settings {
+            grpc_listen: Some("127.0.0.1:0".parse().expect("addr")),
+            http_listen: Some("127.0.0.1:0".parse().expect("addr")),
+            rules: Some(vec![rules_file.clone()]),
+            rules_reload_ms: Some(50),
+            ..Default::default()
+        };
+        let config = tollgate_node::config::Config::try_from(extra.or(settings)).expect("config");
+        let app = tollgate_node::app::App::start(config).await.expect("app starts");
+        let (grpc, http, node) = (app.grpc_addr, app.http_addr, app.node.clone());
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(app.run(async move {
+            let _ = rx.await;
+        }));
+        Served { grpc, http, node, rules_file, stop: Some(tx), task: Some(task), _dir: dir }
+    }
+
+    /// Stops the node and waits until it has returned its leases.
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+
+    pub async fn rls(&self) -> tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel> {
+        tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect")
+    }
+
+    pub async fn api(&self) -> tollgate_proto::tollgate::ratelimit::v1::rate_limiter_client::RateLimiterClient<tonic::transport::Channel> {
+        tollgate_proto::tollgate::ratelimit::v1::rate_limiter_client::RateLimiterClient::connect(format!("http://{}", self.grpc))
+            .await
+            .expect("connect")
+    }
+
+    /// GET `path` on the HTTP port: (status, body).
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.http).await.expect("connect");
+        stream
+            .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes())
+            .await
+            .expect("write");
+        let mut out = String::new();
+        stream.read_to_string(&mut out).await.expect("read");
+        let status = out.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        (status, body)
+    }
+}
+
+/// An RLS request with one descriptor per entry list.
+pub fn rls_request(domain: &str, descriptors: &[&[(&str, &str)]]) -> tollgate_proto::envoy::service::ratelimit::v3::RateLimitRequest {
+    use tollgate_proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
+    tollgate_proto::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: domain.into(),
+        descriptors: descriptors
+            .iter()
+            .map(|entries| RateLimitDescriptor {
+                entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}

@@ -156,6 +156,8 @@ pub struct Metrics {
     /// Store call latency, seconds, by operation.
     store_latency: Family<OpLabels, Histogram>,
     store_failures: Family<FailureLabels, Counter>,
+    /// Store calls made (whatever their outcome; not those the open breaker refused).
+    pub store_calls: Counter,
     /// Breaker state: 0 closed, 1 half-open, 2 open.
     pub breaker_state: Gauge,
     /// Times the breaker opened.
@@ -204,6 +206,7 @@ impl Metrics {
             decisions,
             store_latency,
             store_failures,
+            store_calls: Counter::default(),
             breaker_state: Gauge::default(),
             breaker_opened: Counter::default(),
             leases_acquired: Counter::default(),
@@ -221,6 +224,7 @@ impl Metrics {
             rules_staleness_seconds: Gauge::default(),
             registry: Registry::default(),
         };
+        registry.register("store_calls", "Store calls made", m.store_calls.clone());
         registry.register("breaker_state", "Store circuit breaker: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
         registry.register("breaker_opened", "Times the store circuit breaker opened", m.breaker_opened.clone());
         registry.register("leases_acquired", "Leases granted with at least one unit", m.leases_acquired.clone());

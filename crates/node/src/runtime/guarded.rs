@@ -50,6 +50,7 @@ impl GuardedStore {
             self.metrics.count_failure(op, StoreFailure::BreakerOpen);
             return Err(StoreError::Unavailable("circuit breaker open".into()));
         }
+        self.metrics.store_calls.inc();
         let start = tokio::time::Instant::now();
         let result = call.await;
         self.metrics.observe_store(op, start.elapsed().as_secs_f64());

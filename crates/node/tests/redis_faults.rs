@@ -1,0 +1,121 @@
+//! Redis killed and Redis paused (SIGSTOP) while a node serves: every rule's fail mode is
+//! honoured, no decision waits much past the store budget, the breaker opens, and decisions
+//! go back to the store on their own once Redis is back.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::{check, node_on, redis_store};
+use tollgate_lease::{RedisConfig, SharedClock, TokioClock};
+use tollgate_node::metrics::Outcome;
+use tollgate_node::runtime::breaker::BreakerState;
+use tollgate_node::{Node, Request, RuntimeConfig};
+use tollgate_testkit::RedisServer;
+
+/// The store budget under test: the 5 ms default, padded for a loaded 2-core CI machine.
+const BUDGET: Duration = Duration::from_millis(20);
+/// No decision may take longer than this while Redis is down (the budget plus scheduling).
+const WAIT_BOUND: Duration = Duration::from_millis(150);
+
+const RULES: &str = "domain: api\nrules:\n\
+  - {id: open, match: {kind: open, user: '*'}, per: [user], algorithm: FIXED_WINDOW, limit: 100, window: 1h, failMode: OPEN}\n\
+  - {id: closed, match: {kind: closed, user: '*'}, per: [user], algorithm: FIXED_WINDOW, limit: 100, window: 1h, failMode: CLOSED}\n\
+  - {id: local, match: {kind: local, user: '*'}, per: [user], algorithm: FIXED_WINDOW, limit: 10, window: 1h, failMode: LOCAL}\n";
+
+async fn node(server: &RedisServer) -> Node {
+    let clock: SharedClock = Arc::new(TokioClock::new());
+    // Two nodes share the limits: LOCAL falls back to half of each limit.
+    let config = RuntimeConfig { cluster_nodes: 2, ..RuntimeConfig::default() };
+    node_on(redis_store(RedisConfig::single(server.url()), BUDGET), RULES, config, clock).await
+}
+
+fn request(kind: &str, user: &str) -> Request {
+    Request::new("api").descriptor([("kind", kind), ("user", user)])
+}
+
+/// Decides `request`, timing it.
+async fn timed(node: &Node, request: &Request) -> (bool, Duration) {
+    let start = tokio::time::Instant::now();
+    let allowed = check(node, request).await.allowed;
+    (allowed, start.elapsed())
+}
+
+/// While Redis cannot answer: OPEN admits, CLOSED denies, LOCAL admits half the limit (two
+/// nodes) then denies; nothing waits past the bound; the breaker ends up open.
+async fn fail_modes_hold(node: &Node, round: &str) -> Duration {
+    let mut slowest = Duration::ZERO;
+    for i in 0..20 {
+        // A new user each time: a cold key needs the store (a live lease would hide the outage).
+        let (allowed, took) = timed(node, &request("open", &format!("{round}-open-{i}"))).await;
+        assert!(allowed, "OPEN admits while the store is down");
+        slowest = slowest.max(took);
+        let (allowed, took) = timed(node, &request("closed", &format!("{round}-closed-{i}"))).await;
+        assert!(!allowed, "CLOSED denies while the store is down");
+        slowest = slowest.max(took);
+    }
+    let mut local_admitted = 0;
+    for _ in 0..10 {
+        let (allowed, took) = timed(node, &request("local", &format!("{round}-local"))).await;
+        local_admitted += u32::from(allowed);
+        slowest = slowest.max(took);
+    }
+    assert_eq!(local_admitted, 5, "LOCAL gives each of two nodes half of the limit");
+    assert!(slowest <= WAIT_BOUND, "a decision waited {slowest:?} while Redis was down");
+    let m = node.metrics();
+    assert!(m.breaker_opened.get() >= 1, "the breaker opened");
+    assert!(matches!(node.breaker_state(), BreakerState::Open { .. } | BreakerState::HalfOpen));
+    assert!(m.decisions("api", "open", Outcome::FailedOpen) >= 20);
+    assert!(m.decisions("api", "closed", Outcome::FailedClosed) >= 20);
+    slowest
+}
+
+/// Waits until decisions are backed by the store again; returns how long that took.
+async fn recovery(node: &Node, round: &str) -> Duration {
+    let start = tokio::time::Instant::now();
+    let mut i = 0;
+    loop {
+        i += 1;
+        let verdict = check(node, &request("closed", &format!("{round}-back-{i}"))).await;
+        if verdict.allowed && verdict.statuses[0].outcome == Some(Outcome::Allowed) {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "decisions did not return to the store");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_mid_run() {
+    let mut server = tokio::task::spawn_blocking(RedisServer::start).await.expect("join").expect("redis");
+    let node = node(&server).await;
+    recovery(&node, "warm").await;
+    server.kill();
+    let slowest = fail_modes_hold(&node, "killed").await;
+    let server = tokio::task::spawn_blocking(move || {
+        server.restart().expect("restart");
+        server
+    })
+    .await
+    .expect("join");
+    let back = recovery(&node, "restarted").await;
+    eprintln!("Redis killed: slowest decision {slowest:?}; store-backed again {back:?} after the restart");
+    assert!(back < Duration::from_secs(5), "took {back:?} to recover");
+    node.shutdown().await;
+    drop(server);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_mid_run() {
+    let mut server = tokio::task::spawn_blocking(RedisServer::start).await.expect("join").expect("redis");
+    let node = node(&server).await;
+    recovery(&node, "warm").await;
+    server.pause().expect("SIGSTOP");
+    let slowest = fail_modes_hold(&node, "paused").await;
+    server.resume().expect("SIGCONT");
+    let back = recovery(&node, "resumed").await;
+    eprintln!("Redis paused: slowest decision {slowest:?}; store-backed again {back:?} after SIGCONT");
+    assert!(back < Duration::from_secs(5), "took {back:?} to recover");
+    node.shutdown().await;
+}

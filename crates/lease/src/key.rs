@@ -78,12 +78,18 @@ impl BucketKey {
         let rule = rest[close + 1..].strip_prefix(':')?;
         let escaped = |s: &str| {
             !s.is_empty()
-                && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-' | b'%'))
+                && s.bytes().all(|b| {
+                    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'~' | b'-' | b'%')
+                })
         };
-        if !escaped(tag) || !escaped(rule) || text.len() > 4 * (MAX_IDENTITY_BYTES + MAX_RULE_BYTES) {
+        if !escaped(tag) || !escaped(rule) || text.len() > 4 * (MAX_IDENTITY_BYTES + MAX_RULE_BYTES)
+        {
             return None;
         }
-        Some(Self { key: text.into(), tag_end: 4 + close + 1 })
+        Some(Self {
+            key: text.into(),
+            tag_end: 4 + close + 1,
+        })
     }
 
     /// The full Redis key of the bucket's state.
@@ -185,8 +191,19 @@ mod tests {
     fn keys_parse_back() {
         let key = BucketKey::new(b"a:b{c}", "r.1").expect("key");
         assert_eq!(BucketKey::parse(key.as_str()), Some(key.clone()));
-        assert_eq!(BucketKey::parse(key.as_str()).map(|k| k.identity_prefix().to_owned()), Some(key.identity_prefix().to_owned()));
-        for bad in ["", "rl:{}:r", "rl:{a}", "rl:{a}:", "xx:{a}:r", "rl:{a b}:r", "rl:{a}:r:x"] {
+        assert_eq!(
+            BucketKey::parse(key.as_str()).map(|k| k.identity_prefix().to_owned()),
+            Some(key.identity_prefix().to_owned())
+        );
+        for bad in [
+            "",
+            "rl:{}:r",
+            "rl:{a}",
+            "rl:{a}:",
+            "xx:{a}:r",
+            "rl:{a b}:r",
+            "rl:{a}:r:x",
+        ] {
             assert_eq!(BucketKey::parse(bad), None, "{bad}");
         }
     }

@@ -62,16 +62,44 @@ impl App {
             Some(redis) => Store::Redis(RedisStore::open(redis)?),
             None => Store::Memory(MemoryStore::with_clock(
                 clock.clone(),
-                MemoryConfig { max_keys: config.memory_max_keys, ..MemoryConfig::default() },
+                MemoryConfig {
+                    max_keys: config.memory_max_keys,
+                    ..MemoryConfig::default()
+                },
             )),
         };
-        let node = Node::start(store, rules, config.runtime.clone(), clock, metrics, config.store_timeout).await?;
-        let bind = |addr| async move { TcpListener::bind(addr).await.map_err(|source| StartError::Listen { addr, source }) };
+        let node = Node::start(
+            store,
+            rules,
+            config.runtime.clone(),
+            clock,
+            metrics,
+            config.store_timeout,
+        )
+        .await?;
+        let bind = |addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::Listen { addr, source })
+        };
         let grpc = bind(config.grpc_listen).await?;
         let http = bind(config.http_listen).await?;
-        let grpc_addr = grpc.local_addr().map_err(|source| StartError::Listen { addr: config.grpc_listen, source })?;
-        let http_addr = http.local_addr().map_err(|source| StartError::Listen { addr: config.http_listen, source })?;
-        Ok(App { node, grpc_addr, http_addr, grpc, http, config })
+        let grpc_addr = grpc.local_addr().map_err(|source| StartError::Listen {
+            addr: config.grpc_listen,
+            source,
+        })?;
+        let http_addr = http.local_addr().map_err(|source| StartError::Listen {
+            addr: config.http_listen,
+            source,
+        })?;
+        Ok(App {
+            node,
+            grpc_addr,
+            http_addr,
+            grpc,
+            http,
+            config,
+        })
     }
 
     /// Serves until `shutdown`, then returns the node's unspent leases.
@@ -87,8 +115,16 @@ impl App {
             self.config.rules_reload,
             stopped(stop_rx.clone()),
         ));
-        let grpc = tokio::spawn(crate::grpc::server::serve(self.node.clone(), self.grpc, stopped(stop_rx.clone())));
-        let http = tokio::spawn(crate::http::serve(self.node.clone(), self.http, stopped(stop_rx)));
+        let grpc = tokio::spawn(crate::grpc::server::serve(
+            self.node.clone(),
+            self.grpc,
+            stopped(stop_rx.clone()),
+        ));
+        let http = tokio::spawn(crate::http::serve(
+            self.node.clone(),
+            self.http,
+            stopped(stop_rx),
+        ));
         shutdown.await;
         tracing::info!("shutting down: returning unspent leases");
         let _ = stop_tx.send(true);

@@ -106,20 +106,44 @@ macro_rules! merge_fields {
 impl Settings {
     /// These settings where set, else `fallback`'s.
     pub fn or(self, fallback: Settings) -> Settings {
-        merge_fields!(self, fallback, grpc_listen, http_listen, rules, rules_reload_ms, redis_url, redis_cluster,
-            store_timeout_ms, lease_max_units, lease_ttl_ms, lease_max_share, prelimit_factor, cluster_nodes,
-            max_key_actors, idle_timeout_ms, breaker_failures, breaker_cooldown_ms, breaker_max_cooldown_ms,
-            memory_max_keys, log_format)
+        merge_fields!(
+            self,
+            fallback,
+            grpc_listen,
+            http_listen,
+            rules,
+            rules_reload_ms,
+            redis_url,
+            redis_cluster,
+            store_timeout_ms,
+            lease_max_units,
+            lease_ttl_ms,
+            lease_max_share,
+            prelimit_factor,
+            cluster_nodes,
+            max_key_actors,
+            idle_timeout_ms,
+            breaker_failures,
+            breaker_cooldown_ms,
+            breaker_max_cooldown_ms,
+            memory_max_keys,
+            log_format
+        )
     }
 
     /// Reads a settings file.
     pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError { field: "config".into(), reason: format!("{}: {e}", path.display()) })?;
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            field: "config".into(),
+            reason: format!("{}: {e}", path.display()),
+        })?;
         if text.trim().is_empty() {
             return Ok(Settings::default());
         }
-        yaml_serde::from_str(&text).map_err(|e| ConfigError { field: "config".into(), reason: format!("{}: {e}", path.display()) })
+        yaml_serde::from_str(&text).map_err(|e| ConfigError {
+            field: "config".into(),
+            reason: format!("{}: {e}", path.display()),
+        })
     }
 }
 
@@ -157,7 +181,10 @@ pub struct Config {
 }
 
 fn bad(field: &str, reason: impl Into<String>) -> ConfigError {
-    ConfigError { field: field.into(), reason: reason.into() }
+    ConfigError {
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 impl TryFrom<Settings> for Config {
@@ -180,7 +207,10 @@ impl TryFrom<Settings> for Config {
         };
         let max_share = s.lease_max_share.unwrap_or(0.5);
         if !(max_share > 0.0 && max_share <= 1.0) {
-            return Err(bad("lease_max_share", format!("must be in (0, 1], got {max_share}")));
+            return Err(bad(
+                "lease_max_share",
+                format!("must be in (0, 1], got {max_share}"),
+            ));
         }
         let lease_max_units = s.lease_max_units.unwrap_or(50);
         if lease_max_units == 0 {
@@ -192,7 +222,10 @@ impl TryFrom<Settings> for Config {
         }
         let prelimit = s.prelimit_factor.unwrap_or(1.0);
         if !(prelimit.is_finite() && prelimit >= 0.0) {
-            return Err(bad("prelimit_factor", format!("must be 0 (off) or positive, got {prelimit}")));
+            return Err(bad(
+                "prelimit_factor",
+                format!("must be 0 (off) or positive, got {prelimit}"),
+            ));
         }
         let cluster_nodes = s.cluster_nodes.unwrap_or(1);
         if cluster_nodes == 0 {
@@ -201,7 +234,12 @@ impl TryFrom<Settings> for Config {
         let log_json = match s.log_format.as_deref().unwrap_or("text") {
             "text" => false,
             "json" => true,
-            other => return Err(bad("log_format", format!("must be text or json, got {other:?}"))),
+            other => {
+                return Err(bad(
+                    "log_format",
+                    format!("must be text or json, got {other:?}"),
+                ));
+            }
         };
         let breaker = BreakerConfig {
             failures_to_open: s.breaker_failures.unwrap_or(5).max(1),
@@ -209,15 +247,24 @@ impl TryFrom<Settings> for Config {
             max_cooldown: ms(s.breaker_max_cooldown_ms.unwrap_or(1000).max(1)),
         };
         Ok(Config {
-            grpc_listen: s.grpc_listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8081))),
-            http_listen: s.http_listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8080))),
+            grpc_listen: s
+                .grpc_listen
+                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8081))),
+            http_listen: s
+                .http_listen
+                .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8080))),
             rules: s.rules.unwrap_or_default(),
             rules_reload: ms(s.rules_reload_ms.unwrap_or(1000).max(10)),
             redis,
             memory_max_keys: s.memory_max_keys.unwrap_or(4_000_000).max(1),
             store_timeout,
             runtime: RuntimeConfig {
-                lease: LeasePolicy { max_units: lease_max_units, ttl: lease_ttl, max_share, ..LeasePolicy::default() },
+                lease: LeasePolicy {
+                    max_units: lease_max_units,
+                    ttl: lease_ttl,
+                    max_share,
+                    ..LeasePolicy::default()
+                },
                 prelimit_factor: (prelimit > 0.0).then_some(prelimit),
                 breaker,
                 cluster_nodes,
@@ -246,9 +293,17 @@ mod tests {
 
     #[test]
     fn flags_override_the_file_and_defaults_fill_the_rest() {
-        let file: Settings = yaml_serde::from_str("store_timeout_ms: 9\nlease_max_units: 20\n").expect("yaml");
-        let cli = Cli::try_parse_from(["tollgate", "--lease-max-units", "30", "--redis-url", "redis://a:1/,redis://b:2/", "--redis-cluster"])
-            .expect("flags");
+        let file: Settings =
+            yaml_serde::from_str("store_timeout_ms: 9\nlease_max_units: 20\n").expect("yaml");
+        let cli = Cli::try_parse_from([
+            "tollgate",
+            "--lease-max-units",
+            "30",
+            "--redis-url",
+            "redis://a:1/,redis://b:2/",
+            "--redis-cluster",
+        ])
+        .expect("flags");
         let config = Config::try_from(cli.settings.or(file)).expect("valid");
         assert_eq!(config.store_timeout, Duration::from_millis(9));
         assert_eq!(config.runtime.lease.max_units, 30);

@@ -2,7 +2,7 @@
 //! `CheckRateLimit`, plus gRPC health and reflection, on one server.
 //!
 //! # Layout
-//! - [`rls`]: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+//! - [`rls`]: Envoy's `ShouldRateLimit` (`envoy.service.ratelimit.v3.RateLimitService`).
 //! - [`check`]: `tollgate.ratelimit.v1.RateLimiter` (`CheckRateLimit`, `ReleaseSlots`).
 //! - [`server`]: the server, on a listener and a shutdown signal the caller owns.
 

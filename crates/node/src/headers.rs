@@ -40,23 +40,46 @@ pub fn policy(rule: &CompiledRule) -> Option<Policy> {
     let name = rule.name.clone();
     match rule.kind {
         RuleKind::Unlimited => None,
-        RuleKind::Block(window) => Some(Policy { name, quota: 0, window: Some(ceil_secs(window).max(1)), unit: None }),
+        RuleKind::Block(window) => Some(Policy {
+            name,
+            quota: 0,
+            window: Some(ceil_secs(window).max(1)),
+            unit: None,
+        }),
         RuleKind::Limited(limit) => Some(match limit.algorithm() {
             Algorithm::TokenBucket => {
                 let rate = limit.refill_per_second().unwrap_or(1.0);
                 let per_minute = rate * 60.0;
                 if per_minute >= 1.0 && per_minute.fract() == 0.0 {
-                    Policy { name, quota: per_minute as u64, window: Some(60), unit: None }
+                    Policy {
+                        name,
+                        quota: per_minute as u64,
+                        window: Some(60),
+                        unit: None,
+                    }
                 } else if rate >= 1.0 && rate.fract() == 0.0 {
-                    Policy { name, quota: rate as u64, window: Some(1), unit: None }
+                    Policy {
+                        name,
+                        quota: rate as u64,
+                        window: Some(1),
+                        unit: None,
+                    }
                 } else {
                     let fill = (limit.capacity() as f64 / rate).ceil().max(1.0) as u64;
-                    Policy { name, quota: limit.capacity(), window: Some(fill), unit: None }
+                    Policy {
+                        name,
+                        quota: limit.capacity(),
+                        window: Some(fill),
+                        unit: None,
+                    }
                 }
             }
-            Algorithm::Concurrency => {
-                Policy { name, quota: limit.capacity(), window: None, unit: Some("concurrent-requests") }
-            }
+            Algorithm::Concurrency => Policy {
+                name,
+                quota: limit.capacity(),
+                window: None,
+                unit: Some("concurrent-requests"),
+            },
             _ => Policy {
                 name,
                 quota: limit.capacity(),
@@ -99,7 +122,11 @@ fn policy_item(p: &Policy) -> String {
 
 /// Seconds until more quota is available: the retry-after when denied, else the reset.
 fn t_of(s: &RuleStatus) -> u64 {
-    ceil_secs(if s.allowed { s.reset_after } else { s.retry_after })
+    ceil_secs(if s.allowed {
+        s.reset_after
+    } else {
+        s.retry_after
+    })
 }
 
 /// The headers for a decision over `statuses` (all of a verdict's, or one descriptor's).
@@ -127,7 +154,14 @@ pub fn headers(verdict: &Verdict, statuses: &[&RuleStatus]) -> Vec<(&'static str
         return out;
     }
     out.push(("ratelimit-policy", policies.join(", ")));
-    out.push(("ratelimit", limits.iter().map(|l| l.0.clone()).collect::<Vec<_>>().join(", ")));
+    out.push((
+        "ratelimit",
+        limits
+            .iter()
+            .map(|l| l.0.clone())
+            .collect::<Vec<_>>()
+            .join(", "),
+    ));
     // The X- trio describes the one limit that decides: a denying one, else the closest.
     let decisive = limits
         .iter()
@@ -147,7 +181,10 @@ pub fn headers(verdict: &Verdict, statuses: &[&RuleStatus]) -> Vec<(&'static str
     out.push(("x-ratelimit-remaining", decisive.2.to_string()));
     out.push(("x-ratelimit-reset", decisive.3.to_string()));
     if !verdict.allowed {
-        out.push(("retry-after", ceil_secs(verdict.retry_after).max(1).to_string()));
+        out.push((
+            "retry-after",
+            ceil_secs(verdict.retry_after).max(1).to_string(),
+        ));
     }
     out
 }
@@ -162,13 +199,16 @@ mod tests {
 
     fn rule(yaml: &str) -> Arc<CompiledRule> {
         let loaded = parse(yaml, std::path::Path::new("t.yaml")).expect("rules");
-        let set = RuleSet::compile(&loaded.native, &loaded.envoy, 1, &Metrics::new()).expect("compiles");
+        let set =
+            RuleSet::compile(&loaded.native, &loaded.envoy, 1, &Metrics::new()).expect("compiles");
         set.rules()[0].clone()
     }
 
     #[test]
     fn the_seed_example_headers() {
-        let r = rule("domain: d\nrules:\n  - {id: gold-orders-create, name: gold-orders, algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 10}\n");
+        let r = rule(
+            "domain: d\nrules:\n  - {id: gold-orders-create, name: gold-orders, algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 10}\n",
+        );
         let status = RuleStatus {
             descriptor: 0,
             rule: r,
@@ -190,7 +230,10 @@ mod tests {
         assert_eq!(get("ratelimit-policy"), Some("\"gold-orders\";q=600;w=60"));
         assert_eq!(get("ratelimit"), Some("\"gold-orders\";r=0;t=2"));
         assert_eq!(get("retry-after"), Some("2"));
-        assert_eq!(get("x-ratelimit-limit"), Some("600, 600;w=60;name=\"gold-orders\""));
+        assert_eq!(
+            get("x-ratelimit-limit"),
+            Some("600, 600;w=60;name=\"gold-orders\"")
+        );
         assert_eq!(get("x-ratelimit-remaining"), Some("0"));
         assert_eq!(get("x-ratelimit-reset"), Some("2"));
     }

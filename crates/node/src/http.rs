@@ -30,13 +30,24 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
             BreakerState::Open { .. } => "open",
         },
     });
-    let code = if store_ok { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    (code, [(header::CONTENT_TYPE, "application/json")], body.to_string())
+    let code = if store_ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
 }
 
 async fn metrics(State(node): State<Node>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         node.metrics().render(),
     )
 }
@@ -51,6 +62,12 @@ pub fn router(node: Node) -> Router {
 }
 
 /// Serves the router on `listener` until `shutdown`.
-pub async fn serve(node: Node, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    axum::serve(listener, router(node)).with_graceful_shutdown(shutdown).await
+pub async fn serve(
+    node: Node,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(node))
+        .with_graceful_shutdown(shutdown)
+        .await
 }

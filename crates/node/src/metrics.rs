@@ -195,13 +195,25 @@ impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::with_prefix("tollgate");
         let decisions = Family::<DecisionLabels, Counter>::default();
-        registry.register("decisions", "Decisions per rule and outcome", decisions.clone());
+        registry.register(
+            "decisions",
+            "Decisions per rule and outcome",
+            decisions.clone(),
+        );
         let store_latency = Family::<OpLabels, Histogram>::new_with_constructor(|| {
             Histogram::new(exponential_buckets(0.000_05, 2.0, 14))
         });
-        registry.register("store_call_seconds", "Store call latency by operation", store_latency.clone());
+        registry.register(
+            "store_call_seconds",
+            "Store call latency by operation",
+            store_latency.clone(),
+        );
         let store_failures = Family::<FailureLabels, Counter>::default();
-        registry.register("store_failures", "Store calls that failed, by operation and cause", store_failures.clone());
+        registry.register(
+            "store_failures",
+            "Store calls that failed, by operation and cause",
+            store_failures.clone(),
+        );
         let m = Metrics {
             decisions,
             store_latency,
@@ -225,21 +237,77 @@ impl Metrics {
             registry: Registry::default(),
         };
         registry.register("store_calls", "Store calls made", m.store_calls.clone());
-        registry.register("breaker_state", "Store circuit breaker: 0 closed, 1 half-open, 2 open", m.breaker_state.clone());
-        registry.register("breaker_opened", "Times the store circuit breaker opened", m.breaker_opened.clone());
-        registry.register("leases_acquired", "Leases granted with at least one unit", m.leases_acquired.clone());
-        registry.register("lease_units_acquired", "Units granted by leases", m.lease_units_acquired.clone());
-        registry.register("leases_returned", "Leases returned with unspent units", m.leases_returned.clone());
-        registry.register("lease_units_returned", "Unspent units credited back to the store", m.lease_units_returned.clone());
-        registry.register("lease_hits", "Decisions served from a live lease", m.lease_hits.clone());
-        registry.register("lease_misses", "Decisions that waited for the store", m.lease_misses.clone());
+        registry.register(
+            "breaker_state",
+            "Store circuit breaker: 0 closed, 1 half-open, 2 open",
+            m.breaker_state.clone(),
+        );
+        registry.register(
+            "breaker_opened",
+            "Times the store circuit breaker opened",
+            m.breaker_opened.clone(),
+        );
+        registry.register(
+            "leases_acquired",
+            "Leases granted with at least one unit",
+            m.leases_acquired.clone(),
+        );
+        registry.register(
+            "lease_units_acquired",
+            "Units granted by leases",
+            m.lease_units_acquired.clone(),
+        );
+        registry.register(
+            "leases_returned",
+            "Leases returned with unspent units",
+            m.leases_returned.clone(),
+        );
+        registry.register(
+            "lease_units_returned",
+            "Unspent units credited back to the store",
+            m.lease_units_returned.clone(),
+        );
+        registry.register(
+            "lease_hits",
+            "Decisions served from a live lease",
+            m.lease_hits.clone(),
+        );
+        registry.register(
+            "lease_misses",
+            "Decisions that waited for the store",
+            m.lease_misses.clone(),
+        );
         registry.register("key_actors", "Per-key actors alive", m.key_actors.clone());
-        registry.register("key_actors_refused", "New keys decided without an actor because the cap was reached", m.key_actors_refused.clone());
-        registry.register("prelimit_denied", "Requests rejected by the local pre-limit", m.prelimit_denied.clone());
-        registry.register("rules_version", "Version of the active rule set", m.rules_version.clone());
-        registry.register("rules_loaded", "Rules in the active rule set", m.rules_loaded.clone());
-        registry.register("rules_reload_errors", "Rule reloads rejected (the previous set stayed)", m.rules_reload_errors.clone());
-        registry.register("rules_staleness_seconds", "Seconds since rules were last loaded from their source", m.rules_staleness_seconds.clone());
+        registry.register(
+            "key_actors_refused",
+            "New keys decided without an actor because the cap was reached",
+            m.key_actors_refused.clone(),
+        );
+        registry.register(
+            "prelimit_denied",
+            "Requests rejected by the local pre-limit",
+            m.prelimit_denied.clone(),
+        );
+        registry.register(
+            "rules_version",
+            "Version of the active rule set",
+            m.rules_version.clone(),
+        );
+        registry.register(
+            "rules_loaded",
+            "Rules in the active rule set",
+            m.rules_loaded.clone(),
+        );
+        registry.register(
+            "rules_reload_errors",
+            "Rule reloads rejected (the previous set stayed)",
+            m.rules_reload_errors.clone(),
+        );
+        registry.register(
+            "rules_staleness_seconds",
+            "Seconds since rules were last loaded from their source",
+            m.rules_staleness_seconds.clone(),
+        );
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -247,7 +315,11 @@ impl Metrics {
     pub fn rule_counters(&self, labels: &RuleLabels) -> RuleCounters {
         let get = |outcome| {
             self.decisions
-                .get_or_create(&DecisionLabels { domain: labels.domain.clone(), rule: labels.rule.clone(), outcome })
+                .get_or_create(&DecisionLabels {
+                    domain: labels.domain.clone(),
+                    rule: labels.rule.clone(),
+                    outcome,
+                })
                 .clone()
         };
         RuleCounters {
@@ -262,27 +334,44 @@ impl Metrics {
 
     /// Records a store call's latency.
     pub fn observe_store(&self, op: StoreOp, seconds: f64) {
-        self.store_latency.get_or_create(&OpLabels { op }).observe(seconds);
+        self.store_latency
+            .get_or_create(&OpLabels { op })
+            .observe(seconds);
     }
 
     /// Counts a failed store call.
     pub fn count_failure(&self, op: StoreOp, failure: StoreFailure) {
-        self.store_failures.get_or_create(&FailureLabels { op, failure }).inc();
+        self.store_failures
+            .get_or_create(&FailureLabels { op, failure })
+            .inc();
     }
 
     /// The decision counter value for one rule and outcome (tests, benchmarks).
     pub fn decisions(&self, domain: &str, rule: &str, outcome: Outcome) -> u64 {
         self.decisions
-            .get(&DecisionLabels { domain: domain.into(), rule: rule.into(), outcome })
+            .get(&DecisionLabels {
+                domain: domain.into(),
+                rule: rule.into(),
+                outcome,
+            })
             .map_or(0, |c| c.get())
     }
 
     /// Store calls that failed with `failure`, all operations together.
     pub fn failures(&self, failure: StoreFailure) -> u64 {
-        [StoreOp::Check, StoreOp::LeaseAcquire, StoreOp::LeaseReturn, StoreOp::SlotRelease]
-            .into_iter()
-            .map(|op| self.store_failures.get(&FailureLabels { op, failure }).map_or(0, |c| c.get()))
-            .sum()
+        [
+            StoreOp::Check,
+            StoreOp::LeaseAcquire,
+            StoreOp::LeaseReturn,
+            StoreOp::SlotRelease,
+        ]
+        .into_iter()
+        .map(|op| {
+            self.store_failures
+                .get(&FailureLabels { op, failure })
+                .map_or(0, |c| c.get())
+        })
+        .sum()
     }
 
     /// The OpenMetrics text exposition.

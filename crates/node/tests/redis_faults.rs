@@ -27,8 +27,17 @@ const RULES: &str = "domain: api\nrules:\n\
 async fn node(server: &RedisServer) -> Node {
     let clock: SharedClock = Arc::new(TokioClock::new());
     // Two nodes share the limits: LOCAL falls back to half of each limit.
-    let config = RuntimeConfig { cluster_nodes: 2, ..RuntimeConfig::default() };
-    node_on(redis_store(RedisConfig::single(server.url()), BUDGET), RULES, config, clock).await
+    let config = RuntimeConfig {
+        cluster_nodes: 2,
+        ..RuntimeConfig::default()
+    };
+    node_on(
+        redis_store(RedisConfig::single(server.url()), BUDGET),
+        RULES,
+        config,
+        clock,
+    )
+    .await
 }
 
 fn request(kind: &str, user: &str) -> Request {
@@ -61,11 +70,20 @@ async fn fail_modes_hold(node: &Node, round: &str) -> Duration {
         local_admitted += u32::from(allowed);
         slowest = slowest.max(took);
     }
-    assert_eq!(local_admitted, 5, "LOCAL gives each of two nodes half of the limit");
-    assert!(slowest <= WAIT_BOUND, "a decision waited {slowest:?} while Redis was down");
+    assert_eq!(
+        local_admitted, 5,
+        "LOCAL gives each of two nodes half of the limit"
+    );
+    assert!(
+        slowest <= WAIT_BOUND,
+        "a decision waited {slowest:?} while Redis was down"
+    );
     let m = node.metrics();
     assert!(m.breaker_opened.get() >= 1, "the breaker opened");
-    assert!(matches!(node.breaker_state(), BreakerState::Open { .. } | BreakerState::HalfOpen));
+    assert!(matches!(
+        node.breaker_state(),
+        BreakerState::Open { .. } | BreakerState::HalfOpen
+    ));
     assert!(m.decisions("api", "open", Outcome::FailedOpen) >= 20);
     assert!(m.decisions("api", "closed", Outcome::FailedClosed) >= 20);
     slowest
@@ -81,14 +99,20 @@ async fn recovery(node: &Node, round: &str) -> Duration {
         if verdict.allowed && verdict.statuses[0].outcome == Some(Outcome::Allowed) {
             return start.elapsed();
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "decisions did not return to the store");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "decisions did not return to the store"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_run() {
-    let mut server = tokio::task::spawn_blocking(RedisServer::start).await.expect("join").expect("redis");
+    let mut server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
     let node = node(&server).await;
     recovery(&node, "warm").await;
     server.kill();
@@ -100,7 +124,9 @@ async fn redis_killed_mid_run() {
     .await
     .expect("join");
     let back = recovery(&node, "restarted").await;
-    eprintln!("Redis killed: slowest decision {slowest:?}; store-backed again {back:?} after the restart");
+    eprintln!(
+        "Redis killed: slowest decision {slowest:?}; store-backed again {back:?} after the restart"
+    );
     assert!(back < Duration::from_secs(5), "took {back:?} to recover");
     node.shutdown().await;
     drop(server);
@@ -108,14 +134,19 @@ async fn redis_killed_mid_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_mid_run() {
-    let mut server = tokio::task::spawn_blocking(RedisServer::start).await.expect("join").expect("redis");
+    let mut server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
     let node = node(&server).await;
     recovery(&node, "warm").await;
     server.pause().expect("SIGSTOP");
     let slowest = fail_modes_hold(&node, "paused").await;
     server.resume().expect("SIGCONT");
     let back = recovery(&node, "resumed").await;
-    eprintln!("Redis paused: slowest decision {slowest:?}; store-backed again {back:?} after SIGCONT");
+    eprintln!(
+        "Redis paused: slowest decision {slowest:?}; store-backed again {back:?} after SIGCONT"
+    );
     assert!(back < Duration::from_secs(5), "took {back:?} to recover");
     node.shutdown().await;
 }

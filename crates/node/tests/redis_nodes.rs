@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use support::{node_on, redis_store};
-use tollgate_lease::{BucketKey, CheckRequest, LeaseStore, Limit, RedisConfig, SharedClock, Store, TokioClock};
+use tollgate_lease::{
+    BucketKey, CheckRequest, LeaseStore, Limit, RedisConfig, SharedClock, Store, TokioClock,
+};
 use tollgate_node::{Node, Request, RuntimeConfig};
 use tollgate_testkit::{RedisCluster, RedisServer};
 
@@ -31,19 +33,34 @@ struct Run {
 
 async fn hammer(config: RedisConfig, limit: Limit, rule_yaml: &str) -> Run {
     let clock: SharedClock = Arc::new(TokioClock::new());
-    let yaml = format!("domain: api\nrules:\n  - {{id: hot, match: {{api_key: '*'}}, {rule_yaml}, failMode: CLOSED}}\n");
+    let yaml = format!(
+        "domain: api\nrules:\n  - {{id: hot, match: {{api_key: '*'}}, {rule_yaml}, failMode: CLOSED}}\n"
+    );
     let mut nodes: Vec<Node> = vec![];
     for _ in 0..NODES {
-        nodes.push(node_on(redis_store(config.clone(), BUDGET), &yaml, RuntimeConfig::default(), clock.clone()).await);
+        nodes.push(
+            node_on(
+                redis_store(config.clone(), BUDGET),
+                &yaml,
+                RuntimeConfig::default(),
+                clock.clone(),
+            )
+            .await,
+        );
     }
     let observer = redis_store(config, BUDGET);
     let key = BucketKey::new(b"hot-key", "hot").expect("key");
-    let (admitted, denied, false_denials) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let (admitted, denied, false_denials) = (
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
     let mut tasks = vec![];
     for node in &nodes {
         for _ in 0..TASKS_PER_NODE {
             let (node, observer, key) = (node.clone(), observer.clone(), key.clone());
-            let (admitted, denied, false_denials) = (admitted.clone(), denied.clone(), false_denials.clone());
+            let (admitted, denied, false_denials) =
+                (admitted.clone(), denied.clone(), false_denials.clone());
             tasks.push(tokio::spawn(async move {
                 let request = Request::new("api").descriptor([("api_key", "hot-key")]);
                 for _ in 0..CHECKS_PER_TASK {
@@ -52,7 +69,10 @@ async fn hammer(config: RedisConfig, limit: Limit, rule_yaml: &str) -> Run {
                     } else {
                         denied.fetch_add(1, Ordering::Relaxed);
                         // A false denial: the store still had units nobody had leased.
-                        let peek = observer.check(&CheckRequest::single(key.clone(), limit, 0).expect("peek")).await.expect("peek");
+                        let peek = observer
+                            .check(&CheckRequest::single(key.clone(), limit, 0).expect("peek"))
+                            .await
+                            .expect("peek");
                         if peek.buckets[0].remaining > 0 {
                             false_denials.fetch_add(1, Ordering::Relaxed);
                         }
@@ -68,7 +88,10 @@ async fn hammer(config: RedisConfig, limit: Limit, rule_yaml: &str) -> Run {
     for node in &nodes {
         node.shutdown().await;
     }
-    let peek = observer.check(&CheckRequest::single(key, limit, 0).expect("peek")).await.expect("peek");
+    let peek = observer
+        .check(&CheckRequest::single(key, limit, 0).expect("peek"))
+        .await
+        .expect("peek");
     Run {
         admitted: admitted.load(Ordering::Relaxed),
         denied: denied.load(Ordering::Relaxed),
@@ -91,21 +114,43 @@ fn report(name: &str, limit: u64, run: &Run) {
         run.store_calls as f64 / decisions as f64,
         run.left_in_store,
     );
-    assert!(run.admitted <= limit, "over-admitted: {} > {limit}", run.admitted);
-    assert_eq!(run.admitted + run.left_in_store, limit, "units were lost or created");
-    assert!(run.false_denials * 100 <= decisions, "more than 1% false denials");
-    assert!(run.store_calls * 5 <= decisions, "leases should make store calls a small fraction of decisions");
+    assert!(
+        run.admitted <= limit,
+        "over-admitted: {} > {limit}",
+        run.admitted
+    );
+    assert_eq!(
+        run.admitted + run.left_in_store,
+        limit,
+        "units were lost or created"
+    );
+    assert!(
+        run.false_denials * 100 <= decisions,
+        "more than 1% false denials"
+    );
+    assert!(
+        run.store_calls * 5 <= decisions,
+        "leases should make store calls a small fraction of decisions"
+    );
 }
 
 async fn redis() -> RedisServer {
-    tokio::task::spawn_blocking(RedisServer::start).await.expect("join").expect("redis")
+    tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_bucket_on_one_redis_admits_exactly_the_limit() {
     let server = redis().await;
     let limit = Limit::token_bucket(1000, 0.001).expect("limit");
-    let run = hammer(RedisConfig::single(server.url()), limit, "algorithm: TOKEN_BUCKET, capacity: 1000, refillPerSecond: 0.001").await;
+    let run = hammer(
+        RedisConfig::single(server.url()),
+        limit,
+        "algorithm: TOKEN_BUCKET, capacity: 1000, refillPerSecond: 0.001",
+    )
+    .await;
     report("token bucket, single Redis", 1000, &run);
 }
 
@@ -120,15 +165,28 @@ async fn fixed_window_on_one_redis_admits_exactly_the_limit() {
         tokio::time::sleep(Duration::from_micros(3_600_000_000 - into_hour + 1000)).await;
     }
     let limit = Limit::fixed_window(1000, Duration::from_secs(3600)).expect("limit");
-    let run = hammer(RedisConfig::single(server.url()), limit, "algorithm: FIXED_WINDOW, limit: 1000, window: 1h").await;
+    let run = hammer(
+        RedisConfig::single(server.url()),
+        limit,
+        "algorithm: FIXED_WINDOW, limit: 1000, window: 1h",
+    )
+    .await;
     report("fixed window, single Redis", 1000, &run);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_bucket_on_a_redis_cluster_admits_exactly_the_limit() {
-    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0)).await.expect("join").expect("cluster");
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .expect("join")
+        .expect("cluster");
     let limit = Limit::token_bucket(1000, 0.001).expect("limit");
-    let run = hammer(RedisConfig::cluster(cluster.urls()), limit, "algorithm: TOKEN_BUCKET, capacity: 1000, refillPerSecond: 0.001").await;
+    let run = hammer(
+        RedisConfig::cluster(cluster.urls()),
+        limit,
+        "algorithm: TOKEN_BUCKET, capacity: 1000, refillPerSecond: 0.001",
+    )
+    .await;
     report("token bucket, Redis Cluster", 1000, &run);
 }
 
@@ -137,8 +195,17 @@ async fn shutdown_puts_unspent_leased_units_back_in_redis() {
     let server = redis().await;
     let clock: SharedClock = Arc::new(TokioClock::new());
     let yaml = "domain: api\nrules:\n  - {id: r, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 1000, refillPerSecond: 0.001}\n";
-    let config = RuntimeConfig { prelimit_factor: None, ..RuntimeConfig::default() };
-    let node = node_on(redis_store(RedisConfig::single(server.url()), BUDGET), yaml, config, clock).await;
+    let config = RuntimeConfig {
+        prelimit_factor: None,
+        ..RuntimeConfig::default()
+    };
+    let node = node_on(
+        redis_store(RedisConfig::single(server.url()), BUDGET),
+        yaml,
+        config,
+        clock,
+    )
+    .await;
     let request = Request::new("api").descriptor([("api_key", "k")]);
     for _ in 0..120 {
         assert!(node.check(&request).await.expect("valid").allowed);
@@ -147,10 +214,22 @@ async fn shutdown_puts_unspent_leased_units_back_in_redis() {
     let key = BucketKey::new(b"k", "r").expect("key");
     let limit = Limit::token_bucket(1000, 0.001).expect("limit");
     let peek = |observer: Store, key: BucketKey| async move {
-        observer.check(&CheckRequest::single(key, limit, 0).expect("peek")).await.expect("peek").buckets[0].remaining
+        observer
+            .check(&CheckRequest::single(key, limit, 0).expect("peek"))
+            .await
+            .expect("peek")
+            .buckets[0]
+            .remaining
     };
     let before = peek(observer.clone(), key.clone()).await;
-    assert!(before < 880, "the node holds leased units ahead of demand: {before} left in Redis");
+    assert!(
+        before < 880,
+        "the node holds leased units ahead of demand: {before} left in Redis"
+    );
     node.shutdown().await;
-    assert_eq!(peek(observer, key).await, 880, "everything not spent is back in Redis");
+    assert_eq!(
+        peek(observer, key).await,
+        880,
+        "everything not spent is back in Redis"
+    );
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use support::{allowed, check, memory_node, node_on};
 use tollgate_lease::{
-    BucketKey, CheckRequest, LeaseStore, Limit, MemoryConfig, MemoryStore, SharedClock, Store, TokioClock,
+    BucketKey, CheckRequest, LeaseStore, Limit, MemoryConfig, MemoryStore, SharedClock, Store,
+    TokioClock,
 };
 use tollgate_node::metrics::Outcome;
 use tollgate_node::{Matching, Request, RuntimeConfig};
@@ -17,19 +18,39 @@ use tollgate_node::{Matching, Request, RuntimeConfig};
 const HOT: &str = "domain: api\nrules:\n  - {id: hot, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 1000, refillPerSecond: 0.001}\n";
 
 fn no_prelimit() -> RuntimeConfig {
-    RuntimeConfig { prelimit_factor: None, ..RuntimeConfig::default() }
+    RuntimeConfig {
+        prelimit_factor: None,
+        ..RuntimeConfig::default()
+    }
 }
 
 #[tokio::test]
 async fn a_hot_key_is_served_from_leases_with_few_store_calls() {
     let (node, _) = memory_node(HOT, RuntimeConfig::default()).await;
     let request = Request::new("api").descriptor([("api_key", "k1")]);
-    assert_eq!(allowed(&node, &request, 1200).await, 1000, "exactly the capacity");
+    assert_eq!(
+        allowed(&node, &request, 1200).await,
+        1000,
+        "exactly the capacity"
+    );
     let m = node.metrics();
     let calls = m.leases_acquired.get() + m.lease_misses.get();
-    assert!(m.lease_hits.get() >= 900, "most decisions came from a lease: {}", m.lease_hits.get());
-    assert!(m.leases_acquired.get() <= 40, "{} leases for 1000 units", m.leases_acquired.get());
-    eprintln!("1000 admissions: {} leases, {} lease hits, {} slow-path trips ({calls} store-bound)", m.leases_acquired.get(), m.lease_hits.get(), m.lease_misses.get());
+    assert!(
+        m.lease_hits.get() >= 900,
+        "most decisions came from a lease: {}",
+        m.lease_hits.get()
+    );
+    assert!(
+        m.leases_acquired.get() <= 40,
+        "{} leases for 1000 units",
+        m.leases_acquired.get()
+    );
+    eprintln!(
+        "1000 admissions: {} leases, {} lease hits, {} slow-path trips ({calls} store-bound)",
+        m.leases_acquired.get(),
+        m.lease_hits.get(),
+        m.lease_misses.get()
+    );
     assert_eq!(m.decisions("api", "hot", Outcome::Allowed), 1000);
     assert_eq!(m.decisions("api", "hot", Outcome::Denied), 200);
 }
@@ -45,8 +66,14 @@ async fn a_trickle_leases_one_unit_at_a_time() {
     // One request every two seconds: each lease is one unit, nothing is stranded.
     let key = BucketKey::new(b"slow", "hot").expect("key");
     let limit = Limit::token_bucket(1000, 0.001).expect("limit");
-    let peek = memory.check(&CheckRequest::single(key, limit, 0).expect("peek")).await.expect("check");
-    assert_eq!(peek.buckets[0].remaining, 997, "leases were sized to demand");
+    let peek = memory
+        .check(&CheckRequest::single(key, limit, 0).expect("peek"))
+        .await
+        .expect("check");
+    assert_eq!(
+        peek.buckets[0].remaining, 997,
+        "leases were sized to demand"
+    );
     assert_eq!(node.metrics().lease_units_acquired.get(), 3);
 }
 
@@ -60,13 +87,24 @@ async fn every_matched_rule_decides_and_a_denied_request_spends_nothing() {
     assert_eq!(allowed(&node, &both, 3).await, 2);
     let denied = check(&node, &both).await;
     assert!(!denied.allowed);
-    assert_eq!(denied.decisive().map(|s| s.rule.id.as_str()), Some("per-ip"));
+    assert_eq!(
+        denied.decisive().map(|s| s.rule.id.as_str()),
+        Some("per-ip")
+    );
     assert!(denied.retry_after > Duration::ZERO);
     // The per-key bucket lost nothing to the two denials: 3 left for another IP.
     let other_ip = Request::new("api").descriptor([("api_key", "k"), ("ip", "2.2.2.2")]);
-    assert_eq!(allowed(&node, &other_ip, 4).await, 2, "per-ip allows 2 for the new IP");
+    assert_eq!(
+        allowed(&node, &other_ip, 4).await,
+        2,
+        "per-ip allows 2 for the new IP"
+    );
     let key_only = Request::new("api").descriptor([("api_key", "k")]);
-    assert_eq!(allowed(&node, &key_only, 5).await, 1, "5 − 2 − 2 = 1 left on the key");
+    assert_eq!(
+        allowed(&node, &key_only, 5).await,
+        1,
+        "5 − 2 − 2 = 1 left on the key"
+    );
 }
 
 #[tokio::test]
@@ -99,7 +137,11 @@ async fn concurrency_slots_are_held_until_released() {
     assert!(first.allowed && second.allowed);
     assert!(!check(&node, &request).await.allowed);
     assert_eq!(node.release_slots(&first.slots).await.expect("release"), 1);
-    assert_eq!(node.release_slots(&first.slots).await.expect("release"), 0, "idempotent");
+    assert_eq!(
+        node.release_slots(&first.slots).await.expect("release"),
+        0,
+        "idempotent"
+    );
     assert!(check(&node, &request).await.allowed);
 }
 
@@ -110,7 +152,11 @@ async fn the_prelimit_rejects_a_flood_without_the_store() {
     let request = Request::new("api").descriptor([("ip", "6.6.6.6")]);
     assert_eq!(allowed(&node, &request, 200).await, 10);
     let m = node.metrics();
-    assert!(m.prelimit_denied.get() >= 189, "the flood stopped at the pre-limit: {}", m.prelimit_denied.get());
+    assert!(
+        m.prelimit_denied.get() >= 189,
+        "the flood stopped at the pre-limit: {}",
+        m.prelimit_denied.get()
+    );
     assert!(m.leases_acquired.get() <= 10, "{}", m.leases_acquired.get());
 }
 
@@ -123,15 +169,23 @@ async fn merged_descriptors_match_rules_across_them() {
         .descriptor([("route", "POST /orders")]);
     let verdict = check(&node, &seed).await;
     assert_eq!(verdict.statuses.len(), 1);
-    assert_eq!(verdict.decisive().map(|s| s.rule.id.as_str()), Some("gold-orders-create"));
+    assert_eq!(
+        verdict.decisive().map(|s| s.rule.id.as_str()),
+        Some("gold-orders-create")
+    );
     let per_descriptor = seed.clone().matching(Matching::PerDescriptor);
-    assert!(check(&node, &per_descriptor).await.statuses.is_empty(), "no single descriptor has both keys");
+    assert!(
+        check(&node, &per_descriptor).await.statuses.is_empty(),
+        "no single descriptor has both keys"
+    );
 }
 
 #[tokio::test]
 async fn a_cost_above_capacity_is_denied_without_the_store() {
     let (node, _) = memory_node(HOT, RuntimeConfig::default()).await;
-    let request = Request::new("api").descriptor([("api_key", "k")]).cost(1001);
+    let request = Request::new("api")
+        .descriptor([("api_key", "k")])
+        .cost(1001);
     let verdict = check(&node, &request).await;
     assert!(!verdict.allowed);
     assert_eq!(node.metrics().leases_acquired.get(), 0);
@@ -146,12 +200,23 @@ async fn shutdown_returns_unspent_leases_to_the_store() {
     assert!(leased > 100, "the node holds units ahead: {leased}");
     node.shutdown().await;
     let peek = memory
-        .check(&CheckRequest::single(BucketKey::new(b"k", "hot").expect("key"), Limit::token_bucket(1000, 0.001).expect("l"), 0).expect("peek"))
+        .check(
+            &CheckRequest::single(
+                BucketKey::new(b"k", "hot").expect("key"),
+                Limit::token_bucket(1000, 0.001).expect("l"),
+                0,
+            )
+            .expect("peek"),
+        )
         .await
         .expect("check");
     assert_eq!(peek.buckets[0].remaining, 900, "every unspent unit is back");
     let m = node.metrics();
-    assert_eq!(m.lease_units_returned.get(), m.lease_units_acquired.get() - 100, "a refill in flight at shutdown is returned too");
+    assert_eq!(
+        m.lease_units_returned.get(),
+        m.lease_units_acquired.get() - 100,
+        "a refill in flight at shutdown is returned too"
+    );
 }
 
 /// Three nodes on tokio's paused clock share one in-memory store: the whole runtime (actors,
@@ -163,7 +228,15 @@ async fn nodes_on_paused_time_share_a_store_without_over_admitting() {
     let yaml = "domain: api\nrules:\n  - {id: shared, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 300, refillPerSecond: 100}\n";
     let mut nodes = vec![];
     for _ in 0..3 {
-        nodes.push(node_on(Store::Memory(memory.clone()), yaml, RuntimeConfig::default(), clock.clone()).await);
+        nodes.push(
+            node_on(
+                Store::Memory(memory.clone()),
+                yaml,
+                RuntimeConfig::default(),
+                clock.clone(),
+            )
+            .await,
+        );
     }
     let request = Request::new("api").descriptor([("api_key", "hot")]);
     let start = tokio::time::Instant::now();
@@ -179,8 +252,14 @@ async fn nodes_on_paused_time_share_a_store_without_over_admitting() {
     let elapsed = start.elapsed().as_secs_f64();
     let bound = 300.0 + 100.0 * elapsed;
     eprintln!("paused time: {admitted} admitted in {elapsed:.1} virtual s (bound {bound:.0})");
-    assert!(f64::from(admitted) <= bound, "over-admitted: {admitted} > {bound}");
-    assert!(f64::from(admitted) >= 0.9 * bound, "leases stranded units: {admitted} of {bound:.0}");
+    assert!(
+        f64::from(admitted) <= bound,
+        "over-admitted: {admitted} > {bound}"
+    );
+    assert!(
+        f64::from(admitted) >= 0.9 * bound,
+        "leases stranded units: {admitted} of {bound:.0}"
+    );
     for node in &nodes {
         node.shutdown().await;
     }

@@ -6,7 +6,8 @@
 
 use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiter;
 use tollgate_proto::tollgate::ratelimit::v1::{
-    CheckRateLimitRequest, CheckRateLimitResponse, Decision, ReleaseSlotsRequest, ReleaseSlotsResponse, RuleStatus,
+    CheckRateLimitRequest, CheckRateLimitResponse, Decision, ReleaseSlotsRequest,
+    ReleaseSlotsResponse, RuleStatus,
 };
 use tonic::{Request, Response, Status};
 
@@ -32,7 +33,11 @@ fn millis(d: std::time::Duration) -> u64 {
 }
 
 fn decision(allowed: bool) -> i32 {
-    (if allowed { Decision::Allow } else { Decision::Deny }) as i32
+    (if allowed {
+        Decision::Allow
+    } else {
+        Decision::Deny
+    }) as i32
 }
 
 #[tonic::async_trait]
@@ -47,7 +52,10 @@ impl RateLimiter for Check {
             descriptors: req
                 .descriptors
                 .into_iter()
-                .map(|d| Descriptor { entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(), ..Descriptor::default() })
+                .map(|d| Descriptor {
+                    entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                    ..Descriptor::default()
+                })
                 .collect(),
             cost: req.cost.max(1),
             matching: Matching::Merged,
@@ -84,18 +92,28 @@ impl RateLimiter for Check {
         }))
     }
 
-    async fn release_slots(&self, request: Request<ReleaseSlotsRequest>) -> Result<Response<ReleaseSlotsResponse>, Status> {
+    async fn release_slots(
+        &self,
+        request: Request<ReleaseSlotsRequest>,
+    ) -> Result<Response<ReleaseSlotsResponse>, Status> {
         let req = request.into_inner();
         let slots = req
             .slots
             .iter()
-            .map(|t| HeldSlot::from_token(t).ok_or_else(|| Status::invalid_argument(format!("{t:?} is not a slot token"))))
+            .map(|t| {
+                HeldSlot::from_token(t)
+                    .ok_or_else(|| Status::invalid_argument(format!("{t:?} is not a slot token")))
+            })
             .collect::<Result<Vec<_>, _>>()?;
-        let released = self
-            .node
-            .release_slots(&slots)
-            .await
-            .map_err(|e| if e.is_transient() { Status::unavailable(e.to_string()) } else { Status::invalid_argument(e.to_string()) })?;
-        Ok(Response::new(ReleaseSlotsResponse { released: released as u32 }))
+        let released = self.node.release_slots(&slots).await.map_err(|e| {
+            if e.is_transient() {
+                Status::unavailable(e.to_string())
+            } else {
+                Status::invalid_argument(e.to_string())
+            }
+        })?;
+        Ok(Response::new(ReleaseSlotsResponse {
+            released: released as u32,
+        }))
     }
 }

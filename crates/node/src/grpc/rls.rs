@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use tollgate_proto::envoy::config::core::v3::HeaderValue;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
-use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
+use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use tollgate_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_proto::envoy::r#type::v3::RateLimitUnit;
@@ -57,8 +59,9 @@ pub fn to_request(req: RateLimitRequest) -> Result<crate::runtime::Request, Stat
             None => None,
             Some(o) => Some(LimitOverride {
                 requests: o.requests_per_unit,
-                unit: unit_duration(o.unit)
-                    .ok_or_else(|| Status::invalid_argument(format!("descriptors[{i}].limit.unit is unknown")))?,
+                unit: unit_duration(o.unit).ok_or_else(|| {
+                    Status::invalid_argument(format!("descriptors[{i}].limit.unit is unknown"))
+                })?,
             }),
         };
         descriptors.push(Descriptor {
@@ -90,51 +93,95 @@ fn current_limit(s: &RuleStatus) -> Option<RateLimit> {
         // Other windows: the same rate, per second, rounded up.
         Some(w) => (p.quota.div_ceil(w), Unit::Second),
     };
-    Some(RateLimit { name: p.name, requests_per_unit: u32::try_from(requests).unwrap_or(u32::MAX), unit: unit as i32 })
+    Some(RateLimit {
+        name: p.name,
+        requests_per_unit: u32::try_from(requests).unwrap_or(u32::MAX),
+        unit: unit as i32,
+    })
 }
 
 fn duration(d: Duration) -> prost_types::Duration {
-    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+    prost_types::Duration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
 }
 
 /// The response for a decision over `descriptors` request descriptors.
 pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
     let mut statuses = Vec::with_capacity(descriptors);
     for i in 0..descriptors {
-        let mine: Vec<&RuleStatus> = verdict.statuses.iter().filter(|s| s.descriptor == i && s.outcome.is_some()).collect();
-        let over = mine.iter().any(|s| !s.allowed && s.rule.mode == Mode::Enforce);
+        let mine: Vec<&RuleStatus> = verdict
+            .statuses
+            .iter()
+            .filter(|s| s.descriptor == i && s.outcome.is_some())
+            .collect();
+        let over = mine
+            .iter()
+            .any(|s| !s.allowed && s.rule.mode == Mode::Enforce);
         let code = if over { Code::OverLimit } else { Code::Ok };
         let shown = if over {
-            mine.iter().filter(|s| !s.allowed && s.rule.mode == Mode::Enforce).max_by_key(|s| s.retry_after)
+            mine.iter()
+                .filter(|s| !s.allowed && s.rule.mode == Mode::Enforce)
+                .max_by_key(|s| s.retry_after)
         } else {
-            mine.iter().filter(|s| policy(&s.rule).is_some()).min_by_key(|s| s.remaining)
+            mine.iter()
+                .filter(|s| policy(&s.rule).is_some())
+                .min_by_key(|s| s.remaining)
         };
         let status = match shown {
             Some(s) => DescriptorStatus {
                 code: code as i32,
                 current_limit: current_limit(s),
-                limit_remaining: if s.allowed { u32::try_from(s.remaining).unwrap_or(u32::MAX) } else { 0 },
-                duration_until_reset: Some(duration(if s.allowed { s.reset_after } else { s.retry_after })),
+                limit_remaining: if s.allowed {
+                    u32::try_from(s.remaining).unwrap_or(u32::MAX)
+                } else {
+                    0
+                },
+                duration_until_reset: Some(duration(if s.allowed {
+                    s.reset_after
+                } else {
+                    s.retry_after
+                })),
                 quota: None,
             },
-            None if mine.iter().any(|s| matches!(s.rule.kind, RuleKind::Unlimited)) => DescriptorStatus {
+            None if mine
+                .iter()
+                .any(|s| matches!(s.rule.kind, RuleKind::Unlimited)) =>
+            {
+                DescriptorStatus {
+                    code: code as i32,
+                    current_limit: None,
+                    limit_remaining: u32::MAX,
+                    duration_until_reset: None,
+                    quota: None,
+                }
+            }
+            None => DescriptorStatus {
                 code: code as i32,
                 current_limit: None,
-                limit_remaining: u32::MAX,
+                limit_remaining: 0,
                 duration_until_reset: None,
                 quota: None,
             },
-            None => DescriptorStatus { code: code as i32, current_limit: None, limit_remaining: 0, duration_until_reset: None, quota: None },
         };
         statuses.push(status);
     }
     let all: Vec<&RuleStatus> = verdict.statuses.iter().collect();
     let response_headers_to_add = headers(verdict, &all)
         .into_iter()
-        .map(|(key, value)| HeaderValue { key: key.into(), value, raw_value: vec![] })
+        .map(|(key, value)| HeaderValue {
+            key: key.into(),
+            value,
+            raw_value: vec![],
+        })
         .collect();
     RateLimitResponse {
-        overall_code: (if verdict.allowed { Code::Ok } else { Code::OverLimit }) as i32,
+        overall_code: (if verdict.allowed {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        }) as i32,
         statuses,
         response_headers_to_add,
         ..RateLimitResponse::default()
@@ -143,12 +190,19 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
 
 #[tonic::async_trait]
 impl RateLimitService for Rls {
-    async fn should_rate_limit(&self, request: Request<RateLimitRequest>) -> Result<Response<RateLimitResponse>, Status> {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
         let request = to_request(request.into_inner())?;
         let descriptors = request.descriptors.len();
         let verdict = self.node.check(&request).await.map_err(invalid)?;
         if verdict.failed_closed {
-            let rule = verdict.statuses.iter().find(|s| !s.allowed).map_or("", |s| s.rule.id.as_str());
+            let rule = verdict
+                .statuses
+                .iter()
+                .find(|s| !s.allowed)
+                .map_or("", |s| s.rule.id.as_str());
             return Err(Status::unavailable(format!(
                 "the rate limit store is unavailable and rule {rule:?} fails closed; retry in {} s",
                 ceil_secs(verdict.retry_after).max(1)

@@ -17,7 +17,11 @@ use crate::runtime::Node;
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 
 /// Serves Envoy's RLS, Tollgate's API, health and reflection on `listener` until `shutdown`.
-pub async fn serve(node: Node, listener: TcpListener, shutdown: impl Future<Output = ()> + Send) -> Result<(), tonic::transport::Error> {
+pub async fn serve(
+    node: Node,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<Rls>>().await;
     health.set_serving::<RateLimiterServer<Check>>().await;
@@ -27,8 +31,13 @@ pub async fn serve(node: Node, listener: TcpListener, shutdown: impl Future<Outp
         .expect("the file descriptor set is compiled in and valid");
     Server::builder()
         .tcp_nodelay(true)
-        .add_service(RateLimitServiceServer::new(Rls::new(node.clone())).max_decoding_message_size(MAX_MESSAGE_BYTES))
-        .add_service(RateLimiterServer::new(Check::new(node)).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(
+            RateLimitServiceServer::new(Rls::new(node.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            RateLimiterServer::new(Check::new(node)).max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
         .add_service(health_service)
         .add_service(reflection)
         .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)

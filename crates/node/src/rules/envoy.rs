@@ -165,7 +165,11 @@ impl EnvoyConfig {
     }
 }
 
-fn validate_level(level: &[EnvoyDescriptor], parent: &str, at: &str) -> Result<Vec<ValidNode>, String> {
+fn validate_level(
+    level: &[EnvoyDescriptor],
+    parent: &str,
+    at: &str,
+) -> Result<Vec<ValidNode>, String> {
     let mut seen = HashMap::new();
     let mut out = Vec::with_capacity(level.len());
     for (i, d) in level.iter().enumerate() {
@@ -178,13 +182,17 @@ fn validate_level(level: &[EnvoyDescriptor], parent: &str, at: &str) -> Result<V
             None => d.key.clone(),
         };
         if let Some(first) = seen.insert(composite.clone(), i) {
-            return Err(format!("{here}: duplicate descriptor {composite:?} (also at {at}[{first}])"));
+            return Err(format!(
+                "{here}: duplicate descriptor {composite:?} (also at {at}[{first}])"
+            ));
         }
         if d.quota_mode {
             return Err(format!("{here}: `quota_mode` is not supported by Tollgate"));
         }
         if d.share_threshold && !d.value.as_deref().is_some_and(|v| v.contains('*')) {
-            return Err(format!("{here}: `share_threshold` needs a wildcard `*` in `value`"));
+            return Err(format!(
+                "{here}: `share_threshold` needs a wildcard `*` in `value`"
+            ));
         }
         let limit = match &d.rate_limit {
             None => None,
@@ -219,9 +227,13 @@ fn validate_limit(rl: &EnvoyRateLimit) -> Result<NodeLimit, String> {
     }
     let unit_name = rl.unit.as_deref().ok_or("`unit` is required")?;
     let unit = unit_duration(unit_name).ok_or_else(|| {
-        format!("invalid `unit` {unit_name:?}; expected second, minute, hour, day, week, month or year")
+        format!(
+            "invalid `unit` {unit_name:?}; expected second, minute, hour, day, week, month or year"
+        )
     })?;
-    let requests = rl.requests_per_unit.ok_or("`requests_per_unit` is required")?;
+    let requests = rl
+        .requests_per_unit
+        .ok_or("`requests_per_unit` is required")?;
     Ok(NodeLimit::Limited {
         requests,
         unit,
@@ -235,7 +247,9 @@ mod tests {
     use super::*;
 
     fn validate(yaml: &str) -> Result<Vec<ValidNode>, String> {
-        yaml_serde::from_str::<EnvoyConfig>(yaml).map_err(|e| e.to_string())?.validate()
+        yaml_serde::from_str::<EnvoyConfig>(yaml)
+            .map_err(|e| e.to_string())?
+            .validate()
     }
 
     #[test]
@@ -255,8 +269,14 @@ mod tests {
         assert!(err("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").contains("unit"));
         assert!(err("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, unlimited: true}\n").contains("unlimited"));
         assert!(err("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, replaces: [{name: ''}]}\n").contains("replaces"));
-        assert!(err("domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n").contains("wildcard"));
-        assert!(err("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n").contains("quota_mode"));
+        assert!(
+            err("domain: d\ndescriptors:\n  - key: a\n    value: b\n    share_threshold: true\n")
+                .contains("wildcard")
+        );
+        assert!(
+            err("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n")
+                .contains("quota_mode")
+        );
         assert!(err("domain: d\ndescriptors:\n  - key: a\n    colour: blue\n").contains("colour"));
     }
 }

@@ -61,8 +61,20 @@ macro_rules! named_enum {
     };
 }
 
-named_enum!(Mode, "mode", Enforce = "ENFORCE", Shadow = "SHADOW", Disabled = "DISABLED");
-named_enum!(FailMode, "failMode", Open = "OPEN", Closed = "CLOSED", Local = "LOCAL");
+named_enum!(
+    Mode,
+    "mode",
+    Enforce = "ENFORCE",
+    Shadow = "SHADOW",
+    Disabled = "DISABLED"
+);
+named_enum!(
+    FailMode,
+    "failMode",
+    Open = "OPEN",
+    Closed = "CLOSED",
+    Local = "LOCAL"
+);
 
 /// How a rule matches one descriptor entry's value.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -110,7 +122,8 @@ pub(crate) fn wildcard_matches(pattern: &str, value: &str) -> bool {
     if parts.len() == 1 {
         return pattern == value;
     }
-    if !value.starts_with(first) || value.len() < first.len() + last.len() || !value.ends_with(last) {
+    if !value.starts_with(first) || value.len() < first.len() + last.len() || !value.ends_with(last)
+    {
         return false;
     }
     let mut rest = &value[first.len()..value.len() - last.len()];
@@ -163,7 +176,9 @@ pub struct Rule {
 /// seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let value: f64 = number
         .parse()
@@ -175,7 +190,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "h" => value * 3600.0,
         "d" => value * 86_400.0,
         "w" => value * 604_800.0,
-        other => return Err(format!("unknown duration unit {other:?} in {text:?} (use ms, s, m, h, d, w)")),
+        other => {
+            return Err(format!(
+                "unknown duration unit {other:?} in {text:?} (use ms, s, m, h, d, w)"
+            ));
+        }
     };
     if !seconds.is_finite() || seconds <= 0.0 || seconds > 1e10 {
         return Err(format!("{text:?} is not a positive duration"));
@@ -203,7 +222,10 @@ mod tests {
     fn patterns_parse_by_their_stars() {
         assert_eq!(Pattern::parse("*"), Pattern::Any);
         assert_eq!(Pattern::parse("gold"), Pattern::Exact("gold".into()));
-        assert!(matches!(Pattern::parse("POST /orders/*"), Pattern::Wildcard(_)));
+        assert!(matches!(
+            Pattern::parse("POST /orders/*"),
+            Pattern::Wildcard(_)
+        ));
     }
 
     #[test]

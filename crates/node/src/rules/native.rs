@@ -39,7 +39,9 @@ pub enum DurationValue {
 impl DurationValue {
     fn parse(&self) -> Result<Duration, String> {
         match self {
-            DurationValue::Seconds(s) if s.is_finite() && *s > 0.0 && *s <= 1e10 => Ok(Duration::from_secs_f64(*s)),
+            DurationValue::Seconds(s) if s.is_finite() && *s > 0.0 && *s <= 1e10 => {
+                Ok(Duration::from_secs_f64(*s))
+            }
             DurationValue::Seconds(s) => Err(format!("{s} is not a positive number of seconds")),
             DurationValue::Text(t) => parse_duration(t),
         }
@@ -105,27 +107,50 @@ pub struct FieldError {
 }
 
 fn field_error(field: impl Into<String>, reason: impl Into<String>) -> FieldError {
-    FieldError { field: field.into(), reason: reason.into() }
+    FieldError {
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 /// Checks a rule id: 1 to 64 characters of `[A-Za-z0-9._-]`.
 pub fn validate_id(id: &str) -> Result<(), FieldError> {
-    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b)) {
-        return Err(field_error("id", format!("{id:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ -")));
+    if id.is_empty()
+        || id.len() > 64
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+    {
+        return Err(field_error(
+            "id",
+            format!("{id:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ -"),
+        ));
     }
     Ok(())
 }
 
 impl RuleDoc {
     /// Validates the document into a rule. `default_domain` applies when it names none.
-    pub fn validate(&self, default_domain: Option<&str>, origin: String) -> Result<Rule, FieldError> {
-        let id = self.id.clone().ok_or_else(|| field_error("id", "is required"))?;
+    pub fn validate(
+        &self,
+        default_domain: Option<&str>,
+        origin: String,
+    ) -> Result<Rule, FieldError> {
+        let id = self
+            .id
+            .clone()
+            .ok_or_else(|| field_error("id", "is required"))?;
         validate_id(&id)?;
         let domain = self
             .domain
             .clone()
             .or_else(|| default_domain.map(str::to_owned))
-            .ok_or_else(|| field_error("domain", "is required (on the rule or at the top of the file)"))?;
+            .ok_or_else(|| {
+                field_error(
+                    "domain",
+                    "is required (on the rule or at the top of the file)",
+                )
+            })?;
         if domain.is_empty() || domain.len() > 64 {
             return Err(field_error("domain", "must be 1 to 64 characters"));
         }
@@ -139,22 +164,37 @@ impl RuleDoc {
         let identity = match &self.per {
             Some(keys) => {
                 if let Some(bad) = keys.iter().find(|k| k.is_empty()) {
-                    return Err(field_error("per", format!("keys must not be empty, got {bad:?}")));
+                    return Err(field_error(
+                        "per",
+                        format!("keys must not be empty, got {bad:?}"),
+                    ));
                 }
                 Identity::Keys(keys.clone())
             }
             None => {
-                let keyed: Vec<String> =
-                    matches.iter().filter(|(_, p)| p.keys_counter()).map(|(k, _)| k.clone()).collect();
-                if keyed.is_empty() { Identity::Default } else { Identity::Keys(keyed) }
+                let keyed: Vec<String> = matches
+                    .iter()
+                    .filter(|(_, p)| p.keys_counter())
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                if keyed.is_empty() {
+                    Identity::Default
+                } else {
+                    Identity::Keys(keyed)
+                }
             }
         };
         let algorithm: Algorithm = if self.algorithm.is_empty() {
             return Err(field_error("algorithm", "is required"));
         } else {
-            self.algorithm.parse().map_err(|e: tollgate_lease::LimitError| field_error("algorithm", e.reason))?
+            self.algorithm
+                .parse()
+                .map_err(|e: tollgate_lease::LimitError| field_error("algorithm", e.reason))?
         };
-        let limit = self.limit_spec(algorithm)?.validate().map_err(|e| field_error(e.field, e.reason))?;
+        let limit = self
+            .limit_spec(algorithm)?
+            .validate()
+            .map_err(|e| field_error(e.field, e.reason))?;
         let mode = match &self.mode {
             Some(m) => m.parse().map_err(|e| field_error("mode", e))?,
             None => Mode::Enforce,
@@ -164,10 +204,27 @@ impl RuleDoc {
             None => FailMode::Open,
         };
         let name = self.name.clone().unwrap_or_else(|| id.clone());
-        if name.is_empty() || name.len() > 128 || name.contains(['"', '\\']) || name.chars().any(char::is_control) {
-            return Err(field_error("name", "must be 1 to 128 printable characters without quotes or backslashes"));
+        if name.is_empty()
+            || name.len() > 128
+            || name.contains(['"', '\\'])
+            || name.chars().any(char::is_control)
+        {
+            return Err(field_error(
+                "name",
+                "must be 1 to 128 printable characters without quotes or backslashes",
+            ));
         }
-        Ok(Rule { id, domain, name, matches, identity, limit, mode, fail_mode, origin })
+        Ok(Rule {
+            id,
+            domain,
+            name,
+            matches,
+            identity,
+            limit,
+            mode,
+            fail_mode,
+            origin,
+        })
     }
 
     fn limit_spec(&self, algorithm: Algorithm) -> Result<LimitSpec, FieldError> {
@@ -186,10 +243,18 @@ impl RuleDoc {
         };
         for (field, present) in given {
             if present && !wanted.contains(&field) {
-                return Err(field_error(field, format!("does not apply to {algorithm}; it takes {}", wanted.join(" and "))));
+                return Err(field_error(
+                    field,
+                    format!(
+                        "does not apply to {algorithm}; it takes {}",
+                        wanted.join(" and ")
+                    ),
+                ));
             }
         }
-        let need = |v: Option<f64>, field: &str| v.ok_or_else(|| field_error(field, format!("is required for {algorithm}")));
+        let need = |v: Option<f64>, field: &str| {
+            v.ok_or_else(|| field_error(field, format!("is required for {algorithm}")))
+        };
         let need_duration = |v: &Option<DurationValue>, field: &str| match v {
             Some(d) => d.parse().map_err(|e| field_error(field, e)),
             None => Err(field_error(field, format!("is required for {algorithm}"))),
@@ -203,12 +268,14 @@ impl RuleDoc {
                 max_in_flight: need(self.max_in_flight, "maxInFlight")?,
                 slot_ttl: need_duration(&self.slot_ttl, "slotTtl")?,
             },
-            Algorithm::FixedWindow => {
-                LimitSpec::FixedWindow { limit: need(self.limit, "limit")?, window: need_duration(&self.window, "window")? }
-            }
-            Algorithm::SlidingWindow => {
-                LimitSpec::SlidingWindow { limit: need(self.limit, "limit")?, window: need_duration(&self.window, "window")? }
-            }
+            Algorithm::FixedWindow => LimitSpec::FixedWindow {
+                limit: need(self.limit, "limit")?,
+                window: need_duration(&self.window, "window")?,
+            },
+            Algorithm::SlidingWindow => LimitSpec::SlidingWindow {
+                limit: need(self.limit, "limit")?,
+                window: need_duration(&self.window, "window")?,
+            },
             Algorithm::SlidingWindowLog => LimitSpec::SlidingWindowLog {
                 limit: need(self.limit, "limit")?,
                 window: need_duration(&self.window, "window")?,
@@ -244,11 +311,17 @@ impl RuleDoc {
             ..RuleDoc::default()
         };
         match rule.limit.spec() {
-            LimitSpec::TokenBucket { capacity, refill_per_second } => {
+            LimitSpec::TokenBucket {
+                capacity,
+                refill_per_second,
+            } => {
                 doc.capacity = Some(capacity);
                 doc.refill_per_second = Some(refill_per_second);
             }
-            LimitSpec::Concurrency { max_in_flight, slot_ttl } => {
+            LimitSpec::Concurrency {
+                max_in_flight,
+                slot_ttl,
+            } => {
                 doc.max_in_flight = Some(max_in_flight);
                 doc.slot_ttl = Some(secs(slot_ttl));
             }
@@ -266,8 +339,14 @@ impl RuleDoc {
 /// Writes a duration in the largest unit that divides it (`90s`, `5m`, `1d`, `250ms`).
 pub fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
-    for (unit, size) in [("w", 604_800_000u128), ("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)] {
-        if ms >= size && ms % size == 0 {
+    for (unit, size) in [
+        ("w", 604_800_000u128),
+        ("d", 86_400_000),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1000),
+    ] {
+        if ms >= size && ms.is_multiple_of(size) {
             return format!("{}{unit}", ms / size);
         }
     }
@@ -301,11 +380,19 @@ mod tests {
           "mode": "ENFORCE", "failMode": "OPEN" }"#;
         let mut d: RuleDoc = serde_json::from_str(body).expect("json");
         d.id = Some("gold-orders-create".into());
-        let rule = d.validate(Some("public-api"), "test".into()).expect("valid");
+        let rule = d
+            .validate(Some("public-api"), "test".into())
+            .expect("valid");
         assert_eq!(rule.identity, Identity::Default);
         assert_eq!(rule.limit.capacity(), 100);
         assert_eq!(rule.mode, Mode::Enforce);
-        assert_eq!(RuleDoc::from_rule(&rule).validate(None, "again".into()), Ok(Rule { origin: "again".into(), ..rule }));
+        assert_eq!(
+            RuleDoc::from_rule(&rule).validate(None, "again".into()),
+            Ok(Rule {
+                origin: "again".into(),
+                ..rule
+            })
+        );
     }
 
     #[test]
@@ -319,24 +406,57 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
-        let field = |yaml: &str| doc(yaml).validate(Some("d"), String::new()).expect_err("invalid").field;
-        assert_eq!(field("{algorithm: TOKEN_BUCKET, capacity: 1, refillPerSecond: 1}"), "id");
+        let field = |yaml: &str| {
+            doc(yaml)
+                .validate(Some("d"), String::new())
+                .expect_err("invalid")
+                .field
+        };
+        assert_eq!(
+            field("{algorithm: TOKEN_BUCKET, capacity: 1, refillPerSecond: 1}"),
+            "id"
+        );
         assert_eq!(field("{id: 'a b', algorithm: TOKEN_BUCKET}"), "id");
         assert_eq!(field("{id: a}"), "algorithm");
         assert_eq!(field("{id: a, algorithm: LEAKY}"), "algorithm");
-        assert_eq!(field("{id: a, algorithm: TOKEN_BUCKET, refillPerSecond: 1}"), "capacity");
-        assert_eq!(field("{id: a, algorithm: TOKEN_BUCKET, capacity: 0, refillPerSecond: 1}"), "capacity");
-        assert_eq!(field("{id: a, algorithm: TOKEN_BUCKET, capacity: 5, refillPerSecond: .nan}"), "refillPerSecond");
-        assert_eq!(field("{id: a, algorithm: TOKEN_BUCKET, capacity: 5, refillPerSecond: 1, window: 5s}"), "window");
-        assert_eq!(field("{id: a, algorithm: FIXED_WINDOW, limit: 5, window: 5 parsecs}"), "window");
-        assert_eq!(field("{id: a, algorithm: FIXED_WINDOW, limit: 5, window: 1s, mode: LOUD}"), "mode");
-        assert_eq!(field("{id: a, algorithm: CONCURRENCY, maxInFlight: 2, slotTtl: 1s, failMode: X}"), "failMode");
-        assert_eq!(field("{id: a, algorithm: CONCURRENCY, maxInFlight: 2}"), "slotTtl");
+        assert_eq!(
+            field("{id: a, algorithm: TOKEN_BUCKET, refillPerSecond: 1}"),
+            "capacity"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: TOKEN_BUCKET, capacity: 0, refillPerSecond: 1}"),
+            "capacity"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: TOKEN_BUCKET, capacity: 5, refillPerSecond: .nan}"),
+            "refillPerSecond"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: TOKEN_BUCKET, capacity: 5, refillPerSecond: 1, window: 5s}"),
+            "window"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: FIXED_WINDOW, limit: 5, window: 5 parsecs}"),
+            "window"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: FIXED_WINDOW, limit: 5, window: 1s, mode: LOUD}"),
+            "mode"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: CONCURRENCY, maxInFlight: 2, slotTtl: 1s, failMode: X}"),
+            "failMode"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: CONCURRENCY, maxInFlight: 2}"),
+            "slotTtl"
+        );
     }
 
     #[test]
     fn unknown_fields_are_refused() {
-        let err = yaml_serde::from_str::<RuleDoc>("{id: a, capacty: 5}").expect_err("unknown field");
+        let err =
+            yaml_serde::from_str::<RuleDoc>("{id: a, capacty: 5}").expect_err("unknown field");
         assert!(err.to_string().contains("capacty"), "{err}");
     }
 

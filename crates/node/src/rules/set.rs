@@ -161,18 +161,32 @@ impl RuleSet {
         version: u64,
         metrics: &Metrics,
     ) -> Result<Self, String> {
-        let mut set = RuleSet { version, ..RuleSet::default() };
+        let mut set = RuleSet {
+            version,
+            ..RuleSet::default()
+        };
         let mut ids: HashMap<&str, &str> = HashMap::new();
         for rule in native {
             if let Some(first) = ids.insert(&rule.id, &rule.origin) {
-                return Err(format!("{}: duplicate rule id {:?} (first defined at {first})", rule.origin, rule.id));
+                return Err(format!(
+                    "{}: duplicate rule id {:?} (first defined at {first})",
+                    rule.origin, rule.id
+                ));
             }
             if rule.mode == Mode::Disabled {
                 continue;
             }
             let compiled = Arc::new(CompiledRule {
-                uid: uid_of(&(&rule.id, &rule.domain, &rule.name, format!("{:?}", rule.limit), rule.mode,
-                    rule.fail_mode, &rule.matches, &rule.identity)),
+                uid: uid_of(&(
+                    &rule.id,
+                    &rule.domain,
+                    &rule.name,
+                    format!("{:?}", rule.limit),
+                    rule.mode,
+                    rule.fail_mode,
+                    &rule.matches,
+                    &rule.identity,
+                )),
                 id: rule.id.clone(),
                 domain: rule.domain.clone(),
                 name: rule.name.clone(),
@@ -181,7 +195,10 @@ impl RuleSet {
                 fail_mode: rule.fail_mode,
                 replaces: vec![],
                 replace_name: None,
-                counters: metrics.rule_counters(&RuleLabels { domain: rule.domain.clone(), rule: rule.id.clone() }),
+                counters: metrics.rule_counters(&RuleLabels {
+                    domain: rule.domain.clone(),
+                    rule: rule.id.clone(),
+                }),
                 origin: rule.origin.clone(),
             });
             set.rules.push(compiled.clone());
@@ -191,19 +208,39 @@ impl RuleSet {
                 Pattern::Exact(v) => Some((k.clone(), v.clone())),
                 _ => None,
             }) {
-                Some((k, v)) => domain.anchored.entry(k).or_default().entry(v).or_default().push(index),
+                Some((k, v)) => domain
+                    .anchored
+                    .entry(k)
+                    .or_default()
+                    .entry(v)
+                    .or_default()
+                    .push(index),
                 None => domain.unanchored.push(index),
             }
-            domain.rules.push(NativeRule { compiled, matches: rule.matches.clone(), identity: rule.identity.clone() });
+            domain.rules.push(NativeRule {
+                compiled,
+                matches: rule.matches.clone(),
+                identity: rule.identity.clone(),
+            });
         }
         for config in envoy {
             let domain = set.domains.entry(config.domain.clone()).or_default();
             if domain.envoy.is_some() {
-                return Err(format!("{}: domain {:?} is configured twice", config.origin, config.domain));
+                return Err(format!(
+                    "{}: domain {:?} is configured twice",
+                    config.origin, config.domain
+                ));
             }
             let mut tree = EnvoyDomain::default();
             let mut rules = vec![];
-            tree.root = compile_level(&config.nodes, &config.domain, &config.origin, metrics, &mut tree.nodes, &mut rules);
+            tree.root = compile_level(
+                &config.nodes,
+                &config.domain,
+                &config.origin,
+                metrics,
+                &mut tree.nodes,
+                &mut rules,
+            );
             domain.envoy = Some(tree);
             set.rules.extend(rules);
         }
@@ -229,19 +266,29 @@ impl RuleSet {
     /// whose match keys are all present with matching values, and whose identity keys are
     /// present.
     pub fn match_native(&self, domain: &str, entries: &[(String, String)], out: &mut Vec<Matched>) {
-        let Some(rules) = self.domains.get(domain) else { return };
+        let Some(rules) = self.domains.get(domain) else {
+            return;
+        };
         let native = &rules.native;
         let mut consider = |index: usize| {
             let rule = &native.rules[index];
-            let all_match = rule.matches.iter().all(|(key, pattern)| {
-                entries.iter().any(|(k, v)| k == key && pattern.matches(v))
-            });
+            let all_match = rule
+                .matches
+                .iter()
+                .all(|(key, pattern)| entries.iter().any(|(k, v)| k == key && pattern.matches(v)));
             if all_match && let Some(identity) = identity_of(&rule.identity, entries) {
-                out.push(Matched { rule: rule.compiled.clone(), identity });
+                out.push(Matched {
+                    rule: rule.compiled.clone(),
+                    identity,
+                });
             }
         };
         for (k, v) in entries {
-            if let Some(indices) = native.anchored.get(k.as_str()).and_then(|by_value| by_value.get(v.as_str())) {
+            if let Some(indices) = native
+                .anchored
+                .get(k.as_str())
+                .and_then(|by_value| by_value.get(v.as_str()))
+            {
                 for &i in indices {
                     consider(i);
                 }
@@ -266,7 +313,13 @@ impl RuleSet {
                 .get(key.as_str())
                 .and_then(|by_value| by_value.get(value.as_str()))
                 .or_else(|| {
-                    level.wildcards.iter().find(|(k, p, _)| k == key && crate::rules::model::wildcard_matches(p, value)).map(|(_, _, n)| n)
+                    level
+                        .wildcards
+                        .iter()
+                        .find(|(k, p, _)| {
+                            k == key && crate::rules::model::wildcard_matches(p, value)
+                        })
+                        .map(|(_, _, n)| n)
                 })
                 .or_else(|| level.key_only.get(key))?;
             let n = &tree.nodes[*found];
@@ -294,25 +347,55 @@ fn compile_level(
         let rule = node.limit.as_ref().map(|limit| {
             let (kind, name, replaces) = match limit {
                 NodeLimit::Unlimited => (RuleKind::Unlimited, None, vec![]),
-                NodeLimit::Limited { requests: 0, unit, name, replaces } => (RuleKind::Block(*unit), name.clone(), replaces.clone()),
-                NodeLimit::Limited { requests, unit, name, replaces } => {
-                    let spec = LimitSpec::FixedWindow { limit: f64::from(*requests), window: *unit };
+                NodeLimit::Limited {
+                    requests: 0,
+                    unit,
+                    name,
+                    replaces,
+                } => (RuleKind::Block(*unit), name.clone(), replaces.clone()),
+                NodeLimit::Limited {
+                    requests,
+                    unit,
+                    name,
+                    replaces,
+                } => {
+                    let spec = LimitSpec::FixedWindow {
+                        limit: f64::from(*requests),
+                        window: *unit,
+                    };
                     // Validated: at least 1 request per a whole-second unit.
-                    let limit = spec.validate().map_or(RuleKind::Block(*unit), RuleKind::Limited);
+                    let limit = spec
+                        .validate()
+                        .map_or(RuleKind::Block(*unit), RuleKind::Limited);
                     (limit, name.clone(), replaces.clone())
                 }
             };
             let id = node.path.clone();
             let compiled = Arc::new(CompiledRule {
-                uid: uid_of(&(&id, domain, format!("{kind:?}"), &name, &replaces, node.shadow, node.share_threshold)),
+                uid: uid_of(&(
+                    &id,
+                    domain,
+                    format!("{kind:?}"),
+                    &name,
+                    &replaces,
+                    node.shadow,
+                    node.share_threshold,
+                )),
                 name: name.clone().unwrap_or_else(|| id.clone()),
                 domain: domain.to_owned(),
                 kind,
-                mode: if node.shadow { Mode::Shadow } else { Mode::Enforce },
+                mode: if node.shadow {
+                    Mode::Shadow
+                } else {
+                    Mode::Enforce
+                },
                 fail_mode: FailMode::Open,
                 replaces,
                 replace_name: name,
-                counters: metrics.rule_counters(&RuleLabels { domain: domain.to_owned(), rule: id.clone() }),
+                counters: metrics.rule_counters(&RuleLabels {
+                    domain: domain.to_owned(),
+                    rule: id.clone(),
+                }),
                 origin: origin.to_owned(),
                 id,
             });
@@ -323,16 +406,26 @@ fn compile_level(
         let index = arena.len();
         arena.push(EnvoyNode {
             rule,
-            share_pattern: if node.share_threshold { node.value.clone() } else { None },
+            share_pattern: if node.share_threshold {
+                node.value.clone()
+            } else {
+                None
+            },
             children,
         });
         match &node.value {
             None => {
                 level.key_only.insert(node.key.clone(), index);
             }
-            Some(v) if v.contains('*') => level.wildcards.push((node.key.clone(), v.clone(), index)),
+            Some(v) if v.contains('*') => {
+                level.wildcards.push((node.key.clone(), v.clone(), index))
+            }
             Some(v) => {
-                level.exact.entry(node.key.clone()).or_default().insert(v.clone(), index);
+                level
+                    .exact
+                    .entry(node.key.clone())
+                    .or_default()
+                    .insert(v.clone(), index);
             }
         }
     }
@@ -348,9 +441,16 @@ fn push_piece(out: &mut Vec<u8>, piece: &str) {
 
 /// The identity a rule keys its counter by, or `None` if a key it needs is absent.
 fn identity_of(identity: &Identity, entries: &[(String, String)]) -> Option<Vec<u8>> {
-    let value_of = |key: &str| entries.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    let value_of = |key: &str| {
+        entries
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
     match identity {
-        Identity::Keys(keys) if keys.len() == 1 => value_of(&keys[0]).map(|v| v.as_bytes().to_vec()),
+        Identity::Keys(keys) if keys.len() == 1 => {
+            value_of(&keys[0]).map(|v| v.as_bytes().to_vec())
+        }
         Identity::Keys(keys) => {
             let mut out = Vec::new();
             for key in keys {
@@ -375,22 +475,42 @@ mod tests {
 
     fn native(yaml: &str) -> Vec<Rule> {
         let file: RulesFile = yaml_serde::from_str(yaml).expect("yaml");
-        file.rules.iter().map(|d| d.validate(file.domain.as_deref(), "test".into()).expect("valid")).collect()
+        file.rules
+            .iter()
+            .map(|d| {
+                d.validate(file.domain.as_deref(), "test".into())
+                    .expect("valid")
+            })
+            .collect()
     }
 
     fn envoy(yaml: &str) -> EnvoyDomainConfig {
         let config: EnvoyConfig = yaml_serde::from_str(yaml).expect("yaml");
-        EnvoyDomainConfig { domain: config.domain.clone(), nodes: config.validate().expect("valid"), origin: "test".into() }
+        EnvoyDomainConfig {
+            domain: config.domain.clone(),
+            nodes: config.validate().expect("valid"),
+            origin: "test".into(),
+        }
     }
 
     fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn matched(set: &RuleSet, domain: &str, pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         let mut out = vec![];
         set.match_native(domain, &entries(pairs), &mut out);
-        out.into_iter().map(|m| (m.rule.id.clone(), String::from_utf8_lossy(&m.identity).into_owned())).collect()
+        out.into_iter()
+            .map(|m| {
+                (
+                    m.rule.id.clone(),
+                    String::from_utf8_lossy(&m.identity).into_owned(),
+                )
+            })
+            .collect()
     }
 
     #[test]
@@ -405,19 +525,54 @@ mod tests {
         let set = RuleSet::compile(&rules, &[], 1, &Metrics::new()).expect("compiles");
         assert_eq!(set.rules().len(), 3, "the DISABLED rule is not compiled");
         assert_eq!(
-            matched(&set, "public-api", &[("api_key", "k_123"), ("plan", "gold"), ("route", "POST /orders"), ("ip", "1.2.3.4")]),
-            vec![("gold-orders".into(), "api_key=k_123".into()), ("per-ip".into(), "1.2.3.4".into())]
+            matched(
+                &set,
+                "public-api",
+                &[
+                    ("api_key", "k_123"),
+                    ("plan", "gold"),
+                    ("route", "POST /orders"),
+                    ("ip", "1.2.3.4")
+                ]
+            ),
+            vec![
+                ("gold-orders".into(), "api_key=k_123".into()),
+                ("per-ip".into(), "1.2.3.4".into())
+            ]
         );
-        assert_eq!(matched(&set, "public-api", &[("plan", "gold"), ("route", "POST /orders")]), vec![("gold-orders".into(), "".into())]);
-        assert_eq!(matched(&set, "public-api", &[("route", "GET /x")]), vec![("global-route".into(), "".into())]);
-        assert!(matched(&set, "public-api", &[("plan", "silver"), ("route", "POST /orders")]).is_empty());
+        assert_eq!(
+            matched(
+                &set,
+                "public-api",
+                &[("plan", "gold"), ("route", "POST /orders")]
+            ),
+            vec![("gold-orders".into(), "".into())]
+        );
+        assert_eq!(
+            matched(&set, "public-api", &[("route", "GET /x")]),
+            vec![("global-route".into(), "".into())]
+        );
+        assert!(
+            matched(
+                &set,
+                "public-api",
+                &[("plan", "silver"), ("route", "POST /orders")]
+            )
+            .is_empty()
+        );
         assert!(matched(&set, "other", &[("ip", "1.2.3.4")]).is_empty());
     }
 
     #[test]
     fn duplicate_ids_are_refused() {
-        let rules = native("domain: d\nrules:\n- {id: a, algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n- {id: a, algorithm: FIXED_WINDOW, limit: 2, window: 1s}\n");
-        assert!(RuleSet::compile(&rules, &[], 1, &Metrics::new()).expect_err("duplicate").contains("duplicate rule id"));
+        let rules = native(
+            "domain: d\nrules:\n- {id: a, algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n- {id: a, algorithm: FIXED_WINDOW, limit: 2, window: 1s}\n",
+        );
+        assert!(
+            RuleSet::compile(&rules, &[], 1, &Metrics::new())
+                .expect_err("duplicate")
+                .contains("duplicate rule id")
+        );
     }
 
     #[test]
@@ -437,19 +592,41 @@ mod tests {
             &Metrics::new(),
         )
         .expect("compiles");
-        let hit = |pairs: &[(&str, &str)]| set.match_envoy("rl", &entries(pairs)).map(|m| m.rule.limit().map(|l| l.capacity()));
+        let hit = |pairs: &[(&str, &str)]| {
+            set.match_envoy("rl", &entries(pairs))
+                .map(|m| m.rule.limit().map(|l| l.capacity()))
+        };
         assert_eq!(hit(&[("path", "/api/orders")]), Some(Some(1)));
         assert_eq!(hit(&[("path", "/api/users")]), Some(Some(2)));
         assert_eq!(hit(&[("path", "/other")]), Some(Some(3)));
         assert_eq!(hit(&[("path", "/other"), ("user", "u1")]), Some(Some(4)));
-        assert_eq!(hit(&[("nolimit", "a")]), None, "a limit applies only at full depth");
+        assert_eq!(
+            hit(&[("nolimit", "a")]),
+            None,
+            "a limit applies only at full depth"
+        );
         assert_eq!(hit(&[("nolimit", "a"), ("sub", "b")]), Some(Some(6)));
         assert_eq!(hit(&[("path", "/api/orders"), ("user", "u1")]), None);
-        let a = set.match_envoy("rl", &entries(&[("shared", "x1")])).expect("match").identity;
-        let b = set.match_envoy("rl", &entries(&[("shared", "x2")])).expect("match").identity;
-        assert_eq!(a, b, "share_threshold: one counter for every value matching the wildcard");
-        let c = set.match_envoy("rl", &entries(&[("path", "/x")])).expect("match").identity;
-        let d = set.match_envoy("rl", &entries(&[("path", "/y")])).expect("match").identity;
+        let a = set
+            .match_envoy("rl", &entries(&[("shared", "x1")]))
+            .expect("match")
+            .identity;
+        let b = set
+            .match_envoy("rl", &entries(&[("shared", "x2")]))
+            .expect("match")
+            .identity;
+        assert_eq!(
+            a, b,
+            "share_threshold: one counter for every value matching the wildcard"
+        );
+        let c = set
+            .match_envoy("rl", &entries(&[("path", "/x")]))
+            .expect("match")
+            .identity;
+        let d = set
+            .match_envoy("rl", &entries(&[("path", "/y")]))
+            .expect("match")
+            .identity;
         assert_ne!(c, d, "key only: one counter per value");
     }
 

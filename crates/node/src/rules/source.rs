@@ -49,14 +49,24 @@ impl fmt::Display for RulesError {
 
 /// The files a path stands for: itself, or a directory's rule files in name order.
 pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, RulesError> {
-    let err = |e: std::io::Error| RulesError { file: path.to_owned(), line: None, message: e.to_string() };
+    let err = |e: std::io::Error| RulesError {
+        file: path.to_owned(),
+        line: None,
+        message: e.to_string(),
+    };
     if !path.is_dir() {
         return Ok(vec![path.to_owned()]);
     }
     let mut files: Vec<PathBuf> = std::fs::read_dir(path)
         .map_err(err)?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_file() && matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml" | "json")))
+        .filter(|p| {
+            p.is_file()
+                && matches!(
+                    p.extension().and_then(|e| e.to_str()),
+                    Some("yaml" | "yml" | "json")
+                )
+        })
         .collect();
     files.sort();
     Ok(files)
@@ -67,8 +77,11 @@ pub fn load(paths: &[PathBuf]) -> Result<LoadedRules, RulesError> {
     let mut out = LoadedRules::default();
     for path in paths {
         for file in rule_files(path)? {
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| RulesError { file: file.clone(), line: None, message: e.to_string() })?;
+            let text = std::fs::read_to_string(&file).map_err(|e| RulesError {
+                file: file.clone(),
+                line: None,
+                message: e.to_string(),
+            })?;
             out.extend(parse(&text, &file)?);
         }
     }
@@ -77,7 +90,11 @@ pub fn load(paths: &[PathBuf]) -> Result<LoadedRules, RulesError> {
 
 /// Parses one file's text.
 pub fn parse(text: &str, file: &Path) -> Result<LoadedRules, RulesError> {
-    let error = |line, message| RulesError { file: file.to_owned(), line, message };
+    let error = |line, message| RulesError {
+        file: file.to_owned(),
+        line,
+        message,
+    };
     let yaml_error = |e: yaml_serde::Error| error(None, e.to_string());
     let top: yaml_serde::Value = yaml_serde::from_str(text).map_err(yaml_error)?;
     let has = |key: &str| top.as_mapping().is_some_and(|m| m.contains_key(key));
@@ -88,20 +105,33 @@ pub fn parse(text: &str, file: &Path) -> Result<LoadedRules, RulesError> {
         for (i, doc) in parsed.rules.iter().enumerate() {
             let block = items.get(i).copied();
             let origin = format!("{}:{}", file.display(), block.map_or(0, |b| b.0));
-            let rule = doc.validate(parsed.domain.as_deref(), origin).map_err(|e| {
-                let line = block.map(|b| field_line(text, b, &e.field).unwrap_or(b.0));
-                let named = doc.id.as_deref().map(|id| format!("rule {id:?} ")).unwrap_or_default();
-                error(line, format!("{named}(rules[{i}]): {e}"))
-            })?;
+            let rule = doc
+                .validate(parsed.domain.as_deref(), origin)
+                .map_err(|e| {
+                    let line = block.map(|b| field_line(text, b, &e.field).unwrap_or(b.0));
+                    let named = doc
+                        .id
+                        .as_deref()
+                        .map(|id| format!("rule {id:?} "))
+                        .unwrap_or_default();
+                    error(line, format!("{named}(rules[{i}]): {e}"))
+                })?;
             native.push(rule);
         }
-        Ok(LoadedRules { native, envoy: vec![] })
+        Ok(LoadedRules {
+            native,
+            envoy: vec![],
+        })
     } else if has("descriptors") || has("domain") {
         let config: EnvoyConfig = yaml_serde::from_str(text).map_err(yaml_error)?;
         let nodes = config.validate().map_err(|e| error(None, e))?;
         Ok(LoadedRules {
             native: vec![],
-            envoy: vec![EnvoyDomainConfig { domain: config.domain, nodes, origin: file.display().to_string() }],
+            envoy: vec![EnvoyDomainConfig {
+                domain: config.domain,
+                nodes,
+                origin: file.display().to_string(),
+            }],
         })
     } else if top.is_null() {
         Ok(LoadedRules::default())
@@ -124,7 +154,9 @@ fn indent(line: &str) -> usize {
 fn item_lines(text: &str, key: &str) -> Vec<(usize, usize)> {
     let lines: Vec<&str> = text.lines().collect();
     let Some(open) = lines.iter().position(|l| {
-        l.strip_prefix(key).and_then(|r| r.strip_prefix(':')).is_some_and(|r| r.trim().is_empty() || r.trim().starts_with('#'))
+        l.strip_prefix(key)
+            .and_then(|r| r.strip_prefix(':'))
+            .is_some_and(|r| r.trim().is_empty() || r.trim().starts_with('#'))
     }) else {
         return vec![];
     };
@@ -147,17 +179,25 @@ fn item_lines(text: &str, key: &str) -> Vec<(usize, usize)> {
             }
         }
     }
-    starts.iter().enumerate().map(|(n, &s)| (s + 1, starts.get(n + 1).map_or(end, |&e| e) + 1)).collect()
+    starts
+        .iter()
+        .enumerate()
+        .map(|(n, &s)| (s + 1, starts.get(n + 1).map_or(end, |&e| e) + 1))
+        .collect()
 }
 
 /// The line of `field:` within an item's lines, if written there.
 fn field_line(text: &str, (start, end): (usize, usize), field: &str) -> Option<usize> {
     let top = field.split('.').next().unwrap_or(field);
-    text.lines().enumerate().skip(start - 1).take(end - start).find_map(|(i, line)| {
-        let t = line.trim_start().trim_start_matches("- ");
-        let flow = line.contains(&format!("{top}:")) && line.contains('{');
-        (t.starts_with(&format!("{top}:")) || flow).then_some(i + 1)
-    })
+    text.lines()
+        .enumerate()
+        .skip(start - 1)
+        .take(end - start)
+        .find_map(|(i, line)| {
+            let t = line.trim_start().trim_start_matches("- ");
+            let flow = line.contains(&format!("{top}:")) && line.contains('{');
+            (t.starts_with(&format!("{top}:")) || flow).then_some(i + 1)
+        })
 }
 
 #[cfg(test)]
@@ -175,7 +215,11 @@ mod tests {
         let text = "domain: public-api\nrules:\n  - id: ok\n    algorithm: FIXED_WINDOW\n    limit: 5\n    window: 1s\n  - id: broken\n    algorithm: TOKEN_BUCKET\n    capacity: -3\n    refillPerSecond: 1\n";
         let e = err(text);
         assert_eq!(e.line, Some(9), "{e}");
-        assert!(e.to_string().starts_with("rules.yaml:9: rule \"broken\" (rules[1]): field `capacity`"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("rules.yaml:9: rule \"broken\" (rules[1]): field `capacity`"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -188,14 +232,21 @@ mod tests {
     #[test]
     fn syntax_and_unknown_field_errors_carry_serdes_location() {
         let e = err("domain: d\nrules:\n  - id: a\n    capacty: 3\n");
-        assert!(e.to_string().contains("capacty") && e.to_string().contains("line 4"), "{e}");
+        assert!(
+            e.to_string().contains("capacty") && e.to_string().contains("line 4"),
+            "{e}"
+        );
         let e = err("rules: [ {id: a, algorithm: }\n");
         assert!(e.to_string().contains("rules.yaml"), "{e}");
     }
 
     #[test]
     fn formats_are_told_apart() {
-        let native = parse("domain: d\nrules:\n  - {id: a, algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n", Path::new(FILE)).expect("native");
+        let native = parse(
+            "domain: d\nrules:\n  - {id: a, algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n",
+            Path::new(FILE),
+        )
+        .expect("native");
         assert_eq!((native.native.len(), native.envoy.len()), (1, 0));
         let envoy = parse("domain: rl\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n", Path::new(FILE)).expect("envoy");
         assert_eq!((envoy.native.len(), envoy.envoy.len()), (0, 1));

@@ -24,7 +24,11 @@ pub struct ActiveRules {
 impl ActiveRules {
     /// Starts with no rules.
     pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(Self { current: ArcSwap::from_pointee(RuleSet::default()), next_version: AtomicU64::new(1), metrics })
+        Arc::new(Self {
+            current: ArcSwap::from_pointee(RuleSet::default()),
+            next_version: AtomicU64::new(1),
+            metrics,
+        })
     }
 
     /// The set requests are matched against right now.
@@ -47,16 +51,25 @@ impl ActiveRules {
     /// Loads every file under `paths` and installs the result.
     pub fn install_files(&self, paths: &[PathBuf]) -> Result<u64, RulesError> {
         let loaded = source::load(paths)?;
-        self.install(&loaded).map_err(|message| RulesError { file: paths.first().cloned().unwrap_or_default(), line: None, message })
+        self.install(&loaded).map_err(|message| RulesError {
+            file: paths.first().cloned().unwrap_or_default(),
+            line: None,
+            message,
+        })
     }
 }
 
+/// One file as last seen: its path, size and modification time, and a hash of its content.
+type Seen = (PathBuf, Option<(u64, std::time::SystemTime)>, u64);
+
 /// What the files looked like at the last check.
-fn fingerprint(paths: &[PathBuf]) -> Vec<(PathBuf, Option<(u64, std::time::SystemTime)>, u64)> {
+fn fingerprint(paths: &[PathBuf]) -> Vec<Seen> {
     let mut out = vec![];
     for path in paths {
         for file in source::rule_files(path).unwrap_or_else(|_| vec![path.clone()]) {
-            let meta = std::fs::metadata(&file).ok().and_then(|m| Some((m.len(), m.modified().ok()?)));
+            let meta = std::fs::metadata(&file)
+                .ok()
+                .and_then(|m| Some((m.len(), m.modified().ok()?)));
             let content = std::fs::read(&file).map(|b| {
                 use std::hash::{DefaultHasher, Hash, Hasher};
                 let mut h = DefaultHasher::new();

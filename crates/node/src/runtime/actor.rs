@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tollgate_lease::{LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, Micros, ReturnRequest, StoreError};
+use tollgate_lease::{
+    LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, Micros, ReturnRequest, StoreError,
+};
 
 use crate::runtime::bucket::{Bucket, NO_DEADLINE};
 use crate::runtime::shared::Shared;
@@ -123,7 +125,11 @@ impl Actor for KeyActor {
     type State = KeyState;
     type Arguments = KeyArgs;
 
-    async fn pre_start(&self, myself: ActorRef<KeyMsg>, args: KeyArgs) -> Result<KeyState, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        myself: ActorRef<KeyMsg>,
+        args: KeyArgs,
+    ) -> Result<KeyState, ActorProcessingErr> {
         let now = args.shared.clock.now_micros();
         args.shared.metrics.key_actors.inc();
         let mut state = KeyState {
@@ -141,7 +147,12 @@ impl Actor for KeyActor {
         Ok(state)
     }
 
-    async fn handle(&self, myself: ActorRef<KeyMsg>, msg: KeyMsg, state: &mut KeyState) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<KeyMsg>,
+        msg: KeyMsg,
+        state: &mut KeyState,
+    ) -> Result<(), ActorProcessingErr> {
         let now = state.shared.clock.now_micros();
         match msg {
             KeyMsg::Acquire { wants, reply } => {
@@ -161,7 +172,10 @@ impl Actor for KeyActor {
                     let shared = state.shared.clone();
                     let held = state.hold(&bucket);
                     held.demand.on_refill(now);
-                    let want = shared.config.lease.want(&held.demand, 1, bucket.limit.capacity());
+                    let want = shared
+                        .config
+                        .lease
+                        .want(&held.demand, 1, bucket.limit.capacity());
                     state.send_request(&myself, vec![(bucket, 1, want)]);
                 }
             }
@@ -193,12 +207,19 @@ impl Actor for KeyActor {
                 state.expire_leases(now).await;
                 let idle_for = Duration::from_micros(now.saturating_sub(state.last_active));
                 let holding = state.held.values().any(|h| !h.leases.is_empty());
-                if !holding && state.waiters.is_empty() && !state.in_flight && idle_for >= state.shared.config.idle_timeout {
+                if !holding
+                    && state.waiters.is_empty()
+                    && !state.in_flight
+                    && idle_for >= state.shared.config.idle_timeout
+                {
                     myself.stop(Some("idle".into()));
                     return Ok(());
                 }
-                let idle_check = state.last_active + state.shared.config.idle_timeout.as_micros() as u64;
-                let next = state.next_expiry().map_or(idle_check, |e| e.min(idle_check));
+                let idle_check =
+                    state.last_active + state.shared.config.idle_timeout.as_micros() as u64;
+                let next = state
+                    .next_expiry()
+                    .map_or(idle_check, |e| e.min(idle_check));
                 state.schedule_tick(&myself, next, now);
             }
             KeyMsg::Shutdown(reply) => {
@@ -213,10 +234,20 @@ impl Actor for KeyActor {
         Ok(())
     }
 
-    async fn post_stop(&self, myself: ActorRef<KeyMsg>, state: &mut KeyState) -> Result<(), ActorProcessingErr> {
+    async fn post_stop(
+        &self,
+        myself: ActorRef<KeyMsg>,
+        state: &mut KeyState,
+    ) -> Result<(), ActorProcessingErr> {
         for held in state.held.values() {
             // Anything still held is returned by Shutdown; an idle actor holds nothing.
-            state.shared.registry.remove_bucket(&crate::runtime::registry::bucket_key(held.bucket.rule.uid, &state.identity));
+            state
+                .shared
+                .registry
+                .remove_bucket(&crate::runtime::registry::bucket_key(
+                    held.bucket.rule.uid,
+                    &state.identity,
+                ));
         }
         state.shared.registry.remove_actor(&state.identity, &myself);
         state.shared.metrics.key_actors.dec();
@@ -228,17 +259,26 @@ impl KeyState {
     fn hold(&mut self, bucket: &Arc<Bucket>) -> &mut Held {
         self.held
             .entry(bucket.key.as_str().to_owned())
-            .or_insert_with(|| Held { bucket: bucket.clone(), leases: VecDeque::new(), demand: Demand::default() })
+            .or_insert_with(|| Held {
+                bucket: bucket.clone(),
+                leases: VecDeque::new(),
+                demand: Demand::default(),
+            })
     }
 
     /// Serves every waiter that the leases (or a recorded denial) can answer now.
     fn serve(&mut self, now: Micros) {
         let mut still = VecDeque::with_capacity(self.waiters.len());
         while let Some(waiter) = self.waiters.pop_front() {
-            if let Some((index, retry_after)) =
-                waiter.wants.iter().enumerate().find_map(|(i, w)| w.bucket.denied_for(w.cost, now).map(|r| (i, r)))
+            if let Some((index, retry_after)) = waiter
+                .wants
+                .iter()
+                .enumerate()
+                .find_map(|(i, w)| w.bucket.denied_for(w.cost, now).map(|r| (i, r)))
             {
-                let _ = waiter.reply.send(AcquireOutcome::Denied { index, retry_after });
+                let _ = waiter
+                    .reply
+                    .send(AcquireOutcome::Denied { index, retry_after });
             } else if take_all(&waiter.wants, now) {
                 let _ = waiter.reply.send(AcquireOutcome::Reserved);
             } else {
@@ -257,7 +297,10 @@ impl KeyState {
         let mut needs: Vec<(Arc<Bucket>, u64, u64)> = vec![];
         for waiter in &self.waiters {
             for want in &waiter.wants {
-                match needs.iter_mut().find(|(b, _, _)| Arc::ptr_eq(b, &want.bucket)) {
+                match needs
+                    .iter_mut()
+                    .find(|(b, _, _)| Arc::ptr_eq(b, &want.bucket))
+                {
                     Some(entry) => entry.1 += want.cost,
                     None => needs.push((want.bucket.clone(), want.cost, want.cost)),
                 }
@@ -274,7 +317,11 @@ impl KeyState {
             let shared = self.shared.clone();
             let entry = self.hold(&bucket);
             entry.demand.on_refill(now);
-            let want = shared.config.lease.want(&entry.demand, total - held, capacity).max(min);
+            let want = shared
+                .config
+                .lease
+                .want(&entry.demand, total - held, capacity)
+                .max(min);
             asks.push((bucket, min, want));
         }
         if !asks.is_empty() {
@@ -288,7 +335,13 @@ impl KeyState {
         let policy = &self.shared.config.lease;
         let lease_asks = asks
             .iter()
-            .map(|(b, min, want)| LeaseAsk { key: b.key.clone(), limit: b.limit, want: *want, min: *min, max_share: policy.max_share })
+            .map(|(b, min, want)| LeaseAsk {
+                key: b.key.clone(),
+                limit: b.limit,
+                want: *want,
+                min: *min,
+                max_share: policy.max_share,
+            })
             .collect();
         let request = LeaseRequest::new(lease_asks, policy.ttl);
         let shared = self.shared.clone();
@@ -300,11 +353,22 @@ impl KeyState {
                 Ok(req) => shared.store.acquire_leases(&req).await,
                 Err(e) => Err(StoreError::Invalid(e)),
             };
-            let _ = myself.cast(KeyMsg::Granted { asks: buckets, mins, result });
+            let _ = myself.cast(KeyMsg::Granted {
+                asks: buckets,
+                mins,
+                result,
+            });
         });
     }
 
-    fn install(&mut self, myself: &ActorRef<KeyMsg>, bucket: &Arc<Bucket>, min: u64, grant: LeaseGrant, now: Micros) {
+    fn install(
+        &mut self,
+        myself: &ActorRef<KeyMsg>,
+        bucket: &Arc<Bucket>,
+        min: u64,
+        grant: LeaseGrant,
+        now: Micros,
+    ) {
         bucket.observe(grant.remaining, grant.reset_after, now);
         bucket.refill_done();
         let Some(id) = grant.lease.filter(|_| grant.units > 0) else {
@@ -312,7 +376,11 @@ impl KeyState {
             return;
         };
         let valid = grant.valid_for.as_micros() as u64;
-        let spend_before = if bucket.has_deadline() { now + valid } else { NO_DEADLINE };
+        let spend_before = if bucket.has_deadline() {
+            now + valid
+        } else {
+            NO_DEADLINE
+        };
         bucket.install(grant.units, spend_before, now);
         bucket.clear_denial();
         let metrics = &self.shared.metrics;
@@ -321,7 +389,11 @@ impl KeyState {
         let expires_at = now + valid;
         let held = self.hold(bucket);
         held.demand.on_grant(now, grant.units);
-        held.leases.push_back(HeldLease { id, units: grant.units, expires_at });
+        held.leases.push_back(HeldLease {
+            id,
+            units: grant.units,
+            expires_at,
+        });
         let margin = self.return_margin();
         self.schedule_tick(myself, expires_at.saturating_sub(margin), now);
     }
@@ -349,10 +421,19 @@ impl KeyState {
         self.send_returns(returns).await;
     }
 
-    async fn finish_shutdown(&mut self, myself: &ActorRef<KeyMsg>, reply: RpcReplyPort<()>, now: Micros) {
+    async fn finish_shutdown(
+        &mut self,
+        myself: &ActorRef<KeyMsg>,
+        reply: RpcReplyPort<()>,
+        now: Micros,
+    ) {
         self.return_all(now).await;
         for waiter in self.waiters.drain(..) {
-            let _ = waiter.reply.send(AcquireOutcome::Failed(StoreError::Unavailable("node shutting down".into())));
+            let _ = waiter
+                .reply
+                .send(AcquireOutcome::Failed(StoreError::Unavailable(
+                    "node shutting down".into(),
+                )));
         }
         let _ = reply.send(());
         myself.stop(Some("shutdown".into()));
@@ -382,9 +463,16 @@ impl KeyState {
         }
         let items = returns
             .into_iter()
-            .map(|(b, lease, unspent)| LeaseReturn { key: b.key.clone(), limit: b.limit, lease, unspent })
+            .map(|(b, lease, unspent)| LeaseReturn {
+                key: b.key.clone(),
+                limit: b.limit,
+                lease,
+                unspent,
+            })
             .collect();
-        let Ok(req) = ReturnRequest::new(items) else { return };
+        let Ok(req) = ReturnRequest::new(items) else {
+            return;
+        };
         match self.shared.store.return_leases(&req).await {
             Ok(credited) => {
                 let metrics = &self.shared.metrics;
@@ -400,7 +488,14 @@ impl KeyState {
 
     fn next_expiry(&self) -> Option<Micros> {
         let margin = self.return_margin();
-        self.held.values().filter_map(|h| h.leases.front().map(|l| l.expires_at.saturating_sub(margin))).min()
+        self.held
+            .values()
+            .filter_map(|h| {
+                h.leases
+                    .front()
+                    .map(|l| l.expires_at.saturating_sub(margin))
+            })
+            .min()
     }
 
     /// How long before a lease ends its unspent units are returned.
@@ -413,7 +508,9 @@ impl KeyState {
             return;
         }
         self.next_tick = Some(at);
-        myself.send_after(Duration::from_micros(at.saturating_sub(now)), || KeyMsg::Tick);
+        myself.send_after(Duration::from_micros(at.saturating_sub(now)), || {
+            KeyMsg::Tick
+        });
     }
 }
 

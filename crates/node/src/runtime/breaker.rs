@@ -22,7 +22,11 @@ pub struct BreakerConfig {
 
 impl Default for BreakerConfig {
     fn default() -> Self {
-        Self { failures_to_open: 5, cooldown: Duration::from_millis(200), max_cooldown: Duration::from_secs(1) }
+        Self {
+            failures_to_open: 5,
+            cooldown: Duration::from_millis(200),
+            max_cooldown: Duration::from_secs(1),
+        }
     }
 }
 
@@ -64,7 +68,12 @@ impl Breaker {
     /// A closed breaker.
     pub fn new(config: BreakerConfig) -> Self {
         let cooldown = config.cooldown;
-        Self { config, state: BreakerState::Closed, failures: 0, cooldown }
+        Self {
+            config,
+            state: BreakerState::Closed,
+            failures: 0,
+            cooldown,
+        }
     }
 
     /// The current state.
@@ -106,8 +115,13 @@ impl Breaker {
             BreakerState::Open { .. } => false,
         };
         if open {
-            let wait = self.cooldown.mul_f64(0.8 + 0.4 * jitter).min(self.config.max_cooldown);
-            self.state = BreakerState::Open { until: now + wait.as_micros() as u64 };
+            let wait = self
+                .cooldown
+                .mul_f64(0.8 + 0.4 * jitter)
+                .min(self.config.max_cooldown);
+            self.state = BreakerState::Open {
+                until: now + wait.as_micros() as u64,
+            };
         }
         open
     }
@@ -145,7 +159,9 @@ mod tests {
         let mut now = 0;
         let mut waits = vec![];
         for _ in 0..5 {
-            let BreakerState::Open { until } = b.state() else { panic!("open") };
+            let BreakerState::Open { until } = b.state() else {
+                panic!("open")
+            };
             waits.push((until - now) / MS);
             now = until;
             assert!(b.allow(now));

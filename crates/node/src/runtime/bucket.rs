@@ -64,7 +64,10 @@ impl Bucket {
     ) -> Self {
         Self {
             prelimit: prelimit_factor.map(|f| LocalBucket::for_limit(&limit, f)),
-            fallback: Arc::new(LocalBucket::for_limit(&limit, 1.0 / f64::from(cluster_nodes.max(1)))),
+            fallback: Arc::new(LocalBucket::for_limit(
+                &limit,
+                1.0 / f64::from(cluster_nodes.max(1)),
+            )),
             key,
             rule,
             limit,
@@ -98,7 +101,12 @@ impl Bucket {
             if units < cost {
                 return false;
             }
-            match self.units.compare_exchange_weak(units, units - cost, Ordering::AcqRel, Ordering::Acquire) {
+            match self.units.compare_exchange_weak(
+                units,
+                units - cost,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return true,
                 Err(actual) => units = actual,
             }
@@ -125,7 +133,8 @@ impl Bucket {
     /// The store recently said there is no room for `cost`: until when.
     pub fn denied_for(&self, cost: u64, now: Micros) -> Option<Duration> {
         let until = self.denied_until.load(Ordering::Acquire);
-        (now < until && cost >= self.denied_cost.load(Ordering::Acquire)).then(|| Duration::from_micros(until - now))
+        (now < until && cost >= self.denied_cost.load(Ordering::Acquire))
+            .then(|| Duration::from_micros(until - now))
     }
 
     /// Estimated units left globally: what the store last said plus what this node holds.
@@ -159,13 +168,15 @@ impl Bucket {
     /// Records what the store said about the bucket.
     pub(crate) fn observe(&self, remaining: u64, reset_after: Duration, now: Micros) {
         self.global_remaining.store(remaining, Ordering::Relaxed);
-        self.full_at.store(now + reset_after.as_micros() as u64, Ordering::Relaxed);
+        self.full_at
+            .store(now + reset_after.as_micros() as u64, Ordering::Relaxed);
     }
 
     /// Records that the store had no room for `cost` until `now + retry_after`.
     pub(crate) fn deny_until(&self, cost: u64, retry_after: Duration, now: Micros) {
         self.denied_cost.store(cost, Ordering::Release);
-        self.denied_until.store(now + retry_after.as_micros() as u64, Ordering::Release);
+        self.denied_until
+            .store(now + retry_after.as_micros() as u64, Ordering::Release);
     }
 
     /// The refill the decision path queued is done (or failed).

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tollgate_lease::{
-    CheckOutcome, CheckRequest, LeaseGrant, LeaseRequest, LeaseStore, ReturnRequest, SharedClock, SlotRelease,
-    Store, StoreError,
+    CheckOutcome, CheckRequest, LeaseGrant, LeaseRequest, LeaseStore, ReturnRequest, SharedClock,
+    SlotRelease, Store, StoreError,
 };
 
 use crate::metrics::{Metrics, StoreFailure, StoreOp};
@@ -25,8 +25,18 @@ pub struct GuardedStore {
 
 impl GuardedStore {
     /// Wraps `store`.
-    pub fn new(store: Store, breaker: BreakerConfig, clock: SharedClock, metrics: Arc<Metrics>) -> Self {
-        Self { store, breaker: Mutex::new(Breaker::new(breaker)), clock, metrics }
+    pub fn new(
+        store: Store,
+        breaker: BreakerConfig,
+        clock: SharedClock,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            store,
+            breaker: Mutex::new(Breaker::new(breaker)),
+            clock,
+            metrics,
+        }
     }
 
     /// The store itself.
@@ -39,7 +49,11 @@ impl GuardedStore {
         self.breaker.lock().state()
     }
 
-    async fn call<T>(&self, op: StoreOp, call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
+    async fn call<T>(
+        &self,
+        op: StoreOp,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let allowed = {
             let mut breaker = self.breaker.lock();
             let allowed = breaker.allow(self.clock.now_micros());
@@ -53,7 +67,8 @@ impl GuardedStore {
         self.metrics.store_calls.inc();
         let start = tokio::time::Instant::now();
         let result = call.await;
-        self.metrics.observe_store(op, start.elapsed().as_secs_f64());
+        self.metrics
+            .observe_store(op, start.elapsed().as_secs_f64());
         let mut breaker = self.breaker.lock();
         match &result {
             Err(e) if e.is_transient() => {
@@ -91,16 +106,19 @@ impl GuardedStore {
 
     /// [`LeaseStore::acquire_leases`] through the breaker.
     pub async fn acquire_leases(&self, req: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
-        self.call(StoreOp::LeaseAcquire, self.store.acquire_leases(req)).await
+        self.call(StoreOp::LeaseAcquire, self.store.acquire_leases(req))
+            .await
     }
 
     /// [`LeaseStore::return_leases`] through the breaker.
     pub async fn return_leases(&self, req: &ReturnRequest) -> Result<Vec<u64>, StoreError> {
-        self.call(StoreOp::LeaseReturn, self.store.return_leases(req)).await
+        self.call(StoreOp::LeaseReturn, self.store.return_leases(req))
+            .await
     }
 
     /// [`LeaseStore::release_slots`] through the breaker.
     pub async fn release_slots(&self, req: &SlotRelease) -> Result<Vec<bool>, StoreError> {
-        self.call(StoreOp::SlotRelease, self.store.release_slots(req)).await
+        self.call(StoreOp::SlotRelease, self.store.release_slots(req))
+            .await
     }
 }

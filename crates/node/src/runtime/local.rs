@@ -23,7 +23,11 @@ impl LocalBucket {
     pub fn new(capacity: f64, rate: f64) -> Self {
         let interval = (1e9 / rate).ceil().max(1.0) as u64;
         let tolerance = (capacity.max(1.0) * interval as f64) as u64;
-        Self { tat: AtomicU64::new(0), interval, tolerance }
+        Self {
+            tat: AtomicU64::new(0),
+            interval,
+            tolerance,
+        }
     }
 
     /// A local stand-in for `limit`, scaled by `factor` (0.5: half of it). Windows become a
@@ -32,7 +36,9 @@ impl LocalBucket {
     pub fn for_limit(limit: &Limit, factor: f64) -> Self {
         let capacity = limit.capacity() as f64 * factor;
         let period = match limit.algorithm() {
-            Algorithm::TokenBucket => return Self::new(capacity, limit.refill_per_second().unwrap_or(1.0) * factor),
+            Algorithm::TokenBucket => {
+                return Self::new(capacity, limit.refill_per_second().unwrap_or(1.0) * factor);
+            }
             Algorithm::Concurrency => limit.slot_ttl(),
             _ => limit.window(),
         };
@@ -51,7 +57,10 @@ impl LocalBucket {
             if ahead > self.tolerance && increment > 0 {
                 return Err(Duration::from_nanos(ahead - self.tolerance));
             }
-            match self.tat.compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire) {
+            match self
+                .tat
+                .compare_exchange_weak(tat, next, Ordering::AcqRel, Ordering::Acquire)
+            {
                 Ok(_) => return Ok(()),
                 Err(actual) => tat = actual,
             }
@@ -61,7 +70,11 @@ impl LocalBucket {
     /// Gives back `cost` units taken for a request that was denied elsewhere.
     pub fn refund(&self, cost: u64) {
         let decrement = cost.saturating_mul(self.interval);
-        let _ = self.tat.fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| Some(t.saturating_sub(decrement)));
+        let _ = self
+            .tat
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                Some(t.saturating_sub(decrement))
+            });
     }
 }
 
@@ -99,7 +112,10 @@ mod tests {
             b.take(1, 0).expect("half the window limit");
         }
         assert!(b.take(1, 0).is_err());
-        assert!(b.take(1, 1_000_000).is_err(), "half of 60/min is one unit per two seconds");
+        assert!(
+            b.take(1, 1_000_000).is_err(),
+            "half of 60/min is one unit per two seconds"
+        );
         b.take(1, 2_000_000).expect("refilled after two seconds");
     }
 }

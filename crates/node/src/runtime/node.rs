@@ -16,7 +16,8 @@ use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tollgate_lease::{
-    Algorithm, BucketKey, CheckItem, CheckRequest, Limit, LimitSpec, SharedClock, SlotRelease, Store, StoreError,
+    Algorithm, BucketKey, CheckItem, CheckRequest, Limit, LimitSpec, SharedClock, SlotRelease,
+    Store, StoreError,
 };
 
 use crate::metrics::{Metrics, Outcome, RuleLabels};
@@ -82,7 +83,12 @@ impl Node {
         store_timeout: Duration,
     ) -> Result<Self, ractor::SpawnErr> {
         let shared = Arc::new(Shared {
-            store: GuardedStore::new(store, config.breaker.clone(), clock.clone(), metrics.clone()),
+            store: GuardedStore::new(
+                store,
+                config.breaker.clone(),
+                clock.clone(),
+                metrics.clone(),
+            ),
             registry: Registry::new(config.max_key_actors),
             clock,
             metrics,
@@ -150,14 +156,26 @@ impl Node {
 
     /// Releases concurrency slots (idempotent). Returns how many were still held.
     pub async fn release_slots(&self, slots: &[HeldSlot]) -> Result<usize, StoreError> {
-        let mut by_identity: HashMap<&str, Vec<(BucketKey, tollgate_lease::SlotId)>> = HashMap::new();
+        let mut by_identity: HashMap<&str, Vec<(BucketKey, tollgate_lease::SlotId)>> =
+            HashMap::new();
         for s in slots {
-            by_identity.entry(s.key.identity_prefix()).or_default().push((s.key.clone(), s.slot.clone()));
+            by_identity
+                .entry(s.key.identity_prefix())
+                .or_default()
+                .push((s.key.clone(), s.slot.clone()));
         }
         let mut released = 0;
         for (_, items) in by_identity {
             let req = SlotRelease::of_keys(items)?;
-            released += self.inner.shared.store.release_slots(&req).await?.into_iter().filter(|r| *r).count();
+            released += self
+                .inner
+                .shared
+                .store
+                .release_slots(&req)
+                .await?
+                .into_iter()
+                .filter(|r| *r)
+                .count();
         }
         Ok(released)
     }
@@ -168,7 +186,9 @@ impl Node {
         self.inner.stopping.store(true, Ordering::Release);
         let actors = self.inner.shared.registry.actors();
         let waits = actors.into_iter().map(|actor| async move {
-            let _ = actor.call(KeyMsg::Shutdown, Some(Duration::from_secs(2))).await;
+            let _ = actor
+                .call(KeyMsg::Shutdown, Some(Duration::from_secs(2)))
+                .await;
         });
         futures::future::join_all(waits).await;
         self.inner.supervisor.stop(None);
@@ -182,13 +202,21 @@ impl Node {
     fn hits(&self, rules: &RuleSet, request: &Request) -> Vec<Hit> {
         let mut hits = vec![];
         let mut push = |descriptor: usize, matched: crate::rules::Matched, cost: u64| {
-            hits.push(Hit { descriptor, rule: matched.rule, identity: matched.identity, cost });
+            hits.push(Hit {
+                descriptor,
+                rule: matched.rule,
+                identity: matched.identity,
+                cost,
+            });
         };
         let mut native = vec![];
         match request.matching {
             Matching::Merged => {
-                let merged: Vec<(String, String)> =
-                    request.descriptors.iter().flat_map(|d| d.entries.iter().cloned()).collect();
+                let merged: Vec<(String, String)> = request
+                    .descriptors
+                    .iter()
+                    .flat_map(|d| d.entries.iter().cloned())
+                    .collect();
                 rules.match_native(&request.domain, &merged, &mut native);
                 for m in native.drain(..) {
                     push(0, m, request.cost_of(0));
@@ -204,8 +232,19 @@ impl Node {
                     let cost = request.cost_of(i);
                     if let Some(o) = d.limit {
                         let rule = self.override_rule(&request.domain, o.requests, o.unit);
-                        let identity = d.entries.iter().flat_map(|(k, v)| [k.as_str(), "=", v.as_str(), "\u{1f}"]).collect::<String>();
-                        push(i, crate::rules::Matched { rule, identity: identity.into_bytes() }, cost);
+                        let identity = d
+                            .entries
+                            .iter()
+                            .flat_map(|(k, v)| [k.as_str(), "=", v.as_str(), "\u{1f}"])
+                            .collect::<String>();
+                        push(
+                            i,
+                            crate::rules::Matched {
+                                rule,
+                                identity: identity.into_bytes(),
+                            },
+                            cost,
+                        );
                         continue;
                     }
                     if let Some(m) = rules.match_envoy(&request.domain, &d.entries) {
@@ -222,7 +261,12 @@ impl Node {
         let replaced: Vec<&String> = hits.iter().flat_map(|h| h.rule.replaces.iter()).collect();
         if !replaced.is_empty() {
             let replaced: Vec<String> = replaced.into_iter().cloned().collect();
-            hits.retain(|h| !h.rule.replace_name.as_ref().is_some_and(|n| replaced.contains(n)));
+            hits.retain(|h| {
+                !h.rule
+                    .replace_name
+                    .as_ref()
+                    .is_some_and(|n| replaced.contains(n))
+            });
         }
         hits
     }
@@ -234,11 +278,24 @@ impl Node {
             .entry(key)
             .or_insert_with(|| {
                 let id = format!("override.{requests}-per-{}s", unit.as_secs());
-                let counters = self.inner.shared.metrics.rule_counters(&RuleLabels { domain: domain.into(), rule: id.clone() });
-                match (LimitSpec::FixedWindow { limit: f64::from(requests), window: unit }).validate() {
+                let counters = self.inner.shared.metrics.rule_counters(&RuleLabels {
+                    domain: domain.into(),
+                    rule: id.clone(),
+                });
+                match (LimitSpec::FixedWindow {
+                    limit: f64::from(requests),
+                    window: unit,
+                })
+                .validate()
+                {
                     Ok(limit) => Arc::new(CompiledRule::dynamic(domain, id, limit, counters)),
                     Err(_) => {
-                        let mut rule = CompiledRule::dynamic(domain, id, Limit::fixed_window(1, unit).unwrap_or_else(|_| fallback_limit()), counters);
+                        let mut rule = CompiledRule::dynamic(
+                            domain,
+                            id,
+                            Limit::fixed_window(1, unit).unwrap_or_else(|_| fallback_limit()),
+                            counters,
+                        );
                         rule.kind = RuleKind::Block(unit);
                         Arc::new(rule)
                     }
@@ -254,10 +311,23 @@ impl Node {
         let mut blocked = false;
         for (i, hit) in hits.iter().enumerate() {
             match hit.rule.kind {
-                RuleKind::Unlimited => statuses[i] = Some(status(hit, true, u64::MAX, Duration::ZERO, Duration::ZERO, Outcome::Allowed)),
+                RuleKind::Unlimited => {
+                    statuses[i] = Some(status(
+                        hit,
+                        true,
+                        u64::MAX,
+                        Duration::ZERO,
+                        Duration::ZERO,
+                        Outcome::Allowed,
+                    ))
+                }
                 RuleKind::Block(window) => {
                     let shadowed = hit.rule.mode == Mode::Shadow;
-                    let outcome = if shadowed { Outcome::ShadowDenied } else { Outcome::Denied };
+                    let outcome = if shadowed {
+                        Outcome::ShadowDenied
+                    } else {
+                        Outcome::Denied
+                    };
                     blocked |= !shadowed;
                     statuses[i] = Some(status(hit, false, 0, window, window, outcome));
                 }
@@ -267,7 +337,17 @@ impl Node {
         }
         let mut undo = Undo::default();
         let mut failed_closed = false;
-        let allowed = !blocked && self.reserve(&hits, &enforce, &mut statuses, &mut undo, &mut failed_closed, now).await;
+        let allowed = !blocked
+            && self
+                .reserve(
+                    &hits,
+                    &enforce,
+                    &mut statuses,
+                    &mut undo,
+                    &mut failed_closed,
+                    now,
+                )
+                .await;
         let slots = if allowed {
             std::mem::take(&mut undo.slots)
         } else {
@@ -278,7 +358,17 @@ impl Node {
             for i in shadow {
                 let mut shadow_undo = Undo::default();
                 let mut ignored = false;
-                if !self.reserve(&hits, &[i], &mut statuses, &mut shadow_undo, &mut ignored, now).await {
+                if !self
+                    .reserve(
+                        &hits,
+                        &[i],
+                        &mut statuses,
+                        &mut shadow_undo,
+                        &mut ignored,
+                        now,
+                    )
+                    .await
+                {
                     self.rollback(shadow_undo);
                     if let Some(s) = statuses[i].as_mut() {
                         s.outcome = Some(Outcome::ShadowDenied);
@@ -314,9 +404,20 @@ impl Node {
         let retry_after = if allowed {
             Duration::ZERO
         } else {
-            statuses.iter().filter(|s| !s.allowed && s.rule.mode == Mode::Enforce).map(|s| s.retry_after).max().unwrap_or_default()
+            statuses
+                .iter()
+                .filter(|s| !s.allowed && s.rule.mode == Mode::Enforce)
+                .map(|s| s.retry_after)
+                .max()
+                .unwrap_or_default()
         };
-        Verdict { allowed, retry_after, statuses, failed_closed, slots }
+        Verdict {
+            allowed,
+            retry_after,
+            statuses,
+            failed_closed,
+            slots,
+        }
     }
 
     /// Reserves every hit in `indices`, or returns false having filled the status of the hit
@@ -335,7 +436,9 @@ impl Node {
         let mut direct: Vec<usize> = vec![];
         for &i in indices {
             let hit = &hits[i];
-            let Some(limit) = hit.rule.limit() else { continue };
+            let Some(limit) = hit.rule.limit() else {
+                continue;
+            };
             if hit.cost > limit.capacity() {
                 // Can never fit: deny without asking anyone.
                 let wait = full_period(&limit);
@@ -343,7 +446,10 @@ impl Node {
                 return false;
             }
             // Peeks and concurrency slots are store checks; so is everything while stopping.
-            if hit.cost == 0 || limit.algorithm() == Algorithm::Concurrency || self.inner.stopping.load(Ordering::Acquire) {
+            if hit.cost == 0
+                || limit.algorithm() == Algorithm::Concurrency
+                || self.inner.stopping.load(Ordering::Acquire)
+            {
                 direct.push(i);
                 continue;
             }
@@ -354,20 +460,43 @@ impl Node {
             if let Some(pre) = &bucket.prelimit {
                 if let Err(wait) = pre.take(hit.cost, now) {
                     shared.metrics.prelimit_denied.inc();
-                    statuses[i] = Some(status(hit, false, 0, wait, bucket.reset_after(now), Outcome::Denied));
+                    statuses[i] = Some(status(
+                        hit,
+                        false,
+                        0,
+                        wait,
+                        bucket.reset_after(now),
+                        Outcome::Denied,
+                    ));
                     return false;
                 }
                 undo.prelimits.push((bucket.clone(), hit.cost));
             }
             if let Some(wait) = bucket.denied_for(hit.cost, now) {
-                statuses[i] = Some(status(hit, false, 0, wait, bucket.reset_after(now), Outcome::Denied));
+                statuses[i] = Some(status(
+                    hit,
+                    false,
+                    0,
+                    wait,
+                    bucket.reset_after(now),
+                    Outcome::Denied,
+                ));
                 return false;
             }
             if bucket.try_take(hit.cost, || now) {
                 shared.metrics.lease_hits.inc();
                 undo.leases.push((bucket.clone(), hit.cost));
-                statuses[i] = Some(status(hit, true, bucket.remaining(), Duration::ZERO, bucket.reset_after(now), Outcome::Allowed));
-                if bucket.should_queue_refill(|granted, left| shared.config.lease.should_refill(granted, left)) {
+                statuses[i] = Some(status(
+                    hit,
+                    true,
+                    bucket.remaining(),
+                    Duration::ZERO,
+                    bucket.reset_after(now),
+                    Outcome::Allowed,
+                ));
+                if bucket.should_queue_refill(|granted, left| {
+                    shared.config.lease.should_refill(granted, left)
+                }) {
                     let _ = bucket.actor.cast(KeyMsg::Refill(bucket.clone()));
                 }
             } else {
@@ -377,18 +506,36 @@ impl Node {
         // Per identity, one actor call for every bucket that needs the store.
         while !slow.is_empty() {
             let actor = slow[0].1.actor.clone();
-            let (group, rest): (Vec<_>, Vec<_>) = slow.into_iter().partition(|(_, b)| b.actor.get_id() == actor.get_id());
+            let (group, rest): (Vec<_>, Vec<_>) = slow
+                .into_iter()
+                .partition(|(_, b)| b.actor.get_id() == actor.get_id());
             slow = rest;
             shared.metrics.lease_misses.inc_by(group.len() as u64);
-            let wants: Vec<Want> = group.iter().map(|(i, b)| Want { bucket: b.clone(), cost: hits[*i].cost }).collect();
-            let outcome = match actor.call(|reply| KeyMsg::Acquire { wants, reply }, Some(self.inner.actor_wait)).await {
+            let wants: Vec<Want> = group
+                .iter()
+                .map(|(i, b)| Want {
+                    bucket: b.clone(),
+                    cost: hits[*i].cost,
+                })
+                .collect();
+            let outcome = match actor
+                .call(
+                    |reply| KeyMsg::Acquire { wants, reply },
+                    Some(self.inner.actor_wait),
+                )
+                .await
+            {
                 Ok(CallResult::Success(outcome)) => outcome,
-                Ok(CallResult::Timeout) => AcquireOutcome::Failed(StoreError::Timeout { budget: self.inner.actor_wait }),
+                Ok(CallResult::Timeout) => AcquireOutcome::Failed(StoreError::Timeout {
+                    budget: self.inner.actor_wait,
+                }),
                 Ok(CallResult::SenderError) | Err(_) => {
                     // The actor stopped (idle) after the bucket was looked up: forget it and
                     // decide these directly.
                     for (i, b) in &group {
-                        shared.registry.remove_bucket(&bucket_key(b.rule.uid, &hits[*i].identity));
+                        shared
+                            .registry
+                            .remove_bucket(&bucket_key(b.rule.uid, &hits[*i].identity));
                         direct.push(*i);
                     }
                     continue;
@@ -399,17 +546,39 @@ impl Node {
                     let now = self.now();
                     for (i, b) in &group {
                         undo.leases.push((b.clone(), hits[*i].cost));
-                        statuses[*i] = Some(status(&hits[*i], true, b.remaining(), Duration::ZERO, b.reset_after(now), Outcome::Allowed));
+                        statuses[*i] = Some(status(
+                            &hits[*i],
+                            true,
+                            b.remaining(),
+                            Duration::ZERO,
+                            b.reset_after(now),
+                            Outcome::Allowed,
+                        ));
                     }
                 }
                 AcquireOutcome::Denied { index, retry_after } => {
                     let (i, b) = &group[index];
-                    statuses[*i] = Some(status(&hits[*i], false, 0, retry_after, b.reset_after(self.now()), Outcome::Denied));
+                    statuses[*i] = Some(status(
+                        &hits[*i],
+                        false,
+                        0,
+                        retry_after,
+                        b.reset_after(self.now()),
+                        Outcome::Denied,
+                    ));
                     return false;
                 }
                 AcquireOutcome::Failed(error) => {
                     for (i, b) in &group {
-                        if !self.fail_mode(*i, &hits[*i], Some(b), &error, statuses, undo, failed_closed) {
+                        if !self.fail_mode(
+                            *i,
+                            &hits[*i],
+                            Some(b),
+                            &error,
+                            statuses,
+                            undo,
+                            failed_closed,
+                        ) {
                             return false;
                         }
                     }
@@ -419,7 +588,10 @@ impl Node {
         // Peeks, slots, and buckets without an actor (cap reached, or shutting down): a direct
         // check per identity, all or nothing within it.
         for group in group_by_identity(hits, &direct) {
-            if !self.check_directly(hits, &group, statuses, undo, failed_closed).await {
+            if !self
+                .check_directly(hits, &group, statuses, undo, failed_closed)
+                .await
+            {
                 return false;
             }
         }
@@ -440,7 +612,10 @@ impl Node {
         let mut item_of = Vec::with_capacity(group.len());
         for &i in group {
             let hit = &hits[i];
-            let (Some(limit), Ok(key)) = (hit.rule.limit(), BucketKey::new(&hit.identity, &hit.rule.id)) else {
+            let (Some(limit), Ok(key)) = (
+                hit.rule.limit(),
+                BucketKey::new(&hit.identity, &hit.rule.id),
+            ) else {
                 item_of.push(None);
                 continue;
             };
@@ -451,7 +626,11 @@ impl Node {
                 }
                 None => {
                     item_of.push(Some(items.len()));
-                    items.push(CheckItem { key, limit, cost: hit.cost });
+                    items.push(CheckItem {
+                        key,
+                        limit,
+                        cost: hit.cost,
+                    });
                 }
             }
         }
@@ -461,7 +640,14 @@ impl Node {
                 // Summed costs above a bucket's capacity: that request can never fit.
                 tracing::debug!(error = %e, "a request cannot be admitted");
                 let i = group[0];
-                statuses[i] = Some(status(&hits[i], false, 0, Duration::ZERO, Duration::ZERO, Outcome::Denied));
+                statuses[i] = Some(status(
+                    &hits[i],
+                    false,
+                    0,
+                    Duration::ZERO,
+                    Duration::ZERO,
+                    Outcome::Denied,
+                ));
                 return false;
             }
         };
@@ -471,18 +657,34 @@ impl Node {
                 for (&i, at) in group.iter().zip(item_of) {
                     let Some(at) = at else { continue };
                     let b = &outcome.buckets[at];
-                    statuses[i] = Some(status(&hits[i], b.allowed, b.remaining, b.retry_after, b.reset_after, if b.allowed { Outcome::Allowed } else { Outcome::Denied }));
+                    statuses[i] = Some(status(
+                        &hits[i],
+                        b.allowed,
+                        b.remaining,
+                        b.retry_after,
+                        b.reset_after,
+                        if b.allowed {
+                            Outcome::Allowed
+                        } else {
+                            Outcome::Denied
+                        },
+                    ));
                 }
                 if allowed {
                     for (item, b) in items.iter().zip(outcome.buckets) {
                         if let Some(slot) = b.slot {
-                            undo.slots.push(HeldSlot { key: item.key.clone(), slot });
+                            undo.slots.push(HeldSlot {
+                                key: item.key.clone(),
+                                slot,
+                            });
                         }
                     }
                 }
                 allowed
             }
-            Err(error) => group.iter().all(|&i| self.fail_mode(i, &hits[i], None, &error, statuses, undo, failed_closed)),
+            Err(error) => group
+                .iter()
+                .all(|&i| self.fail_mode(i, &hits[i], None, &error, statuses, undo, failed_closed)),
         }
     }
 
@@ -505,7 +707,10 @@ impl Node {
                 *failed_closed = true;
                 (false, Outcome::FailedClosed, Duration::from_secs(1))
             }
-            FailMode::Local => match bucket.map(|b| b.fallback.clone()).or_else(|| self.fallback_for(hit)) {
+            FailMode::Local => match bucket
+                .map(|b| b.fallback.clone())
+                .or_else(|| self.fallback_for(hit))
+            {
                 Some(local) => match local.take(hit.cost, now) {
                     Ok(()) => {
                         undo.fallbacks.push((local, hit.cost));
@@ -541,13 +746,21 @@ impl Node {
                 let spawned = self
                     .inner
                     .supervisor
-                    .call(|reply| SupervisorMsg::Spawn { identity: hit.identity.clone(), reply }, Some(Duration::from_secs(1)))
+                    .call(
+                        |reply| SupervisorMsg::Spawn {
+                            identity: hit.identity.clone(),
+                            reply,
+                        },
+                        Some(Duration::from_secs(1)),
+                    )
                     .await;
                 let Ok(CallResult::Success(Some(actor))) = spawned else {
                     shared.registry.unreserve_actor();
                     return None;
                 };
-                let kept = shared.registry.insert_actor(hit.identity.clone(), actor.clone());
+                let kept = shared
+                    .registry
+                    .insert_actor(hit.identity.clone(), actor.clone());
                 if kept.get_id() != actor.get_id() {
                     // Another request spawned this identity's actor first.
                     actor.stop(None);
@@ -578,7 +791,13 @@ impl Node {
             return None;
         }
         let nodes = f64::from(self.inner.shared.config.cluster_nodes.max(1));
-        Some(self.inner.fallbacks.entry(key).or_insert_with(|| Arc::new(LocalBucket::for_limit(&limit, 1.0 / nodes))).clone())
+        Some(
+            self.inner
+                .fallbacks
+                .entry(key)
+                .or_insert_with(|| Arc::new(LocalBucket::for_limit(&limit, 1.0 / nodes)))
+                .clone(),
+        )
     }
 
     fn rollback(&self, undo: Undo) {
@@ -604,29 +823,48 @@ impl Node {
 
 fn fallback_limit() -> Limit {
     // A valid limit always exists; this is only reached if one second is somehow invalid.
-    Limit::fixed_window(1, Duration::from_secs(1)).unwrap_or_else(|_| unreachable!("1 per second is a valid limit"))
+    Limit::fixed_window(1, Duration::from_secs(1))
+        .unwrap_or_else(|_| unreachable!("1 per second is a valid limit"))
 }
 
 /// How long a bucket takes to go from empty to full.
 fn full_period(limit: &Limit) -> Duration {
     match limit.algorithm() {
-        Algorithm::TokenBucket => {
-            Duration::from_secs_f64(limit.capacity() as f64 / limit.refill_per_second().unwrap_or(1.0))
-        }
+        Algorithm::TokenBucket => Duration::from_secs_f64(
+            limit.capacity() as f64 / limit.refill_per_second().unwrap_or(1.0),
+        ),
         Algorithm::Concurrency => limit.slot_ttl().unwrap_or_default(),
         _ => limit.window().unwrap_or_default(),
     }
 }
 
-fn status(hit: &Hit, allowed: bool, remaining: u64, retry_after: Duration, reset_after: Duration, outcome: Outcome) -> RuleStatus {
-    RuleStatus { descriptor: hit.descriptor, rule: hit.rule.clone(), allowed, remaining, retry_after, reset_after, outcome: Some(outcome) }
+fn status(
+    hit: &Hit,
+    allowed: bool,
+    remaining: u64,
+    retry_after: Duration,
+    reset_after: Duration,
+    outcome: Outcome,
+) -> RuleStatus {
+    RuleStatus {
+        descriptor: hit.descriptor,
+        rule: hit.rule.clone(),
+        allowed,
+        remaining,
+        retry_after,
+        reset_after,
+        outcome: Some(outcome),
+    }
 }
 
 /// Hits grouped by identity (one hash tag, one store call each), in first-seen order.
 fn group_by_identity(hits: &[Hit], indices: &[usize]) -> Vec<Vec<usize>> {
     let mut groups: Vec<Vec<usize>> = vec![];
     for &i in indices {
-        match groups.iter_mut().find(|g| hits[g[0]].identity == hits[i].identity) {
+        match groups
+            .iter_mut()
+            .find(|g| hits[g[0]].identity == hits[i].identity)
+        {
             Some(g) => g.push(i),
             None => groups.push(vec![i]),
         }

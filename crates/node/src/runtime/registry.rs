@@ -31,7 +31,12 @@ pub struct Registry {
 impl Registry {
     /// An empty registry holding at most `max_actors` key actors.
     pub fn new(max_actors: usize) -> Self {
-        Self { buckets: DashMap::new(), actors: DashMap::new(), live: AtomicUsize::new(0), max_actors }
+        Self {
+            buckets: DashMap::new(),
+            actors: DashMap::new(),
+            live: AtomicUsize::new(0),
+            max_actors,
+        }
     }
 
     /// The bucket under `key` ([`bucket_key`]).
@@ -57,7 +62,9 @@ impl Registry {
     /// Reserves room for one more actor, if the cap allows.
     pub fn reserve_actor(&self) -> bool {
         self.live
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < self.max_actors).then_some(n + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max_actors).then_some(n + 1)
+            })
             .is_ok()
     }
 
@@ -73,19 +80,27 @@ impl Registry {
 
     /// Forgets `identity`'s actor if it is still `actor`, and frees its place.
     pub fn remove_actor(&self, identity: &[u8], actor: &ActorRef<KeyMsg>) {
-        if self.actors.remove_if(identity, |_, a| a.get_id() == actor.get_id()).is_some() {
+        if self
+            .actors
+            .remove_if(identity, |_, a| a.get_id() == actor.get_id())
+            .is_some()
+        {
             self.live.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
     /// Forgets every bucket whose actor is `actor` (after a crash, when the actor could not).
     pub fn remove_buckets_of(&self, actor: &ActorRef<KeyMsg>) {
-        self.buckets.retain(|_, b| b.actor.get_id() != actor.get_id());
+        self.buckets
+            .retain(|_, b| b.actor.get_id() != actor.get_id());
     }
 
     /// The identity `actor` serves.
     pub fn identity_of(&self, actor: &ActorRef<KeyMsg>) -> Option<Vec<u8>> {
-        self.actors.iter().find(|a| a.value().get_id() == actor.get_id()).map(|a| a.key().clone())
+        self.actors
+            .iter()
+            .find(|a| a.value().get_id() == actor.get_id())
+            .map(|a| a.key().clone())
     }
 
     /// Actors alive.

@@ -45,8 +45,16 @@ pub struct Descriptor {
 
 impl Descriptor {
     /// A descriptor of `entries`.
-    pub fn new<K: Into<String>, V: Into<String>>(entries: impl IntoIterator<Item = (K, V)>) -> Self {
-        Self { entries: entries.into_iter().map(|(k, v)| (k.into(), v.into())).collect(), ..Self::default() }
+    pub fn new<K: Into<String>, V: Into<String>>(
+        entries: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        Self {
+            entries: entries
+                .into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+            ..Self::default()
+        }
     }
 }
 
@@ -66,11 +74,19 @@ pub struct Request {
 impl Request {
     /// A request in `domain` with no descriptors yet, cost 1, descriptors merged.
     pub fn new(domain: impl Into<String>) -> Self {
-        Self { domain: domain.into(), descriptors: vec![], cost: 1, matching: Matching::Merged }
+        Self {
+            domain: domain.into(),
+            descriptors: vec![],
+            cost: 1,
+            matching: Matching::Merged,
+        }
     }
 
     /// Adds a descriptor.
-    pub fn descriptor<K: Into<String>, V: Into<String>>(mut self, entries: impl IntoIterator<Item = (K, V)>) -> Self {
+    pub fn descriptor<K: Into<String>, V: Into<String>>(
+        mut self,
+        entries: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
         self.descriptors.push(Descriptor::new(entries));
         self
     }
@@ -101,7 +117,9 @@ impl Request {
             return Err(RequestError::NoDescriptors);
         }
         if self.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(RequestError::TooManyDescriptors { count: self.descriptors.len() });
+            return Err(RequestError::TooManyDescriptors {
+                count: self.descriptors.len(),
+            });
         }
         if self.cost > MAX_UNITS {
             return Err(RequestError::CostTooLarge { cost: self.cost });
@@ -111,7 +129,10 @@ impl Request {
                 return Err(RequestError::EmptyDescriptor { index });
             }
             if d.entries.len() > MAX_ENTRIES {
-                return Err(RequestError::TooManyEntries { index, count: d.entries.len() });
+                return Err(RequestError::TooManyEntries {
+                    index,
+                    count: d.entries.len(),
+                });
             }
             if d.entries.iter().any(|(k, _)| k.is_empty()) {
                 return Err(RequestError::EmptyKey { index });
@@ -169,7 +190,9 @@ pub enum RequestError {
         index: usize,
     },
     /// A descriptor too large to key a counter.
-    #[error("descriptors[{index}] holds {bytes} bytes of keys and values; at most {MAX_DESCRIPTOR_BYTES} are allowed")]
+    #[error(
+        "descriptors[{index}] holds {bytes} bytes of keys and values; at most {MAX_DESCRIPTOR_BYTES} are allowed"
+    )]
     DescriptorTooLarge {
         /// Which.
         index: usize,

@@ -22,7 +22,12 @@ pub struct LeasePolicy {
 
 impl Default for LeasePolicy {
     fn default() -> Self {
-        Self { max_units: 50, ttl: Duration::from_secs(1), max_share: 0.5, refill_at: 0.25 }
+        Self {
+            max_units: 50,
+            ttl: Duration::from_secs(1),
+            max_share: 0.5,
+            refill_at: 0.25,
+        }
     }
 }
 
@@ -46,7 +51,11 @@ impl Demand {
         if let Some(at) = self.last_grant_at {
             let elapsed = (now.saturating_sub(at)).max(1_000) as f64 / 1e6;
             let observed = self.last_grant as f64 / elapsed;
-            self.rate = if self.rate == 0.0 { observed } else { 0.5 * self.rate + 0.5 * observed };
+            self.rate = if self.rate == 0.0 {
+                observed
+            } else {
+                0.5 * self.rate + 0.5 * observed
+            };
         }
     }
 
@@ -89,7 +98,11 @@ mod tests {
         hot.on_refill(10_000); // ten units in 10 ms: 1000/s
         assert_eq!(policy.want(&hot, 1, 1000), 50);
         assert_eq!(policy.want(&hot, 1, 20), 20, "never above capacity");
-        assert_eq!(policy.want(&hot, 80, 1000), 80, "at least what the request needs");
+        assert_eq!(
+            policy.want(&hot, 80, 1000),
+            80,
+            "at least what the request needs"
+        );
     }
 
     #[test]

@@ -29,14 +29,26 @@ impl Actor for KeySupervisor {
     type State = Arc<Shared>;
     type Arguments = Arc<Shared>;
 
-    async fn pre_start(&self, _: ActorRef<SupervisorMsg>, shared: Arc<Shared>) -> Result<Arc<Shared>, ActorProcessingErr> {
+    async fn pre_start(
+        &self,
+        _: ActorRef<SupervisorMsg>,
+        shared: Arc<Shared>,
+    ) -> Result<Arc<Shared>, ActorProcessingErr> {
         Ok(shared)
     }
 
-    async fn handle(&self, myself: ActorRef<SupervisorMsg>, msg: SupervisorMsg, shared: &mut Arc<Shared>) -> Result<(), ActorProcessingErr> {
+    async fn handle(
+        &self,
+        myself: ActorRef<SupervisorMsg>,
+        msg: SupervisorMsg,
+        shared: &mut Arc<Shared>,
+    ) -> Result<(), ActorProcessingErr> {
         match msg {
             SupervisorMsg::Spawn { identity, reply } => {
-                let args = KeyArgs { identity, shared: shared.clone() };
+                let args = KeyArgs {
+                    identity,
+                    shared: shared.clone(),
+                };
                 let spawned = Actor::spawn_linked(None, KeyActor, args, myself.get_cell()).await;
                 let _ = reply.send(spawned.ok().map(|(actor, _)| actor));
             }

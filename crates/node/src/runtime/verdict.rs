@@ -47,7 +47,10 @@ impl HeldSlot {
     /// Reads a token back.
     pub fn from_token(token: &str) -> Option<Self> {
         let (key, slot) = token.split_once('#')?;
-        Some(Self { key: BucketKey::parse(key)?, slot: SlotId::forged(slot) })
+        Some(Self {
+            key: BucketKey::parse(key)?,
+            slot: SlotId::forged(slot),
+        })
     }
 }
 
@@ -73,8 +76,16 @@ impl Verdict {
     pub fn decisive(&self) -> Option<&RuleStatus> {
         let enforcing = |s: &&RuleStatus| s.rule.mode == crate::rules::Mode::Enforce;
         if !self.allowed {
-            return self.statuses.iter().filter(enforcing).filter(|s| !s.allowed).max_by_key(|s| s.retry_after);
+            return self
+                .statuses
+                .iter()
+                .filter(enforcing)
+                .filter(|s| !s.allowed)
+                .max_by_key(|s| s.retry_after);
         }
-        self.statuses.iter().filter(|s| s.rule.limit().is_some()).min_by_key(|s| s.remaining)
+        self.statuses
+            .iter()
+            .filter(|s| s.rule.limit().is_some())
+            .min_by_key(|s| s.remaining)
     }
 }

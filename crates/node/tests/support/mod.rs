@@ -7,7 +7,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_lease::{MemoryConfig, MemoryStore, RedisConfig, RedisStore, SharedClock, Store, TokioClock};
+use tollgate_lease::{
+    MemoryConfig, MemoryStore, RedisConfig, RedisStore, SharedClock, Store, TokioClock,
+};
 use tollgate_node::metrics::Metrics;
 use tollgate_node::rules::source;
 use tollgate_node::rules::watch::ActiveRules;
@@ -25,19 +27,37 @@ pub fn rules(yaml: &str, metrics: &Arc<Metrics>) -> Arc<ActiveRules> {
 pub async fn node_on(store: Store, yaml: &str, config: RuntimeConfig, clock: SharedClock) -> Node {
     let metrics = Metrics::new();
     let rules = rules(yaml, &metrics);
-    Node::start(store, rules, config, clock, metrics, Duration::from_millis(50)).await.expect("node starts")
+    Node::start(
+        store,
+        rules,
+        config,
+        clock,
+        metrics,
+        Duration::from_millis(50),
+    )
+    .await
+    .expect("node starts")
 }
 
 /// A node on its own in-memory store.
 pub async fn memory_node(yaml: &str, config: RuntimeConfig) -> (Node, MemoryStore) {
     let clock: SharedClock = Arc::new(TokioClock::new());
     let memory = MemoryStore::with_clock(clock.clone(), MemoryConfig::default());
-    (node_on(Store::Memory(memory.clone()), yaml, config, clock).await, memory)
+    (
+        node_on(Store::Memory(memory.clone()), yaml, config, clock).await,
+        memory,
+    )
 }
 
 /// A Redis store with a given call budget.
 pub fn redis_store(config: RedisConfig, budget: Duration) -> Store {
-    Store::Redis(RedisStore::open(&RedisConfig { call_timeout: budget, ..config }).expect("redis store"))
+    Store::Redis(
+        RedisStore::open(&RedisConfig {
+            call_timeout: budget,
+            ..config
+        })
+        .expect("redis store"),
+    )
 }
 
 /// Checks `request` `n` times; how many were allowed.
@@ -81,13 +101,23 @@ impl Served {
             ..Default::default()
         };
         let config = tollgate_node::config::Config::try_from(extra.or(settings)).expect("config");
-        let app = tollgate_node::app::App::start(config).await.expect("app starts");
+        let app = tollgate_node::app::App::start(config)
+            .await
+            .expect("app starts");
         let (grpc, http, node) = (app.grpc_addr, app.http_addr, app.node.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(app.run(async move {
             let _ = rx.await;
         }));
-        Served { grpc, http, node, rules_file, stop: Some(tx), task: Some(task), _dir: dir }
+        Served {
+            grpc,
+            http,
+            node,
+            rules_file,
+            stop: Some(tx),
+            task: Some(task),
+            _dir: dir,
+        }
     }
 
     /// Stops the node and waits until it has returned its leases.
@@ -100,43 +130,72 @@ impl Served {
         }
     }
 
-    pub async fn rls(&self) -> tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel> {
+    pub async fn rls(&self) -> tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>{
         tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(format!("http://{}", self.grpc))
             .await
             .expect("connect")
     }
 
-    pub async fn api(&self) -> tollgate_proto::tollgate::ratelimit::v1::rate_limiter_client::RateLimiterClient<tonic::transport::Channel> {
-        tollgate_proto::tollgate::ratelimit::v1::rate_limiter_client::RateLimiterClient::connect(format!("http://{}", self.grpc))
-            .await
-            .expect("connect")
+    pub async fn api(
+        &self,
+    ) -> tollgate_proto::tollgate::ratelimit::v1::rate_limiter_client::RateLimiterClient<
+        tonic::transport::Channel,
+    > {
+        tollgate_proto::tollgate::ratelimit::v1::rate_limiter_client::RateLimiterClient::connect(
+            format!("http://{}", self.grpc),
+        )
+        .await
+        .expect("connect")
     }
 
     /// GET `path` on the HTTP port: (status, body).
     pub async fn get(&self, path: &str) -> (u16, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(self.http).await.expect("connect");
+        let mut stream = tokio::net::TcpStream::connect(self.http)
+            .await
+            .expect("connect");
         stream
-            .write_all(format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes())
+            .write_all(
+                format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+                    .as_bytes(),
+            )
             .await
             .expect("write");
         let mut out = String::new();
         stream.read_to_string(&mut out).await.expect("read");
-        let status = out.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        let status = out
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = out
+            .split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default();
         (status, body)
     }
 }
 
 /// An RLS request with one descriptor per entry list.
-pub fn rls_request(domain: &str, descriptors: &[&[(&str, &str)]]) -> tollgate_proto::envoy::service::ratelimit::v3::RateLimitRequest {
-    use tollgate_proto::envoy::extensions::common::ratelimit::v3::{RateLimitDescriptor, rate_limit_descriptor::Entry};
+pub fn rls_request(
+    domain: &str,
+    descriptors: &[&[(&str, &str)]],
+) -> tollgate_proto::envoy::service::ratelimit::v3::RateLimitRequest {
+    use tollgate_proto::envoy::extensions::common::ratelimit::v3::{
+        RateLimitDescriptor, rate_limit_descriptor::Entry,
+    };
     tollgate_proto::envoy::service::ratelimit::v3::RateLimitRequest {
         domain: domain.into(),
         descriptors: descriptors
             .iter()
             .map(|entries| RateLimitDescriptor {
-                entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
+                entries: entries
+                    .iter()
+                    .map(|(k, v)| Entry {
+                        key: k.to_string(),
+                        value: v.to_string(),
+                    })
+                    .collect(),
                 ..Default::default()
             })
             .collect(),

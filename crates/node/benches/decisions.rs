@@ -1,0 +1,136 @@
+//! In-process decision latency and throughput against a real local Redis, with the seed's
+//! per-request script (one EVALSHA per check) measured in the same run as the baseline.
+//!
+//! `cargo bench -p tollgate-node --bench decisions` starts its own `redis-server` on a free
+//! port. `BENCH_DECISIONS` sets decisions per row (default 1,000,000 for leased rows).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use redis::aio::ConnectionManager;
+use tokio::time::Instant;
+use tollgate_lease::{RedisConfig, RedisStore, SharedClock, Store, TokioClock};
+use tollgate_node::metrics::Metrics;
+use tollgate_node::rules::source;
+use tollgate_node::rules::watch::ActiveRules;
+use tollgate_node::{Node, Request, RuntimeConfig};
+use tollgate_testkit::RedisServer;
+
+const RULES: &str = "domain: api\nrules:\n  - {id: per-key, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 1000000000000, refillPerSecond: 1000000000}\n";
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("histogram")
+}
+
+struct Row {
+    name: &'static str,
+    latency: Histogram<u64>,
+    secs: f64,
+    store_calls: u64,
+}
+
+impl Row {
+    fn print(&self) {
+        let n = self.latency.len();
+        let q = |p| self.latency.value_at_quantile(p);
+        println!(
+            "| {} | {:.0} | {} | {} | {} | {:.4} |",
+            self.name,
+            n as f64 / self.secs,
+            fmt_ns(q(0.5)),
+            fmt_ns(q(0.99)),
+            fmt_ns(q(0.999)),
+            self.store_calls as f64 / n as f64,
+        );
+    }
+}
+
+fn fmt_ns(ns: u64) -> String {
+    if ns < 10_000 { format!("{ns} ns") } else { format!("{:.1} µs", ns as f64 / 1000.0) }
+}
+
+async fn node(url: &str, clock: SharedClock) -> Node {
+    let metrics = Metrics::new();
+    let rules = ActiveRules::new(metrics.clone());
+    rules.install(&source::parse(RULES, std::path::Path::new("bench.yaml")).expect("rules")).expect("install");
+    let store = Store::Redis(RedisStore::open(&RedisConfig { call_timeout: Duration::from_secs(1), ..RedisConfig::single(url) }).expect("redis"));
+    Node::start(store, rules, RuntimeConfig::default(), clock, metrics, Duration::from_secs(1)).await.expect("node")
+}
+
+fn main() {
+    let n: usize = std::env::var("BENCH_DECISIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+    let server = RedisServer::start().expect("redis-server");
+    let url = server.url();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let rows = rt.block_on(async {
+        let clock: SharedClock = Arc::new(TokioClock::new());
+        let mut rows = vec![];
+
+        // Baseline: the seed's script, one EVALSHA per decision, one connection.
+        let seed = redis::Script::new(include_str!("../../lease/benches/seed_token_bucket.lua"));
+        let mut conn = ConnectionManager::new(redis::Client::open(url.as_str()).expect("client")).await.expect("conn");
+        let calls = 20_000;
+        let mut latency = histogram();
+        let start = Instant::now();
+        for i in 0..calls {
+            let t = Instant::now();
+            let _: Vec<i64> = seed
+                .key(format!("seed:{{key-{}}}", i % 1000))
+                .arg(1_000_000_000_000u64)
+                .arg(1_000_000_000u64)
+                .arg(1)
+                .invoke_async(&mut conn)
+                .await
+                .expect("seed");
+            latency.record(t.elapsed().as_nanos() as u64).expect("record");
+        }
+        rows.push(Row { name: "baseline: seed script, one EVALSHA per decision", latency, secs: start.elapsed().as_secs_f64(), store_calls: calls });
+
+        // A hot key: decided from its lease.
+        let hot = node(&url, clock.clone()).await;
+        let request = Request::new("api").descriptor([("api_key", "hot")]);
+        for _ in 0..10_000 {
+            hot.check(&request).await.expect("valid");
+        }
+        let before = hot.metrics().store_calls.get();
+        let mut latency = histogram();
+        let start = Instant::now();
+        for _ in 0..n {
+            let t = Instant::now();
+            let verdict = hot.check(&request).await.expect("valid");
+            latency.record(t.elapsed().as_nanos().max(1) as u64).expect("record");
+            assert!(verdict.allowed);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        rows.push(Row { name: "hot key, leased (Node::check)", latency, secs, store_calls: hot.metrics().store_calls.get() - before });
+        hot.shutdown().await;
+
+        // Cold keys: every decision a new API key (actor, lease of one unit, store call).
+        let cold = node(&url, clock.clone()).await;
+        let keys = 20_000;
+        let before = cold.metrics().store_calls.get();
+        let mut latency = histogram();
+        let start = Instant::now();
+        for i in 0..keys {
+            let request = Request::new("api").descriptor([("api_key", format!("cold-{i}"))]);
+            let t = Instant::now();
+            let verdict = cold.check(&request).await.expect("valid");
+            latency.record(t.elapsed().as_nanos() as u64).expect("record");
+            assert!(verdict.allowed);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        rows.push(Row { name: "cold key (new identity each decision)", latency, secs, store_calls: cold.metrics().store_calls.get() - before });
+        cold.shutdown().await;
+        rows
+    });
+    println!("| decision | decisions/s | p50 | p99 | p999 | store calls per decision |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for row in &rows {
+        row.print();
+    }
+    let base = rows[0].latency.len() as f64 / rows[0].secs;
+    let hot = rows[1].latency.len() as f64 / rows[1].secs;
+    println!("\nhot key vs baseline: {:.0}× the decisions/s, {:.0}× fewer store calls per decision", hot / base, 1.0 / (rows[1].store_calls as f64 / rows[1].latency.len() as f64).max(1e-9));
+    drop(server);
+}

@@ -217,6 +217,8 @@ impl LeaseStore for MemoryStore {
                 });
                 if consume {
                     b.store(keys, &k, &item.limit, now);
+                } else {
+                    b.restore(keys, &k);
                 }
             }
             CheckOutcome { buckets: out }
@@ -237,7 +239,7 @@ impl LeaseStore for MemoryStore {
                 .enumerate()
                 .map(|(position, ask)| {
                     let lease_key = ask.key.lease_key();
-                    let mut leases = keys.sorted(&lease_key, now);
+                    let mut leases = keys.take_sorted(&lease_key, now);
                     leases.remove_up_to(now);
                     let k = state_key(&ask.key, &ask.limit);
                     let mut b = Bucket::load(keys, &k, &ask.limit, now);
@@ -245,7 +247,7 @@ impl LeaseStore for MemoryStore {
                     let grant = grant_size(available, ask.want, ask.min, ask.max_share);
                     if grant == 0 {
                         store_leases(keys, &lease_key, leases, now);
-                        return LeaseGrant {
+                        let refusal = LeaseGrant {
                             units: 0,
                             lease: None,
                             valid_for: Duration::ZERO,
@@ -253,6 +255,8 @@ impl LeaseStore for MemoryStore {
                             retry_after: us(b.retry_after(&ask.limit, now, ask.min)),
                             reset_after: us(b.reset_after(&ask.limit, now)),
                         };
+                        b.restore(keys, &k);
+                        return refusal;
                     }
                     let entry = b.consume(&ask.limit, now, grant, "");
                     let (valid_for, ws) = lease_validity(&ask.limit, &b, now, ttl_us);
@@ -289,8 +293,9 @@ impl LeaseStore for MemoryStore {
                 .iter()
                 .map(|item| {
                     let lease_key = item.key.lease_key();
-                    let mut leases = keys.sorted(&lease_key, now);
+                    let mut leases = keys.take_sorted(&lease_key, now);
                     let Some(expiry) = leases.score(item.lease.as_str()) else {
+                        keys.restore_sorted(&lease_key, leases);
                         return 0;
                     };
                     leases.remove(item.lease.as_str());
@@ -335,6 +340,8 @@ impl LeaseStore for MemoryStore {
                     };
                     if credited > 0 {
                         b.store(keys, &k, &item.limit, now);
+                    } else {
+                        b.restore(keys, &k);
                     }
                     credited
                 })
@@ -349,14 +356,10 @@ impl LeaseStore for MemoryStore {
                 .iter()
                 .map(|(key, slot)| {
                     let k = format!("{key}:slots");
-                    let mut slots = keys.sorted(&k, now);
+                    let mut slots = keys.take_sorted(&k, now);
                     slots.remove_up_to(now);
                     let released = slots.remove(slot.as_str());
-                    if slots.is_empty() {
-                        keys.map.remove(&k);
-                    } else if let Some(stored) = keys.map.get_mut(&k) {
-                        stored.value = Value::Sorted(slots);
-                    }
+                    keys.restore_sorted(&k, slots);
                     released
                 })
                 .collect()
@@ -398,6 +401,8 @@ impl LeaseStore for MemoryStore {
                     };
                     if applied > 0 {
                         b.store(keys, &k, &item.limit, now);
+                    } else {
+                        b.restore(keys, &k);
                     }
                     applied
                 })

@@ -47,29 +47,95 @@ impl Row {
 }
 
 fn fmt_ns(ns: u64) -> String {
-    if ns < 10_000 { format!("{ns} ns") } else { format!("{:.1} µs", ns as f64 / 1000.0) }
+    if ns < 10_000 {
+        format!("{ns} ns")
+    } else {
+        format!("{:.1} µs", ns as f64 / 1000.0)
+    }
 }
 
 async fn node(url: &str, clock: SharedClock) -> Node {
     let metrics = Metrics::new();
     let rules = ActiveRules::new(metrics.clone());
-    rules.install(&source::parse(RULES, std::path::Path::new("bench.yaml")).expect("rules")).expect("install");
-    let store = Store::Redis(RedisStore::open(&RedisConfig { call_timeout: Duration::from_secs(1), ..RedisConfig::single(url) }).expect("redis"));
-    Node::start(store, rules, RuntimeConfig::default(), clock, metrics, Duration::from_secs(1)).await.expect("node")
+    rules
+        .install(&source::parse(RULES, std::path::Path::new("bench.yaml")).expect("rules"))
+        .expect("install");
+    let store = Store::Redis(
+        RedisStore::open(&RedisConfig {
+            call_timeout: Duration::from_secs(1),
+            ..RedisConfig::single(url)
+        })
+        .expect("redis"),
+    );
+    Node::start(
+        store,
+        rules,
+        RuntimeConfig::default(),
+        clock,
+        metrics,
+        Duration::from_secs(1),
+    )
+    .await
+    .expect("node")
+}
+
+async fn measure_hot(name: &'static str, node: &Node, n: usize, paced: Option<Duration>) -> Row {
+    let request = Request::new("api").descriptor([("api_key", name)]);
+    for _ in 0..10_000 {
+        node.check(&request).await.expect("valid");
+    }
+    let before = node.metrics().store_calls.get();
+    let misses = node.metrics().lease_misses.get();
+    let mut latency = histogram();
+    let start = Instant::now();
+    let mut next = start;
+    for _ in 0..n {
+        if let Some(gap) = paced {
+            next += gap;
+            tokio::time::sleep_until(next).await;
+        }
+        let t = Instant::now();
+        let verdict = node.check(&request).await.expect("valid");
+        latency
+            .record(t.elapsed().as_nanos().max(1) as u64)
+            .expect("record");
+        assert!(verdict.allowed);
+    }
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "{name}: {} decisions waited for the store",
+        node.metrics().lease_misses.get() - misses
+    );
+    Row {
+        name,
+        latency,
+        secs,
+        store_calls: node.metrics().store_calls.get() - before,
+    }
 }
 
 fn main() {
-    let n: usize = std::env::var("BENCH_DECISIONS").ok().and_then(|s| s.parse().ok()).unwrap_or(1_000_000);
+    let n: usize = std::env::var("BENCH_DECISIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
     let server = RedisServer::start().expect("redis-server");
     let url = server.url();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    // Two workers run the actors and store calls; the measuring loop runs on the main thread.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
     let rows = rt.block_on(async {
         let clock: SharedClock = Arc::new(TokioClock::new());
         let mut rows = vec![];
 
         // Baseline: the seed's script, one EVALSHA per decision, one connection.
         let seed = redis::Script::new(include_str!("../../lease/benches/seed_token_bucket.lua"));
-        let mut conn = ConnectionManager::new(redis::Client::open(url.as_str()).expect("client")).await.expect("conn");
+        let mut conn = ConnectionManager::new(redis::Client::open(url.as_str()).expect("client"))
+            .await
+            .expect("conn");
         let calls = 20_000;
         let mut latency = histogram();
         let start = Instant::now();
@@ -83,27 +149,58 @@ fn main() {
                 .invoke_async(&mut conn)
                 .await
                 .expect("seed");
-            latency.record(t.elapsed().as_nanos() as u64).expect("record");
+            latency
+                .record(t.elapsed().as_nanos() as u64)
+                .expect("record");
         }
-        rows.push(Row { name: "baseline: seed script, one EVALSHA per decision", latency, secs: start.elapsed().as_secs_f64(), store_calls: calls });
+        rows.push(Row {
+            name: "baseline: seed script, one EVALSHA per decision",
+            latency,
+            secs: start.elapsed().as_secs_f64(),
+            store_calls: calls,
+        });
 
-        // A hot key: decided from its lease.
         let hot = node(&url, clock.clone()).await;
-        let request = Request::new("api").descriptor([("api_key", "hot")]);
+        rows.push(measure_hot("hot key, Node::check, back to back", &hot, n, None).await);
+        rows.push(
+            measure_hot(
+                "hot key, Node::check, paced at 10,000/s",
+                &hot,
+                50_000,
+                Some(Duration::from_micros(100)),
+            )
+            .await,
+        );
+
+        // The same hot key through a prepared request: atomics only while leases last.
+        let mut prepared = hot
+            .prepare(Request::new("api").descriptor([("api_key", "prepared")]))
+            .await
+            .expect("prepare");
         for _ in 0..10_000 {
-            hot.check(&request).await.expect("valid");
+            prepared.decide().await;
         }
         let before = hot.metrics().store_calls.get();
         let mut latency = histogram();
         let start = Instant::now();
         for _ in 0..n {
             let t = Instant::now();
-            let verdict = hot.check(&request).await.expect("valid");
-            latency.record(t.elapsed().as_nanos().max(1) as u64).expect("record");
-            assert!(verdict.allowed);
+            let decision = match prepared.try_check() {
+                Some(d) => d,
+                None => prepared.decide().await,
+            };
+            latency
+                .record(t.elapsed().as_nanos().max(1) as u64)
+                .expect("record");
+            assert_eq!(decision, tollgate_node::Decision::Allowed);
         }
         let secs = start.elapsed().as_secs_f64();
-        rows.push(Row { name: "hot key, leased (Node::check)", latency, secs, store_calls: hot.metrics().store_calls.get() - before });
+        rows.push(Row {
+            name: "hot key, Prepared::try_check, back to back",
+            latency,
+            secs,
+            store_calls: hot.metrics().store_calls.get() - before,
+        });
         hot.shutdown().await;
 
         // Cold keys: every decision a new API key (actor, lease of one unit, store call).
@@ -116,11 +213,18 @@ fn main() {
             let request = Request::new("api").descriptor([("api_key", format!("cold-{i}"))]);
             let t = Instant::now();
             let verdict = cold.check(&request).await.expect("valid");
-            latency.record(t.elapsed().as_nanos() as u64).expect("record");
+            latency
+                .record(t.elapsed().as_nanos() as u64)
+                .expect("record");
             assert!(verdict.allowed);
         }
         let secs = start.elapsed().as_secs_f64();
-        rows.push(Row { name: "cold key (new identity each decision)", latency, secs, store_calls: cold.metrics().store_calls.get() - before });
+        rows.push(Row {
+            name: "cold key (new identity each decision)",
+            latency,
+            secs,
+            store_calls: cold.metrics().store_calls.get() - before,
+        });
         cold.shutdown().await;
         rows
     });
@@ -129,8 +233,12 @@ fn main() {
     for row in &rows {
         row.print();
     }
-    let base = rows[0].latency.len() as f64 / rows[0].secs;
-    let hot = rows[1].latency.len() as f64 / rows[1].secs;
-    println!("\nhot key vs baseline: {:.0}× the decisions/s, {:.0}× fewer store calls per decision", hot / base, 1.0 / (rows[1].store_calls as f64 / rows[1].latency.len() as f64).max(1e-9));
+    let rate = |r: &Row| r.latency.len() as f64 / r.secs;
+    let calls = |r: &Row| r.store_calls as f64 / r.latency.len() as f64;
+    println!(
+        "\nhot key (Node::check) vs baseline: {:.0}x the decisions/s, {:.0}x fewer store calls per decision",
+        rate(&rows[1]) / rate(&rows[0]),
+        1.0 / calls(&rows[1]).max(1e-9)
+    );
     drop(server);
 }

@@ -21,4 +21,6 @@ pub mod metrics;
 pub mod rules;
 pub mod runtime;
 
-pub use runtime::{Descriptor, Matching, Node, Request, RuntimeConfig, Verdict};
+pub use runtime::{
+    Decision, Descriptor, Matching, Node, Prepared, Request, RuntimeConfig, Verdict,
+};

@@ -3,6 +3,7 @@
 //!
 //! # Layout
 //! - [`node`]: the node; matches requests and decides them, all or nothing.
+//! - [`prepared`]: a request resolved once, decided from leases with atomics only.
 //! - [`request`], [`verdict`]: what goes in and what comes out.
 //! - [`bucket`]: one bucket's state on this node (the atomic lease counter of the hot path).
 //! - [`actor`]: the per-key actor that leases, refills and returns.
@@ -18,6 +19,7 @@ pub mod bucket;
 pub mod guarded;
 pub mod local;
 pub mod node;
+pub mod prepared;
 pub mod registry;
 pub mod request;
 pub mod shared;
@@ -26,6 +28,7 @@ pub mod supervisor;
 pub mod verdict;
 
 pub use node::Node;
+pub use prepared::{Decision, Prepared};
 pub use request::{Descriptor, LimitOverride, Matching, Request, RequestError};
 pub use shared::RuntimeConfig;
 pub use verdict::{HeldSlot, RuleStatus, Verdict};

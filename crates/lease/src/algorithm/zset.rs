@@ -1,47 +1,49 @@
 //! A small sorted set with Redis ZSET ordering (by score, then by member bytes), so the
 //! in-memory store walks entries in the same order as the scripts do.
 
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
 use crate::clock::Micros;
 
+/// Members ordered by (score, member) for range operations, and indexed by member for
+/// lookups: every operation is O(log n) or better, as in Redis.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct ZSet {
-    entries: Vec<(Micros, String)>,
+    ordered: BTreeSet<(Micros, Arc<str>)>,
+    scores: HashMap<Arc<str>, Micros>,
 }
 
 impl ZSet {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (Micros, &str)> {
-        self.entries.iter().map(|(s, m)| (*s, m.as_str()))
+        self.ordered.iter().map(|(s, m)| (*s, &**m))
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.ordered.is_empty()
     }
 
     pub(crate) fn score(&self, member: &str) -> Option<Micros> {
-        self.entries
-            .iter()
-            .find(|(_, m)| m == member)
-            .map(|(s, _)| *s)
+        self.scores.get(member).copied()
     }
 
     pub(crate) fn max_score(&self) -> Option<Micros> {
-        self.entries.last().map(|(s, _)| *s)
+        self.ordered.last().map(|(s, _)| *s)
     }
 
     /// `ZADD key score member` (replacing the member's score if present).
     pub(crate) fn add(&mut self, score: Micros, member: String) {
         self.remove(&member);
-        let at = self
-            .entries
-            .partition_point(|(s, m)| (*s, m.as_str()) < (score, member.as_str()));
-        self.entries.insert(at, (score, member));
+        let member: Arc<str> = member.into();
+        self.scores.insert(member.clone(), score);
+        self.ordered.insert((score, member));
     }
 
     /// `ZREM key member`: whether it was there.
     pub(crate) fn remove(&mut self, member: &str) -> bool {
-        match self.entries.iter().position(|(_, m)| m == member) {
-            Some(i) => {
-                self.entries.remove(i);
+        match self.scores.remove_entry(member) {
+            Some((m, score)) => {
+                self.ordered.remove(&(score, m));
                 true
             }
             None => false,
@@ -50,8 +52,14 @@ impl ZSet {
 
     /// `ZREMRANGEBYSCORE key -inf max`.
     pub(crate) fn remove_up_to(&mut self, max: Micros) {
-        let end = self.entries.partition_point(|(s, _)| *s <= max);
-        self.entries.drain(..end);
+        while let Some((score, _)) = self.ordered.first() {
+            if *score > max {
+                break;
+            }
+            if let Some((_, member)) = self.ordered.pop_first() {
+                self.scores.remove(&member);
+            }
+        }
     }
 }
 

@@ -52,10 +52,29 @@ impl Keys {
         }
     }
 
-    pub(crate) fn sorted(&self, key: &str, now: Micros) -> ZSet {
-        match self.get(key, now) {
-            Some(Value::Sorted(z)) => z.clone(),
+    /// Takes a sorted set out of its key (leaving it empty in place, with its expiry), so it
+    /// can be changed without a copy. Every caller then writes it back with
+    /// [`Keys::restore_sorted`] or replaces the key.
+    pub(crate) fn take_sorted(&mut self, key: &str, now: Micros) -> ZSet {
+        match self.map.get_mut(key) {
+            Some(Stored {
+                value: Value::Sorted(z),
+                expires_at,
+            }) if *expires_at > now => std::mem::take(z),
             _ => ZSet::default(),
+        }
+    }
+
+    /// Puts a taken sorted set back, keeping the key's expiry; an emptied set deletes the key
+    /// (as Redis deletes empty sorted sets).
+    pub(crate) fn restore_sorted(&mut self, key: &str, set: ZSet) {
+        if set.is_empty() {
+            if matches!(self.map.get(key), Some(Stored { value: Value::Sorted(z), .. }) if z.is_empty())
+            {
+                self.map.remove(key);
+            }
+        } else if let Some(stored) = self.map.get_mut(key) {
+            stored.value = Value::Sorted(set);
         }
     }
 
@@ -77,7 +96,7 @@ pub(crate) enum Bucket {
 impl Bucket {
     /// Loads the bucket stored at `key` (as given by [`state_key`]). State written by another
     /// algorithm (the rule changed) reads as no state.
-    pub(crate) fn load(keys: &Keys, key: &str, limit: &Limit, now: Micros) -> Self {
+    pub(crate) fn load(keys: &mut Keys, key: &str, limit: &Limit, now: Micros) -> Self {
         let stored = keys.get(key, now);
         match limit.kind() {
             Kind::TokenBucket {
@@ -105,10 +124,12 @@ impl Bucket {
                 Bucket::SlidingWindow(SlidingWindow::load(s, window_us, now))
             }
             Kind::SlidingWindowLog { window_us, .. } => Bucket::Log(EntryLog::load(
-                keys.sorted(key, now),
+                keys.take_sorted(key, now),
                 now.saturating_sub(window_us),
             )),
-            Kind::Concurrency { .. } => Bucket::Slots(EntryLog::load(keys.sorted(key, now), now)),
+            Kind::Concurrency { .. } => {
+                Bucket::Slots(EntryLog::load(keys.take_sorted(key, now), now))
+            }
         }
     }
 
@@ -221,6 +242,13 @@ impl Bucket {
             }
         };
         keys.put(key, value, now + ttl_ms(neutral_in) * 1000);
+    }
+
+    /// Writes back a bucket that was read but not changed (only sorted sets were taken).
+    pub(crate) fn restore(self, keys: &mut Keys, key: &str) {
+        if let Bucket::Log(b) | Bucket::Slots(b) = self {
+            keys.restore_sorted(key, b.entries);
+        }
     }
 
     /// Microseconds until the state is indistinguishable from no state.

@@ -1,7 +1,11 @@
 //! The compiled rule set: every rule of every domain, indexed for matching, swapped atomically
 //! as a whole (a request never sees half of an old set and half of a new one).
 
-use std::collections::HashMap;
+use std::collections::HashMap as StdHashMap;
+
+/// Rule lookups on the decision path hash descriptor keys and values: a fast hasher. (Rule sets
+/// are written by operators, not by clients, so hash flooding is not a concern.)
+type HashMap<K, V> = StdHashMap<K, V, foldhash::fast::RandomState>;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
@@ -165,7 +169,7 @@ impl RuleSet {
             version,
             ..RuleSet::default()
         };
-        let mut ids: HashMap<&str, &str> = HashMap::new();
+        let mut ids: HashMap<&str, &str> = HashMap::default();
         for rule in native {
             if let Some(first) = ids.insert(&rule.id, &rule.origin) {
                 return Err(format!(
@@ -262,28 +266,34 @@ impl RuleSet {
         self.domains.contains_key(domain)
     }
 
-    /// Tollgate's own rules that match `entries` (a set of request attributes): every rule
-    /// whose match keys are all present with matching values, and whose identity keys are
-    /// present.
-    pub fn match_native(&self, domain: &str, entries: &[(String, String)], out: &mut Vec<Matched>) {
+    /// Tollgate's own rules that match a request's attributes: every rule whose match keys
+    /// are all present with matching values, and whose identity keys are present. The
+    /// attributes are one or more descriptors' entries, seen as one set (no copy is made).
+    pub fn match_native(
+        &self,
+        domain: &str,
+        attributes: &[&[(String, String)]],
+        out: &mut Vec<Matched>,
+    ) {
         let Some(rules) = self.domains.get(domain) else {
             return;
         };
         let native = &rules.native;
+        let all = || attributes.iter().flat_map(|entries| entries.iter());
         let mut consider = |index: usize| {
             let rule = &native.rules[index];
             let all_match = rule
                 .matches
                 .iter()
-                .all(|(key, pattern)| entries.iter().any(|(k, v)| k == key && pattern.matches(v)));
-            if all_match && let Some(identity) = identity_of(&rule.identity, entries) {
+                .all(|(key, pattern)| all().any(|(k, v)| k == key && pattern.matches(v)));
+            if all_match && let Some(identity) = identity_of(&rule.identity, attributes) {
                 out.push(Matched {
                     rule: rule.compiled.clone(),
                     identity,
                 });
             }
         };
-        for (k, v) in entries {
+        for (k, v) in all() {
             if let Some(indices) = native
                 .anchored
                 .get(k.as_str())
@@ -440,10 +450,11 @@ fn push_piece(out: &mut Vec<u8>, piece: &str) {
 }
 
 /// The identity a rule keys its counter by, or `None` if a key it needs is absent.
-fn identity_of(identity: &Identity, entries: &[(String, String)]) -> Option<Vec<u8>> {
+fn identity_of(identity: &Identity, attributes: &[&[(String, String)]]) -> Option<Vec<u8>> {
     let value_of = |key: &str| {
-        entries
+        attributes
             .iter()
+            .flat_map(|e| e.iter())
             .find(|(k, _)| k == key)
             .map(|(_, v)| v.as_str())
     };
@@ -502,7 +513,7 @@ mod tests {
 
     fn matched(set: &RuleSet, domain: &str, pairs: &[(&str, &str)]) -> Vec<(String, String)> {
         let mut out = vec![];
-        set.match_native(domain, &entries(pairs), &mut out);
+        set.match_native(domain, &[&entries(pairs)], &mut out);
         out.into_iter()
             .map(|m| {
                 (
@@ -633,8 +644,8 @@ mod tests {
     #[test]
     fn identities_are_injective() {
         let keys = Identity::Keys(vec!["a".into(), "b".into()]);
-        let x = identity_of(&keys, &entries(&[("a", "1:2"), ("b", "3")]));
-        let y = identity_of(&keys, &entries(&[("a", "1"), ("b", "2:3")]));
+        let x = identity_of(&keys, &[&entries(&[("a", "1:2"), ("b", "3")])]);
+        let y = identity_of(&keys, &[&entries(&[("a", "1"), ("b", "2:3")])]);
         assert_ne!(x, y);
     }
 }

@@ -17,6 +17,8 @@ use crate::rules::source::{self, LoadedRules, RulesError};
 #[derive(Debug)]
 pub struct ActiveRules {
     current: ArcSwap<RuleSet>,
+    /// The active set's version, readable without loading the set.
+    active_version: AtomicU64,
     next_version: AtomicU64,
     metrics: Arc<Metrics>,
 }
@@ -26,6 +28,7 @@ impl ActiveRules {
     pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Self {
             current: ArcSwap::from_pointee(RuleSet::default()),
+            active_version: AtomicU64::new(0),
             next_version: AtomicU64::new(1),
             metrics,
         })
@@ -36,12 +39,18 @@ impl ActiveRules {
         self.current.load()
     }
 
+    /// The active set's version (0 before any set is installed).
+    pub fn version(&self) -> u64 {
+        self.active_version.load(Ordering::Acquire)
+    }
+
     /// Compiles `rules` and swaps them in, or leaves the active set alone on error.
     pub fn install(&self, rules: &LoadedRules) -> Result<u64, String> {
         let version = self.next_version.fetch_add(1, Ordering::Relaxed);
         let set = RuleSet::compile(&rules.native, &rules.envoy, version, &self.metrics)?;
         let count = set.rules().len();
         self.current.store(Arc::new(set));
+        self.active_version.store(version, Ordering::Release);
         self.metrics.rules_version.set(version as i64);
         self.metrics.rules_loaded.set(count as i64);
         tracing::info!(version, rules = count, "rule set installed");

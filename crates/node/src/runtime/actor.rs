@@ -504,6 +504,9 @@ impl KeyState {
     }
 
     fn schedule_tick(&mut self, myself: &ActorRef<KeyMsg>, at: Micros, now: Micros) {
+        // Ticks are coarse (half the return margin at most): a hot key holding thousands of
+        // leases expires them in batches, not one timer each.
+        let at = at.max(now + self.return_margin() / 2);
         if self.next_tick.is_some_and(|t| t <= at) {
             return;
         }

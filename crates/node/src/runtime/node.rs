@@ -34,6 +34,11 @@ use crate::runtime::shared::{RuntimeConfig, Shared};
 use crate::runtime::supervisor::{KeySupervisor, SupervisorMsg};
 use crate::runtime::verdict::{HeldSlot, RuleStatus, Verdict};
 
+thread_local! {
+    /// The registry key of the bucket being looked up: built here, so a lookup allocates nothing.
+    static LOOKUP: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// A running node. Cheap to clone; every clone is the same node.
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -154,6 +159,40 @@ impl Node {
         Ok(self.decide(hits).await)
     }
 
+    /// Resolves `request` once, so deciding it again costs only the leases' atomic operations.
+    pub async fn prepare(
+        &self,
+        request: Request,
+    ) -> Result<crate::runtime::prepared::Prepared, RequestError> {
+        crate::runtime::prepared::Prepared::new(self.clone(), request).await
+    }
+
+    /// The buckets of `request`'s matched rules, if every one can be decided by a lease alone.
+    pub(crate) async fn leased_buckets(
+        &self,
+        request: &Request,
+    ) -> Option<Vec<(Arc<Bucket>, u64)>> {
+        let rules = self.inner.rules.load();
+        let hits = self.hits(&rules, request);
+        if hits.is_empty()
+            || !hits
+                .iter()
+                .all(|h| crate::runtime::prepared::leasable(&h.rule, h.cost))
+        {
+            return None;
+        }
+        let mut out = Vec::with_capacity(hits.len());
+        for hit in &hits {
+            let limit = hit.rule.limit()?;
+            out.push((self.bucket(hit, limit).await?, hit.cost));
+        }
+        Some(out)
+    }
+
+    pub(crate) fn shared(&self) -> &Shared {
+        &self.inner.shared
+    }
+
     /// Releases concurrency slots (idempotent). Returns how many were still held.
     pub async fn release_slots(&self, slots: &[HeldSlot]) -> Result<usize, StoreError> {
         let mut by_identity: HashMap<&str, Vec<(BucketKey, tollgate_lease::SlotId)>> =
@@ -212,11 +251,8 @@ impl Node {
         let mut native = vec![];
         match request.matching {
             Matching::Merged => {
-                let merged: Vec<(String, String)> = request
-                    .descriptors
-                    .iter()
-                    .flat_map(|d| d.entries.iter().cloned())
-                    .collect();
+                let merged: Vec<&[(String, String)]> =
+                    request.descriptors.iter().map(|d| &d.entries[..]).collect();
                 rules.match_native(&request.domain, &merged, &mut native);
                 for m in native.drain(..) {
                     push(0, m, request.cost_of(0));
@@ -250,7 +286,7 @@ impl Node {
                     if let Some(m) = rules.match_envoy(&request.domain, &d.entries) {
                         push(i, m, cost);
                     }
-                    rules.match_native(&request.domain, &d.entries, &mut native);
+                    rules.match_native(&request.domain, &[&d.entries], &mut native);
                     for m in native.drain(..) {
                         push(i, m, cost);
                     }
@@ -731,10 +767,15 @@ impl Node {
     /// actor cap is reached: the hit is then decided directly.
     async fn bucket(&self, hit: &Hit, limit: Limit) -> Option<Arc<Bucket>> {
         let shared = &self.inner.shared;
-        let key = bucket_key(hit.rule.uid, &hit.identity);
-        if let Some(bucket) = shared.registry.bucket(&key) {
+        if let Some(bucket) = LOOKUP.with_borrow_mut(|key| {
+            key.clear();
+            key.extend_from_slice(&hit.rule.uid.to_le_bytes());
+            key.extend_from_slice(&hit.identity);
+            shared.registry.bucket(key)
+        }) {
             return Some(bucket);
         }
+        let key = bucket_key(hit.rule.uid, &hit.identity);
         let store_key = BucketKey::new(&hit.identity, &hit.rule.id).ok()?;
         let actor = match shared.registry.actor(&hit.identity) {
             Some(actor) => actor,

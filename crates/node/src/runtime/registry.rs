@@ -19,11 +19,15 @@ pub fn bucket_key(uid: u64, identity: &[u8]) -> Vec<u8> {
     key
 }
 
+/// A fast hasher for keys the node makes itself (rule uids, identities): the maps are sharded
+/// and bounded, and a flood of keys is capped before it could matter.
+type Fast = foldhash::fast::RandomState;
+
 /// Buckets and actors by key.
 #[derive(Debug)]
 pub struct Registry {
-    buckets: DashMap<Vec<u8>, Arc<Bucket>>,
-    actors: DashMap<Vec<u8>, ActorRef<KeyMsg>>,
+    buckets: DashMap<Vec<u8>, Arc<Bucket>, Fast>,
+    actors: DashMap<Vec<u8>, ActorRef<KeyMsg>, Fast>,
     live: AtomicUsize,
     max_actors: usize,
 }
@@ -32,8 +36,8 @@ impl Registry {
     /// An empty registry holding at most `max_actors` key actors.
     pub fn new(max_actors: usize) -> Self {
         Self {
-            buckets: DashMap::new(),
-            actors: DashMap::new(),
+            buckets: DashMap::with_hasher(Fast::default()),
+            actors: DashMap::with_hasher(Fast::default()),
             live: AtomicUsize::new(0),
             max_actors,
         }

@@ -1,0 +1,162 @@
+//! A request resolved once (rules matched, buckets and actors found), so a caller that decides
+//! the same request shape again and again (a gateway caching per API key and route) pays only
+//! for the leases' atomic operations: no matching, no allocation, no lock, no mailbox hop, no
+//! cross-thread hop while the leases last.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::rules::{Mode, RuleKind};
+use crate::runtime::actor::KeyMsg;
+use crate::runtime::bucket::Bucket;
+use crate::runtime::node::Node;
+use crate::runtime::request::{Request, RequestError};
+use crate::runtime::verdict::Verdict;
+
+/// A decision as a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Admitted.
+    Allowed,
+    /// Denied; retry after this long.
+    Limited {
+        /// How long until the request would fit.
+        retry_after: Duration,
+    },
+}
+
+#[derive(Debug)]
+struct Part {
+    bucket: Arc<Bucket>,
+    cost: u64,
+}
+
+/// A resolved request. Create it with [`Node::prepare`].
+#[derive(Debug)]
+pub struct Prepared {
+    node: Node,
+    request: Request,
+    version: u64,
+    /// The leased buckets, when every matched rule is an ENFORCE rule decided by a lease;
+    /// otherwise empty and every decision takes the full path.
+    parts: Vec<Part>,
+}
+
+impl Prepared {
+    pub(crate) async fn new(node: Node, request: Request) -> Result<Prepared, RequestError> {
+        request.validate()?;
+        let mut prepared = Prepared {
+            node,
+            request,
+            version: 0,
+            parts: vec![],
+        };
+        prepared.resolve().await;
+        Ok(prepared)
+    }
+
+    async fn resolve(&mut self) {
+        self.version = self.node.rules().version();
+        self.parts = self
+            .node
+            .leased_buckets(&self.request)
+            .await
+            .map(|parts| {
+                parts
+                    .into_iter()
+                    .map(|(bucket, cost)| Part { bucket, cost })
+                    .collect()
+            })
+            .unwrap_or_default();
+    }
+
+    /// The request.
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+
+    /// Decides from the leases alone, if they can: `Some` when every bucket's lease covered
+    /// the cost (or the store recently refused it); `None` when the store is needed — then
+    /// call [`Prepared::check`]. Never waits.
+    pub fn try_check(&self) -> Option<Decision> {
+        if self.parts.is_empty() || self.node.rules().version() != self.version {
+            return None;
+        }
+        let shared = self.node.shared();
+        let now = shared.clock.now_micros();
+        for (i, part) in self.parts.iter().enumerate() {
+            let undo = |parts: &[Part]| {
+                for p in parts {
+                    p.bucket.give_back(p.cost);
+                    if let Some(pre) = &p.bucket.prelimit {
+                        pre.refund(p.cost);
+                    }
+                }
+            };
+            if let Some(pre) = &part.bucket.prelimit
+                && let Err(wait) = pre.take(part.cost, now)
+            {
+                undo(&self.parts[..i]);
+                shared.metrics.prelimit_denied.inc();
+                part.bucket.rule.counters.denied.inc();
+                return Some(Decision::Limited { retry_after: wait });
+            }
+            if let Some(wait) = part.bucket.denied_for(part.cost, now) {
+                if let Some(pre) = &part.bucket.prelimit {
+                    pre.refund(part.cost);
+                }
+                undo(&self.parts[..i]);
+                part.bucket.rule.counters.denied.inc();
+                return Some(Decision::Limited { retry_after: wait });
+            }
+            if !part.bucket.try_take(part.cost, || now) {
+                if let Some(pre) = &part.bucket.prelimit {
+                    pre.refund(part.cost);
+                }
+                undo(&self.parts[..i]);
+                return None;
+            }
+        }
+        for part in &self.parts {
+            part.bucket.rule.counters.allowed.inc();
+            if part.bucket.should_queue_refill(|granted, left| {
+                shared.config.lease.should_refill(granted, left)
+            }) {
+                let _ = part.bucket.actor.cast(KeyMsg::Refill(part.bucket.clone()));
+            }
+        }
+        shared.metrics.lease_hits.inc_by(self.parts.len() as u64);
+        Some(Decision::Allowed)
+    }
+
+    /// Decides on the full path (store, fail modes, statuses), then resolves the buckets again
+    /// so later [`Prepared::try_check`] calls find the current ones.
+    pub async fn check(&mut self) -> Verdict {
+        let verdict = self.node.check(&self.request).await;
+        self.resolve().await;
+        // The request was validated when prepared.
+        verdict.unwrap_or_else(|_| unreachable!("a prepared request is valid"))
+    }
+
+    /// [`Prepared::try_check`], else [`Prepared::check`].
+    pub async fn decide(&mut self) -> Decision {
+        if let Some(decision) = self.try_check() {
+            return decision;
+        }
+        let verdict = self.check().await;
+        if verdict.allowed {
+            Decision::Allowed
+        } else {
+            Decision::Limited {
+                retry_after: verdict.retry_after,
+            }
+        }
+    }
+}
+
+/// Whether a matched rule can be decided by a lease alone.
+pub(crate) fn leasable(rule: &crate::rules::CompiledRule, cost: u64) -> bool {
+    rule.mode == Mode::Enforce
+        && cost > 0
+        && matches!(rule.kind, RuleKind::Limited(l) if l.algorithm() != tollgate_lease::Algorithm::Concurrency && cost <= l.capacity())
+}

@@ -114,7 +114,8 @@ impl RedisServer {
         cli(self.port, args)
     }
 
-    fn pid(&self) -> Result<u32> {
+    /// The process id.
+    pub fn pid(&self) -> Result<u32> {
         self.child
             .as_ref()
             .map(Child::id)

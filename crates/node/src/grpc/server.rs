@@ -40,6 +40,9 @@ pub async fn serve(
         )
         .add_service(health_service)
         .add_service(reflection)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await
 }

@@ -191,7 +191,7 @@ impl Actor for KeyActor {
                     }
                     Err(e) => {
                         for bucket in &asks {
-                            bucket.refill_done();
+                            bucket.lease_failed();
                         }
                         for waiter in state.waiters.drain(..) {
                             let _ = waiter.reply.send(AcquireOutcome::Failed(e.clone()));
@@ -370,9 +370,9 @@ impl KeyState {
         now: Micros,
     ) {
         bucket.observe(grant.remaining, grant.reset_after, now);
-        bucket.refill_done();
         let Some(id) = grant.lease.filter(|_| grant.units > 0) else {
             bucket.deny_until(min, grant.retry_after, now);
+            bucket.refill_done();
             return;
         };
         let valid = grant.valid_for.as_micros() as u64;
@@ -381,8 +381,9 @@ impl KeyState {
         } else {
             NO_DEADLINE
         };
-        bucket.install(grant.units, spend_before, now);
         bucket.clear_denial();
+        bucket.install(grant.units, spend_before, now);
+        bucket.refill_done();
         let metrics = &self.shared.metrics;
         metrics.leases_acquired.inc();
         metrics.lease_units_acquired.inc_by(grant.units);

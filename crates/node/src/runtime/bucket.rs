@@ -50,6 +50,25 @@ pub struct Bucket {
     pub prelimit: Option<LocalBucket>,
     /// The LOCAL fail mode's bucket: the limit divided by the node count.
     pub fallback: Arc<LocalBucket>,
+    /// Wakes requests waiting for a refill that is on its way.
+    arrived: tokio::sync::Notify,
+    /// The last lease call for this bucket failed (the store could not answer).
+    failed: AtomicBool,
+    /// Units requests are waiting for (a refill asks for at least this many).
+    waiting: AtomicU64,
+}
+
+/// What waiting for a refill gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefillOutcome {
+    /// The units were taken.
+    Took,
+    /// The store has no room: retry after this long.
+    Denied(Duration),
+    /// The store could not answer.
+    Failed,
+    /// Nothing conclusive (the refill was smaller than needed, or took too long).
+    Missed,
 }
 
 impl Bucket {
@@ -80,6 +99,9 @@ impl Bucket {
             denied_cost: AtomicU64::new(u64::MAX),
             global_remaining: AtomicU64::new(limit.capacity()),
             full_at: AtomicU64::new(0),
+            arrived: tokio::sync::Notify::new(),
+            failed: AtomicBool::new(false),
+            waiting: AtomicU64::new(0),
         }
     }
 
@@ -90,7 +112,7 @@ impl Bucket {
 
     /// Takes `cost` leased units, if there are that many (and, for windows, their window has
     /// not ended at `now`). Never blocks; a compare-and-swap loop on one atomic.
-    pub fn try_take(&self, cost: u64, now: impl FnOnce() -> Micros) -> bool {
+    pub fn try_take(&self, cost: u64, now: impl Fn() -> Micros) -> bool {
         let spend_before = self.spend_before.load(Ordering::Acquire);
         if spend_before != NO_DEADLINE && now() >= spend_before {
             return false;
@@ -126,8 +148,63 @@ impl Bucket {
     /// Whether the decision path should ask the actor to refill ahead, given `refill`
     /// (granted, left) → bool. Returns true once until the refill is done.
     pub fn should_queue_refill(&self, refill: impl FnOnce(u64, i64) -> bool) -> bool {
-        refill(self.last_grant.load(Ordering::Relaxed), self.units())
-            && !self.refill_queued.swap(true, Ordering::AcqRel)
+        refill(self.last_grant.load(Ordering::Relaxed), self.units()) && self.queue_refill()
+    }
+
+    /// Whether a refill is on its way (queued with the actor, or its store call in flight).
+    pub fn refill_pending(&self) -> bool {
+        self.refill_queued.load(Ordering::Acquire)
+    }
+
+    /// Queues a refill unless one is pending; true if this call queued it.
+    pub fn queue_refill(&self) -> bool {
+        !self.refill_queued.swap(true, Ordering::AcqRel)
+    }
+
+    /// Queues a refill (unless one is on its way), waits at most `wait` for it to land, and
+    /// takes `cost`. Requests that find a lease just emptied wait here together instead of
+    /// each sending the actor a message.
+    pub async fn take_after_refill(
+        self: &Arc<Self>,
+        cost: u64,
+        wait: Duration,
+        now: impl Fn() -> Micros,
+    ) -> RefillOutcome {
+        let deadline = tokio::time::Instant::now() + wait;
+        self.waiting.fetch_add(cost, Ordering::AcqRel);
+        let outcome = loop {
+            let notified = self.arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.try_take(cost, &now) {
+                break RefillOutcome::Took;
+            }
+            if let Some(retry) = self.denied_for(cost, now()) {
+                break RefillOutcome::Denied(retry);
+            }
+            if self.failed.load(Ordering::Acquire) && !self.refill_pending() {
+                break RefillOutcome::Failed;
+            }
+            // Queue a refill unless one is on its way; it asks for every waiting unit.
+            if self.queue_refill() && self.actor.cast(KeyMsg::Refill(self.clone())).is_err() {
+                self.refill_queued.store(false, Ordering::Release);
+                break RefillOutcome::Missed;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                break if self.try_take(cost, &now) {
+                    RefillOutcome::Took
+                } else {
+                    RefillOutcome::Missed
+                };
+            }
+        };
+        self.waiting.fetch_sub(cost, Ordering::AcqRel);
+        outcome
+    }
+
+    /// Units requests are waiting for.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Acquire)
     }
 
     /// The store recently said there is no room for `cost`: until when.
@@ -158,6 +235,8 @@ impl Bucket {
         self.units.fetch_add(units as i64, Ordering::AcqRel);
         self.spend_before.store(spend_before, Ordering::Release);
         self.last_grant.store(units, Ordering::Relaxed);
+        self.failed.store(false, Ordering::Release);
+        self.arrived.notify_waiters();
     }
 
     /// Takes every unit back (to return them to the store, or because their window ended).
@@ -180,8 +259,15 @@ impl Bucket {
     }
 
     /// The refill the decision path queued is done (or failed).
+    /// A lease call for this bucket failed.
+    pub(crate) fn lease_failed(&self) {
+        self.failed.store(true, Ordering::Release);
+        self.refill_done();
+    }
+
     pub(crate) fn refill_done(&self) {
         self.refill_queued.store(false, Ordering::Release);
+        self.arrived.notify_waiters();
     }
 
     /// Forgets a recorded denial (new units arrived).

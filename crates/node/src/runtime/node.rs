@@ -25,7 +25,7 @@ use crate::rules::watch::ActiveRules;
 use crate::rules::{CompiledRule, FailMode, Mode, RuleKind, RuleSet};
 use crate::runtime::actor::{AcquireOutcome, KeyMsg, Want};
 use crate::runtime::breaker::BreakerState;
-use crate::runtime::bucket::Bucket;
+use crate::runtime::bucket::{Bucket, RefillOutcome};
 use crate::runtime::guarded::GuardedStore;
 use crate::runtime::local::LocalBucket;
 use crate::runtime::registry::{Registry, bucket_key};
@@ -536,7 +536,50 @@ impl Node {
                     let _ = bucket.actor.cast(KeyMsg::Refill(bucket.clone()));
                 }
             } else {
-                slow.push((i, bucket));
+                let clock = &shared.clock;
+                match bucket
+                    .take_after_refill(hit.cost, self.inner.actor_wait, || clock.now_micros())
+                    .await
+                {
+                    RefillOutcome::Took => {
+                        shared.metrics.lease_hits.inc();
+                        undo.leases.push((bucket.clone(), hit.cost));
+                        statuses[i] = Some(status(
+                            hit,
+                            true,
+                            bucket.remaining(),
+                            Duration::ZERO,
+                            bucket.reset_after(now),
+                            Outcome::Allowed,
+                        ));
+                    }
+                    RefillOutcome::Denied(wait) => {
+                        statuses[i] = Some(status(
+                            hit,
+                            false,
+                            0,
+                            wait,
+                            bucket.reset_after(now),
+                            Outcome::Denied,
+                        ));
+                        return false;
+                    }
+                    RefillOutcome::Failed => {
+                        let error = StoreError::Unavailable("the lease refill failed".into());
+                        if !self.fail_mode(
+                            i,
+                            hit,
+                            Some(&bucket),
+                            &error,
+                            statuses,
+                            undo,
+                            failed_closed,
+                        ) {
+                            return false;
+                        }
+                    }
+                    RefillOutcome::Missed => slow.push((i, bucket)),
+                }
             }
         }
         // Per identity, one actor call for every bucket that needs the store.

@@ -48,6 +48,7 @@ fn grpc_body() -> Vec<u8> {
 fn run(
     name: &str,
     redis: Option<&str>,
+    extra: &[&str],
     body: &std::path::Path,
     rules: &std::path::Path,
     secs: u64,
@@ -65,6 +66,7 @@ fn run(
             "--http-listen",
             &format!("127.0.0.1:{http}"),
         ])
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
@@ -165,6 +167,22 @@ fn main() {
         "| store | requests/s | h2load time for request (min, max, mean, sd, ±sd) | requests | node counters |"
     );
     println!("|---|---:|---|---|---|");
-    run("in-memory", None, &body, &rules, secs);
-    run("Redis (leases)", Some(&redis.url()), &body, &rules, secs);
+    let redis_url = redis.url();
+    run("in-memory", None, &[], &body, &rules, secs);
+    run(
+        "Redis, leases of up to 50 (default)",
+        Some(&redis_url),
+        &[],
+        &body,
+        &rules,
+        secs,
+    );
+    run(
+        "Redis, leases of up to 5000",
+        Some(&redis_url),
+        &["--lease-max-units", "5000"],
+        &body,
+        &rules,
+        secs,
+    );
 }

@@ -11,8 +11,10 @@
 //! - [`metrics`]: Prometheus metrics.
 //! - [`config`]: the binary's settings (file, environment, flags).
 //! - [`app`]: a whole node process, wired from a config.
+//! - [`builder`]: a node built in-process, for gateways that link this crate.
 
 pub mod app;
+pub mod builder;
 pub mod config;
 pub mod grpc;
 pub mod headers;
@@ -21,6 +23,7 @@ pub mod metrics;
 pub mod rules;
 pub mod runtime;
 
+pub use builder::NodeBuilder;
 pub use runtime::{
     Decision, Descriptor, Matching, Node, Prepared, Request, RuntimeConfig, Verdict,
 };

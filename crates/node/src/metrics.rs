@@ -172,8 +172,10 @@ pub struct Metrics {
     pub lease_units_returned: Counter,
     /// Decisions served from a live lease without waiting for the store.
     pub lease_hits: Counter,
-    /// Decisions that had to wait for the store (cold key, lease ran dry).
+    /// Decisions that went to the key's actor (cold key, or a refill that did not cover them).
     pub lease_misses: Counter,
+    /// Decisions that found their lease empty and waited for a refill.
+    pub lease_waits: Counter,
     /// Per-key actors alive.
     pub key_actors: Gauge,
     /// New keys refused an actor because the cap was reached (decided by a direct check).
@@ -227,6 +229,7 @@ impl Metrics {
             lease_units_returned: Counter::default(),
             lease_hits: Counter::default(),
             lease_misses: Counter::default(),
+            lease_waits: Counter::default(),
             key_actors: Gauge::default(),
             key_actors_refused: Counter::default(),
             prelimit_denied: Counter::default(),
@@ -274,8 +277,13 @@ impl Metrics {
         );
         registry.register(
             "lease_misses",
-            "Decisions that waited for the store",
+            "Decisions that went to the key's actor",
             m.lease_misses.clone(),
+        );
+        registry.register(
+            "lease_waits",
+            "Decisions that found their lease empty and waited for a refill",
+            m.lease_waits.clone(),
         );
         registry.register("key_actors", "Per-key actors alive", m.key_actors.clone());
         registry.register(

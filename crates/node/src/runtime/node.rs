@@ -536,6 +536,7 @@ impl Node {
                     let _ = bucket.actor.cast(KeyMsg::Refill(bucket.clone()));
                 }
             } else {
+                shared.metrics.lease_waits.inc();
                 let clock = &shared.clock;
                 match bucket
                     .take_after_refill(hit.cost, self.inner.actor_wait, || clock.now_micros())

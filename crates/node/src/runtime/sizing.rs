@@ -16,7 +16,8 @@ pub struct LeasePolicy {
     pub ttl: Duration,
     /// The largest share of what remains globally one lease may take, in (0, 1].
     pub max_share: f64,
-    /// Refill when a lease is down to this fraction of its size (refill before running dry).
+    /// Refill when a lease is down to this fraction of its size (refill before running dry):
+    /// at half, a lease of 50 refilled at 10,000 decisions/s has 2.5 ms for the store call.
     pub refill_at: f64,
 }
 
@@ -26,7 +27,7 @@ impl Default for LeasePolicy {
             max_units: 50,
             ttl: Duration::from_secs(1),
             max_share: 0.5,
-            refill_at: 0.25,
+            refill_at: 0.5,
         }
     }
 }
@@ -108,8 +109,8 @@ mod tests {
     #[test]
     fn refills_come_before_the_lease_runs_dry() {
         let policy = LeasePolicy::default();
-        assert!(!policy.should_refill(50, 20));
-        assert!(policy.should_refill(50, 12));
+        assert!(!policy.should_refill(50, 30));
+        assert!(policy.should_refill(50, 25));
         assert!(!policy.should_refill(1, 0), "a trickle never refills ahead");
     }
 }

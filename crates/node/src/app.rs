@@ -2,13 +2,19 @@
 //! servers, wired from a [`Config`] and stopped by one shutdown signal, after which every
 //! unspent lease is returned.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tollgate_lease::{MemoryConfig, MemoryStore, RedisStore, Store, TokioClock};
 
 use crate::config::Config;
+use crate::control::admin::AdminState;
+use crate::control::auth::Tokens;
+use crate::control::store::{ControlError, RuleStore};
+use crate::control::sync::{RuleSync, SyncConfig};
 use crate::metrics::Metrics;
 use crate::rules::watch::{ActiveRules, watch as watch_rules};
 use crate::runtime::Node;
@@ -33,6 +39,9 @@ pub enum StartError {
     /// The runtime's actors could not start.
     #[error("runtime: {0}")]
     Runtime(#[from] ractor::SpawnErr),
+    /// The rule store could not be set up.
+    #[error("rule store: {0}")]
+    Control(#[from] ControlError),
 }
 
 /// A started node process.
@@ -44,8 +53,11 @@ pub struct App {
     pub grpc_addr: std::net::SocketAddr,
     /// Where HTTP listens.
     pub http_addr: std::net::SocketAddr,
+    /// Where the admin API listens, when a rule store is configured.
+    pub admin_addr: Option<std::net::SocketAddr>,
     grpc: TcpListener,
     http: TcpListener,
+    control: Option<(RuleSync, TcpListener, AdminState)>,
     config: Config,
 }
 
@@ -56,7 +68,39 @@ impl App {
     pub async fn start(config: Config) -> Result<App, StartError> {
         let metrics = Metrics::new();
         let rules = ActiveRules::new(metrics.clone());
-        rules.install_files(&config.rules)?;
+        let control = match &config.control {
+            None => {
+                rules.install_files(&config.rules)?;
+                None
+            }
+            Some(control) => {
+                let store = RuleStore::new(&control.database_url, Duration::from_secs(2))?;
+                let sync = RuleSync::new(
+                    store.clone(),
+                    rules.clone(),
+                    SyncConfig {
+                        poll: control.poll,
+                        listen: control.listen,
+                        snapshot: Some(control.snapshot.clone()),
+                        files: config.rules.clone(),
+                    },
+                );
+                sync.initial_load().await?;
+                let admin_addr = if control.admin_tokens.is_empty() && control.admin_read_tokens.is_empty() {
+                    tracing::warn!("no admin token configured: the admin API listens on loopback only");
+                    SocketAddr::from(([127, 0, 0, 1], control.admin_listen.port()))
+                } else {
+                    control.admin_listen
+                };
+                let admin = TcpListener::bind(admin_addr).await.map_err(|source| StartError::Listen { addr: admin_addr, source })?;
+                let state = AdminState {
+                    store,
+                    tokens: Tokens::new(&control.admin_tokens, &control.admin_read_tokens),
+                    default_domain: control.default_domain.clone(),
+                };
+                Some((sync, admin, state))
+            }
+        };
         let clock = Arc::new(TokioClock::new());
         let store = match &config.redis {
             Some(redis) => Store::Redis(RedisStore::open(redis)?),
@@ -92,14 +136,13 @@ impl App {
             addr: config.http_listen,
             source,
         })?;
-        Ok(App {
-            node,
-            grpc_addr,
-            http_addr,
-            grpc,
-            http,
-            config,
-        })
+        let admin_addr = match &control {
+            Some((_, listener, _)) => {
+                Some(listener.local_addr().map_err(|source| StartError::Listen { addr: config.http_listen, source })?)
+            }
+            None => None,
+        };
+        Ok(App { node, grpc_addr, http_addr, admin_addr, grpc, http, control, config })
     }
 
     /// Serves until `shutdown`, then returns the node's unspent leases.
@@ -109,12 +152,22 @@ impl App {
             let _ = rx.wait_for(|s| *s).await;
         };
         tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, store = if self.config.redis.is_some() { "redis" } else { "memory" }, "tollgate node serving");
-        let watcher = tokio::spawn(watch_rules(
-            self.config.rules.clone(),
-            self.node.rules().clone(),
-            self.config.rules_reload,
-            stopped(stop_rx.clone()),
-        ));
+        let watcher = match self.control {
+            // With a rule store, PostgreSQL drives reloads (rule files are reloaded with it).
+            Some((sync, admin, state)) => {
+                let admin = tokio::spawn(crate::control::admin::serve(state, admin, stopped(stop_rx.clone())));
+                let follow = tokio::spawn(sync.run(stopped(stop_rx.clone())));
+                tokio::spawn(async move {
+                    let _ = tokio::join!(admin, follow);
+                })
+            }
+            None => tokio::spawn(watch_rules(
+                self.config.rules.clone(),
+                self.node.rules().clone(),
+                self.config.rules_reload,
+                stopped(stop_rx.clone()),
+            )),
+        };
         let grpc = tokio::spawn(crate::grpc::server::serve(
             self.node.clone(),
             self.grpc,

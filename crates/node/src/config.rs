@@ -26,12 +26,58 @@ use crate::runtime::sizing::LeasePolicy;
                   snake_case), then TOLLGATE_* environment variables, then flags."
 )]
 pub struct Cli {
+    /// Without a command, run a node.
+    #[command(subcommand)]
+    pub command: Option<Command>,
     /// YAML file with any of the settings below (snake_case names).
     #[arg(long, env = "TOLLGATE_CONFIG")]
     pub config: Option<PathBuf>,
     /// The settings.
     #[command(flatten)]
     pub settings: Settings,
+}
+
+/// Commands besides running a node.
+#[derive(Debug, clap::Subcommand)]
+pub enum Command {
+    /// Move rule sets between files and PostgreSQL.
+    Rules {
+        /// What to do.
+        #[command(subcommand)]
+        action: RulesCommand,
+    },
+}
+
+/// `tollgate rules ...`
+#[derive(Debug, clap::Subcommand)]
+pub enum RulesCommand {
+    /// Import rule files (Tollgate's format or envoyproxy/ratelimit YAML) into PostgreSQL.
+    Import {
+        /// PostgreSQL URL of the rule store.
+        #[arg(long, env = "TOLLGATE_DATABASE_URL")]
+        database_url: String,
+        /// Name recorded in the history as the author.
+        #[arg(long, default_value = "import")]
+        actor: String,
+        /// Delete the stored rules the files do not name.
+        #[arg(long)]
+        prune: bool,
+        /// Domain of rules that name none.
+        #[arg(long, env = "TOLLGATE_DEFAULT_DOMAIN", default_value = "default")]
+        default_domain: String,
+        /// Rule files or directories.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Export the rules in PostgreSQL: rules.yaml (Tollgate's format), envoy-<domain>.yaml.
+    Export {
+        /// PostgreSQL URL of the rule store.
+        #[arg(long, env = "TOLLGATE_DATABASE_URL")]
+        database_url: String,
+        /// Directory to write into.
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 /// Every setting; unset ones fall back to the file, then to the default.
@@ -95,6 +141,30 @@ pub struct Settings {
     /// Log format: text or json [default: text]
     #[arg(long, env = "TOLLGATE_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// PostgreSQL URL of the rule store (postgres://user@host:5432/db); enables the admin API.
+    #[arg(long, env = "TOLLGATE_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Admin API address (loopback only when no token is configured) [default: 0.0.0.0:8082]
+    #[arg(long, env = "TOLLGATE_ADMIN_LISTEN")]
+    pub admin_listen: Option<SocketAddr>,
+    /// Admin tokens allowed to change rules, `name:secret`, comma-separated.
+    #[arg(long, env = "TOLLGATE_ADMIN_TOKENS", value_delimiter = ',')]
+    pub admin_tokens: Option<Vec<String>>,
+    /// Admin tokens allowed to read only, `name:secret`, comma-separated.
+    #[arg(long, env = "TOLLGATE_ADMIN_READ_TOKENS", value_delimiter = ',')]
+    pub admin_read_tokens: Option<Vec<String>>,
+    /// Domain of admin-API rules that name none [default: default]
+    #[arg(long, env = "TOLLGATE_DEFAULT_DOMAIN")]
+    pub default_domain: Option<String>,
+    /// How often the rule store's revision is polled, ms [default: 2000]
+    #[arg(long, env = "TOLLGATE_RULES_POLL_MS")]
+    pub rules_poll_ms: Option<u64>,
+    /// Receive rule changes by LISTEN/NOTIFY (false: polling only) [default: true]
+    #[arg(long, env = "TOLLGATE_RULES_LISTEN", num_args = 0..=1, default_missing_value = "true")]
+    pub rules_listen: Option<bool>,
+    /// File keeping the last rule set from PostgreSQL [default: tollgate-rules-snapshot.json]
+    #[arg(long, env = "TOLLGATE_RULES_SNAPSHOT")]
+    pub rules_snapshot: Option<PathBuf>,
 }
 
 macro_rules! merge_fields {
@@ -127,7 +197,15 @@ impl Settings {
             breaker_cooldown_ms,
             breaker_max_cooldown_ms,
             memory_max_keys,
-            log_format
+            log_format,
+            database_url,
+            admin_listen,
+            admin_tokens,
+            admin_read_tokens,
+            default_domain,
+            rules_poll_ms,
+            rules_listen,
+            rules_snapshot
         )
     }
 
@@ -178,6 +256,29 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// Logs as JSON lines.
     pub log_json: bool,
+    /// The rule store and admin API, when a database is configured.
+    pub control: Option<ControlConfig>,
+}
+
+/// The rule store, its admin API and how nodes follow it.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// PostgreSQL URL.
+    pub database_url: String,
+    /// Admin API address (moved to loopback when no token is configured).
+    pub admin_listen: SocketAddr,
+    /// Read-write tokens.
+    pub admin_tokens: Vec<String>,
+    /// Read-only tokens.
+    pub admin_read_tokens: Vec<String>,
+    /// Domain of rules that name none.
+    pub default_domain: String,
+    /// Revision poll interval.
+    pub poll: Duration,
+    /// LISTEN/NOTIFY on.
+    pub listen: bool,
+    /// Snapshot file.
+    pub snapshot: PathBuf,
 }
 
 fn bad(field: &str, reason: impl Into<String>) -> ConfigError {
@@ -246,7 +347,27 @@ impl TryFrom<Settings> for Config {
             cooldown: ms(s.breaker_cooldown_ms.unwrap_or(200).max(1)),
             max_cooldown: ms(s.breaker_max_cooldown_ms.unwrap_or(1000).max(1)),
         };
+        let control = match s.database_url.filter(|u| !u.is_empty()) {
+            None => None,
+            Some(database_url) => Some(ControlConfig {
+                database_url,
+                admin_listen: s.admin_listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8082))),
+                admin_tokens: s.admin_tokens.unwrap_or_default(),
+                admin_read_tokens: s.admin_read_tokens.unwrap_or_default(),
+                default_domain: match s.default_domain {
+                    Some(d) if d.is_empty() || d.len() > 64 => {
+                        return Err(bad("default_domain", "must be 1 to 64 characters"));
+                    }
+                    Some(d) => d,
+                    None => "default".into(),
+                },
+                poll: ms(s.rules_poll_ms.unwrap_or(2000).max(10)),
+                listen: s.rules_listen.unwrap_or(true),
+                snapshot: s.rules_snapshot.unwrap_or_else(|| PathBuf::from("tollgate-rules-snapshot.json")),
+            }),
+        };
         Ok(Config {
+            control,
             grpc_listen: s
                 .grpc_listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8081))),

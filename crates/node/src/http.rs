@@ -24,6 +24,8 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
     let body = serde_json::json!({
         "ready": store_ok,
         "rulesVersion": version,
+        "rulesSource": node.rules().source(),
+        "rulesStalenessSeconds": node.metrics().rules_staleness_seconds.get(),
         "breaker": match breaker {
             BreakerState::Closed => "closed",
             BreakerState::HalfOpen => "half-open",

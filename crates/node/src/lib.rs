@@ -10,12 +10,14 @@
 //! - [`headers`]: `RateLimit`, `RateLimit-Policy`, `X-RateLimit-*` and `Retry-After`.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`config`]: the binary's settings (file, environment, flags).
+//! - [`control`]: the rule store in PostgreSQL, the admin API, live propagation.
 //! - [`app`]: a whole node process, wired from a config.
 //! - [`builder`]: a node built in-process, for gateways that link this crate.
 
 pub mod app;
 pub mod builder;
 pub mod config;
+pub mod control;
 pub mod grpc;
 pub mod headers;
 pub mod http;

@@ -2,10 +2,19 @@
 
 use clap::Parser;
 use tollgate_node::app::App;
-use tollgate_node::config::Cli;
+use std::time::Duration;
+
+use tollgate_node::config::{Cli, Command, RulesCommand};
+use tollgate_node::control::RuleStore;
+use tollgate_node::control::transfer;
 
 fn main() -> std::process::ExitCode {
-    let config = match Cli::parse().resolve() {
+    let mut cli = Cli::parse();
+    if let Some(command) = cli.command.take() {
+        init_logging(false);
+        return run_command(command);
+    }
+    let config = match cli.resolve() {
         Ok(config) => config,
         Err(e) => {
             eprintln!("tollgate: {e}");
@@ -36,6 +45,42 @@ fn main() -> std::process::ExitCode {
             }
         }
     })
+}
+
+/// `tollgate rules import|export`.
+fn run_command(command: Command) -> std::process::ExitCode {
+    let Command::Rules { action } = command;
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tollgate: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        let open = |url: &str| RuleStore::new(url, Duration::from_secs(5));
+        match action {
+            RulesCommand::Import { database_url, actor, prune, default_domain, files } => {
+                let store = open(&database_url)?;
+                let s = transfer::import(&store, &files, &actor, prune, &default_domain).await?;
+                println!("imported {} rules and {} envoyproxy/ratelimit domains; pruned {}", s.rules, s.envoy_domains, s.pruned);
+                Ok::<(), transfer::TransferError>(())
+            }
+            RulesCommand::Export { database_url, out } => {
+                let store = open(&database_url)?;
+                let s = transfer::export(&store, &out).await?;
+                println!("exported {} rules and {} envoyproxy/ratelimit domains to {}", s.rules, s.envoy_domains, out.display());
+                Ok(())
+            }
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            std::process::ExitCode::from(2)
+        }
+    }
 }
 
 fn init_logging(json: bool) {

@@ -9,12 +9,15 @@
 //! - [`redis`]: one server ([`RedisServer`]) and a cluster of them ([`RedisCluster`]).
 //! - [`envoy`]: a real Envoy process.
 //! - [`http`]: a minimal HTTP client.
+//! - [`postgres`]: real PostgreSQL servers.
 //! - [`process`]: free ports, waiting, and finding binaries.
 
 pub mod envoy;
 pub mod http;
+pub mod postgres;
 pub mod process;
 pub mod redis;
 
 pub use envoy::Envoy;
+pub use postgres::PostgresServer;
 pub use redis::{RedisCluster, RedisServer};

@@ -20,7 +20,9 @@ pub struct ActiveRules {
     /// The active set's version, readable without loading the set.
     active_version: AtomicU64,
     next_version: AtomicU64,
-    metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
+    /// Where the active set came from (files, postgres, snapshot).
+    source: parking_lot::Mutex<&'static str>,
 }
 
 impl ActiveRules {
@@ -31,12 +33,23 @@ impl ActiveRules {
             active_version: AtomicU64::new(0),
             next_version: AtomicU64::new(1),
             metrics,
+            source: parking_lot::Mutex::new("files"),
         })
     }
 
     /// The set requests are matched against right now.
     pub fn load(&self) -> arc_swap::Guard<Arc<RuleSet>> {
         self.current.load()
+    }
+
+    /// Where the active set came from: `files`, `postgres` or `snapshot`.
+    pub fn source(&self) -> &'static str {
+        *self.source.lock()
+    }
+
+    /// Records where the active set came from.
+    pub fn set_source(&self, source: &'static str) {
+        *self.source.lock() = source;
     }
 
     /// The active set's version (0 before any set is installed).
@@ -47,6 +60,12 @@ impl ActiveRules {
     /// Compiles `rules` and swaps them in, or leaves the active set alone on error.
     pub fn install(&self, rules: &LoadedRules) -> Result<u64, String> {
         let version = self.next_version.fetch_add(1, Ordering::Relaxed);
+        self.install_at(rules, version)
+    }
+
+    /// Like [`ActiveRules::install`], with the version given (a rule store's revision).
+    pub fn install_at(&self, rules: &LoadedRules, version: u64) -> Result<u64, String> {
+        self.next_version.fetch_max(version + 1, Ordering::Relaxed);
         let set = RuleSet::compile(&rules.native, &rules.envoy, version, &self.metrics)?;
         let count = set.rules().len();
         self.current.store(Arc::new(set));

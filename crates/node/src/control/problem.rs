@@ -1,0 +1,104 @@
+//! Errors as RFC 9457 problem details (`application/problem+json`).
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// One field that is wrong.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct FieldProblem {
+    /// The field (`capacity`, `match.route`, `body`).
+    pub field: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// A problem to report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    /// A URI naming the kind of problem.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// A short summary of the kind.
+    pub title: &'static str,
+    /// The HTTP status.
+    pub status: u16,
+    /// What happened this time.
+    pub detail: String,
+    /// The fields at fault, if any.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldProblem>,
+    #[serde(skip)]
+    www_authenticate: bool,
+}
+
+impl Problem {
+    fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
+        Self { kind, title, status: status.as_u16(), detail: detail.into(), errors: vec![], www_authenticate: false }
+    }
+
+    /// 400: the rule (or body) is invalid; names the field.
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        let (field, reason) = (field.into(), reason.into());
+        let mut p = Self::new(
+            StatusCode::BAD_REQUEST,
+            "urn:tollgate:problem:invalid-rule",
+            "The rule is invalid",
+            format!("field `{field}`: {reason}"),
+        );
+        p.errors.push(FieldProblem { field, reason });
+        p
+    }
+
+    /// 401: no valid bearer token.
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        let mut p = Self::new(StatusCode::UNAUTHORIZED, "urn:tollgate:problem:unauthorized", "Authentication required", detail);
+        p.www_authenticate = true;
+        p
+    }
+
+    /// 403: a read-only token tried to write.
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "urn:tollgate:problem:forbidden", "Not allowed", detail)
+    }
+
+    /// 404.
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "urn:tollgate:problem:not-found", "No such rule", detail)
+    }
+
+    /// 412: `If-Match` names a version that is not the current one.
+    pub fn stale(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::PRECONDITION_FAILED, "urn:tollgate:problem:version-conflict", "The rule has changed", detail)
+    }
+
+    /// 413.
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "urn:tollgate:problem:body-too-large",
+            "The request body is too large",
+            format!("request bodies are limited to {limit} bytes"),
+        )
+    }
+
+    /// 503: the rule store is unreachable.
+    pub fn unavailable(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "urn:tollgate:problem:store-unavailable", "The rule store is unavailable", detail)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_string(&self).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if self.www_authenticate {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"tollgate-admin\""));
+        }
+        response
+    }
+}

@@ -29,16 +29,28 @@ impl Response {
 
 /// `GET path` on `127.0.0.1:port` with extra `headers`, connection closed after.
 pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Result<Response> {
+    request(port, "GET", path, headers, None)
+}
+
+/// Any request on `127.0.0.1:port`, with an optional body; connection closed after.
+pub fn request(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Result<Response> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).context("connecting")?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
     for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
+        head.push_str(&format!("{name}: {value}\r\n"));
     }
-    request.push_str("\r\n");
-    stream.write_all(request.as_bytes())?;
+    if let Some(body) = body {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    if let Some(body) = body {
+        // The server may answer (413) before reading a large body: ignore a reset here.
+        let _ = stream.write_all(body);
+    }
     let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
+    let _ = stream.read_to_end(&mut raw);
     let raw = String::from_utf8_lossy(&raw);
     let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
     let mut lines = head.lines();
@@ -47,13 +59,24 @@ pub fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Result<Response> 
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|s| s.parse().ok())
         .context("no status line")?;
-    let headers = lines
+    let headers: Vec<(String, String)> = lines
         .filter_map(|l| l.split_once(':'))
         .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
         .collect();
-    Ok(Response {
-        status,
-        headers,
-        body: body.to_owned(),
-    })
+    let chunked = headers.iter().any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    let body = if chunked { dechunk(body) } else { body.to_owned() };
+    Ok(Response { status, headers, body })
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
 }

@@ -71,19 +71,19 @@ pub struct RuleDoc {
     #[serde(default)]
     pub algorithm: String,
     /// TOKEN_BUCKET: burst size.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole")]
     pub capacity: Option<f64>,
     /// TOKEN_BUCKET: sustained rate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole")]
     pub refill_per_second: Option<f64>,
     /// Windows: units per window.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole")]
     pub limit: Option<f64>,
     /// Windows: window length.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<DurationValue>,
     /// CONCURRENCY: slots.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole")]
     pub max_in_flight: Option<f64>,
     /// CONCURRENCY: how long an unreleased slot lives.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -94,6 +94,15 @@ pub struct RuleDoc {
     /// OPEN (default), CLOSED, LOCAL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_mode: Option<String>,
+}
+
+/// Writes whole numbers as integers (`100`, not `100.0`).
+fn whole<S: serde::Serializer>(value: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(v) if v.fract() == 0.0 && v.abs() < 9e15 => s.serialize_some(&(*v as i64)),
+        Some(v) => s.serialize_some(v),
+        None => s.serialize_none(),
+    }
 }
 
 /// A rule field that is missing or wrong.

@@ -81,6 +81,7 @@ pub async fn check(node: &Node, request: &Request) -> Verdict {
 pub struct Served {
     pub grpc: std::net::SocketAddr,
     pub http: std::net::SocketAddr,
+    pub admin: Option<std::net::SocketAddr>,
     pub node: Node,
     pub rules_file: std::path::PathBuf,
     pub stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -98,13 +99,14 @@ impl Served {
             http_listen: Some("127.0.0.1:0".parse().expect("addr")),
             rules: Some(vec![rules_file.clone()]),
             rules_reload_ms: Some(50),
+            rules_snapshot: Some(dir.path().join("snapshot.json")),
             ..Default::default()
         };
         let config = tollgate_node::config::Config::try_from(extra.or(settings)).expect("config");
         let app = tollgate_node::app::App::start(config)
             .await
             .expect("app starts");
-        let (grpc, http, node) = (app.grpc_addr, app.http_addr, app.node.clone());
+        let (grpc, http, admin, node) = (app.grpc_addr, app.http_addr, app.admin_addr, app.node.clone());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(app.run(async move {
             let _ = rx.await;
@@ -112,6 +114,7 @@ impl Served {
         Served {
             grpc,
             http,
+            admin,
             node,
             rules_file,
             stop: Some(tx),
@@ -200,5 +203,22 @@ pub fn rls_request(
             })
             .collect(),
         hits_addend: 0,
+    }
+}
+
+impl Served {
+    /// A node process following the rule store at `database_url` (rules file: `yaml`).
+    pub async fn with_database(database_url: &str, yaml: &str, extra: tollgate_node::config::Settings) -> Served {
+        let settings = tollgate_node::config::Settings {
+            database_url: Some(database_url.to_owned()),
+            admin_listen: Some("127.0.0.1:0".parse().expect("addr")),
+            ..extra
+        };
+        Served::start(yaml, settings).await
+    }
+
+    /// The admin API's port.
+    pub fn admin_port(&self) -> u16 {
+        self.admin.expect("the admin API runs").port()
     }
 }

@@ -86,13 +86,22 @@ impl App {
                     },
                 );
                 sync.initial_load().await?;
-                let admin_addr = if control.admin_tokens.is_empty() && control.admin_read_tokens.is_empty() {
-                    tracing::warn!("no admin token configured: the admin API listens on loopback only");
-                    SocketAddr::from(([127, 0, 0, 1], control.admin_listen.port()))
-                } else {
-                    control.admin_listen
-                };
-                let admin = TcpListener::bind(admin_addr).await.map_err(|source| StartError::Listen { addr: admin_addr, source })?;
+                let admin_addr =
+                    if control.admin_tokens.is_empty() && control.admin_read_tokens.is_empty() {
+                        tracing::warn!(
+                            "no admin token configured: the admin API listens on loopback only"
+                        );
+                        SocketAddr::from(([127, 0, 0, 1], control.admin_listen.port()))
+                    } else {
+                        control.admin_listen
+                    };
+                let admin =
+                    TcpListener::bind(admin_addr)
+                        .await
+                        .map_err(|source| StartError::Listen {
+                            addr: admin_addr,
+                            source,
+                        })?;
                 let state = AdminState {
                     store,
                     tokens: Tokens::new(&control.admin_tokens, &control.admin_read_tokens),
@@ -138,11 +147,23 @@ impl App {
         })?;
         let admin_addr = match &control {
             Some((_, listener, _)) => {
-                Some(listener.local_addr().map_err(|source| StartError::Listen { addr: config.http_listen, source })?)
+                Some(listener.local_addr().map_err(|source| StartError::Listen {
+                    addr: config.http_listen,
+                    source,
+                })?)
             }
             None => None,
         };
-        Ok(App { node, grpc_addr, http_addr, admin_addr, grpc, http, control, config })
+        Ok(App {
+            node,
+            grpc_addr,
+            http_addr,
+            admin_addr,
+            grpc,
+            http,
+            control,
+            config,
+        })
     }
 
     /// Serves until `shutdown`, then returns the node's unspent leases.
@@ -155,7 +176,11 @@ impl App {
         let watcher = match self.control {
             // With a rule store, PostgreSQL drives reloads (rule files are reloaded with it).
             Some((sync, admin, state)) => {
-                let admin = tokio::spawn(crate::control::admin::serve(state, admin, stopped(stop_rx.clone())));
+                let admin = tokio::spawn(crate::control::admin::serve(
+                    state,
+                    admin,
+                    stopped(stop_rx.clone()),
+                ));
                 let follow = tokio::spawn(sync.run(stopped(stop_rx.clone())));
                 tokio::spawn(async move {
                     let _ = tokio::join!(admin, follow);

@@ -351,7 +351,9 @@ impl TryFrom<Settings> for Config {
             None => None,
             Some(database_url) => Some(ControlConfig {
                 database_url,
-                admin_listen: s.admin_listen.unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8082))),
+                admin_listen: s
+                    .admin_listen
+                    .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8082))),
                 admin_tokens: s.admin_tokens.unwrap_or_default(),
                 admin_read_tokens: s.admin_read_tokens.unwrap_or_default(),
                 default_domain: match s.default_domain {
@@ -363,7 +365,9 @@ impl TryFrom<Settings> for Config {
                 },
                 poll: ms(s.rules_poll_ms.unwrap_or(2000).max(10)),
                 listen: s.rules_listen.unwrap_or(true),
-                snapshot: s.rules_snapshot.unwrap_or_else(|| PathBuf::from("tollgate-rules-snapshot.json")),
+                snapshot: s
+                    .rules_snapshot
+                    .unwrap_or_else(|| PathBuf::from("tollgate-rules-snapshot.json")),
             }),
         };
         Ok(Config {

@@ -1,8 +1,8 @@
 //! `tollgate`: runs one node. See `tollgate --help`.
 
 use clap::Parser;
-use tollgate_node::app::App;
 use std::time::Duration;
+use tollgate_node::app::App;
 
 use tollgate_node::config::{Cli, Command, RulesCommand};
 use tollgate_node::control::RuleStore;
@@ -50,7 +50,10 @@ fn main() -> std::process::ExitCode {
 /// `tollgate rules import|export`.
 fn run_command(command: Command) -> std::process::ExitCode {
     let Command::Rules { action } = command;
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tollgate: cannot start the async runtime: {e}");
@@ -60,16 +63,30 @@ fn run_command(command: Command) -> std::process::ExitCode {
     let result = runtime.block_on(async {
         let open = |url: &str| RuleStore::new(url, Duration::from_secs(5));
         match action {
-            RulesCommand::Import { database_url, actor, prune, default_domain, files } => {
+            RulesCommand::Import {
+                database_url,
+                actor,
+                prune,
+                default_domain,
+                files,
+            } => {
                 let store = open(&database_url)?;
                 let s = transfer::import(&store, &files, &actor, prune, &default_domain).await?;
-                println!("imported {} rules and {} envoyproxy/ratelimit domains; pruned {}", s.rules, s.envoy_domains, s.pruned);
+                println!(
+                    "imported {} rules and {} envoyproxy/ratelimit domains; pruned {}",
+                    s.rules, s.envoy_domains, s.pruned
+                );
                 Ok::<(), transfer::TransferError>(())
             }
             RulesCommand::Export { database_url, out } => {
                 let store = open(&database_url)?;
                 let s = transfer::export(&store, &out).await?;
-                println!("exported {} rules and {} envoyproxy/ratelimit domains to {}", s.rules, s.envoy_domains, out.display());
+                println!(
+                    "exported {} rules and {} envoyproxy/ratelimit domains to {}",
+                    s.rules,
+                    s.envoy_domains,
+                    out.display()
+                );
                 Ok(())
             }
         }

@@ -19,15 +19,34 @@ const SEED_BODY: &str = r#"{ "match": { "plan": "gold", "route": "POST /orders" 
   "mode": "ENFORCE", "failMode": "OPEN" }"#;
 
 async fn postgres() -> PostgresServer {
-    tokio::task::spawn_blocking(PostgresServer::start).await.expect("join").expect("postgres starts")
+    tokio::task::spawn_blocking(PostgresServer::start)
+        .await
+        .expect("join")
+        .expect("postgres starts")
 }
 
 /// An admin API call (blocking client, run off the runtime).
-async fn call(port: u16, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&str>) -> Response {
-    let (method, path, body) = (method.to_owned(), path.to_owned(), body.map(|b| b.as_bytes().to_vec()));
-    let headers: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+async fn call(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Response {
+    let (method, path, body) = (
+        method.to_owned(),
+        path.to_owned(),
+        body.map(|b| b.as_bytes().to_vec()),
+    );
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     tokio::task::spawn_blocking(move || {
-        let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
         request(port, &method, &path, &h, body.as_deref()).expect("admin request")
     })
     .await
@@ -46,38 +65,67 @@ fn rule_path(id: &str) -> String {
 async fn until_revision(node: &Node, revision: u64) -> Duration {
     let start = tokio::time::Instant::now();
     while node.rules().version() < revision {
-        assert!(start.elapsed() < Duration::from_secs(15), "revision {revision} never reached the node");
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "revision {revision} never reached the node"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     start.elapsed()
 }
 
 fn gold(key: &str) -> Request {
-    Request::new("public-api").descriptor([("api_key", key), ("plan", "gold")]).descriptor([("route", "POST /orders")])
+    Request::new("public-api")
+        .descriptor([("api_key", key), ("plan", "gold")])
+        .descriptor([("route", "POST /orders")])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_body_works_as_written_and_every_node_enforces_it() {
     let pg = postgres().await;
-    let domain = Settings { default_domain: Some("public-api".into()), prelimit_factor: Some(0.0), ..Settings::default() };
+    let domain = Settings {
+        default_domain: Some("public-api".into()),
+        prelimit_factor: Some(0.0),
+        ..Settings::default()
+    };
     let mut nodes = vec![];
     for _ in 0..3 {
         nodes.push(Served::with_database(&pg.url(), "", domain.clone()).await);
     }
     let admin = nodes[0].admin_port();
-    let created = call(admin, "PUT", &rule_path("gold-orders-create"), &[("content-type", "application/json")], Some(SEED_BODY)).await;
+    let created = call(
+        admin,
+        "PUT",
+        &rule_path("gold-orders-create"),
+        &[("content-type", "application/json")],
+        Some(SEED_BODY),
+    )
+    .await;
     assert_eq!(created.status, 201, "{created:?}");
     assert_eq!(created.header("etag"), Some("\"1\""));
-    assert_eq!(created.header("location"), Some("/admin/v1/rate-limit-rules/gold-orders-create"));
+    assert_eq!(
+        created.header("location"),
+        Some("/admin/v1/rate-limit-rules/gold-orders-create")
+    );
     let body = json_of(&created);
-    assert_eq!((body["capacity"].clone(), body["domain"].clone(), body["version"].clone()), (json!(100), json!("public-api"), json!(1)));
+    assert_eq!(
+        (
+            body["capacity"].clone(),
+            body["domain"].clone(),
+            body["version"].clone()
+        ),
+        (json!(100), json!("public-api"), json!(1))
+    );
     let store = RuleStore::new(&pg.url(), Duration::from_secs(2)).expect("store");
     let revision = store.revision().await.expect("revision") as u64;
     let mut slowest = Duration::ZERO;
     for node in &nodes {
         slowest = slowest.max(until_revision(&node.node, revision).await);
         let verdict = check(&node.node, &gold("k_123")).await;
-        assert_eq!(verdict.decisive().map(|s| s.rule.id.as_str()), Some("gold-orders-create"));
+        assert_eq!(
+            verdict.decisive().map(|s| s.rule.id.as_str()),
+            Some("gold-orders-create")
+        );
     }
     eprintln!("the PUT reached all 3 nodes within {slowest:?} of returning");
     let got = call(admin, "GET", &rule_path("gold-orders-create"), &[], None).await;
@@ -93,32 +141,113 @@ async fn invalid_rules_get_problem_details_naming_the_field() {
     let mut node = Served::with_database(&pg.url(), "", Settings::default()).await;
     let admin = node.admin_port();
     let cases: Vec<(&str, String, u16, &str)> = vec![
-        ("zero capacity", r#"{"algorithm":"TOKEN_BUCKET","capacity":0,"refillPerSecond":1}"#.into(), 400, "capacity"),
-        ("NaN-ish rate", r#"{"algorithm":"TOKEN_BUCKET","capacity":5,"refillPerSecond":-1}"#.into(), 400, "refillPerSecond"),
-        ("unknown field", r#"{"algorithm":"TOKEN_BUCKET","capacty":5}"#.into(), 400, "capacty"),
-        ("unknown algorithm", r#"{"algorithm":"LEAKY","limit":5}"#.into(), 400, "algorithm"),
-        ("wrong parameter", r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","capacity":3}"#.into(), 400, "capacity"),
-        ("bad window", r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"soon"}"#.into(), 400, "window"),
-        ("id mismatch", r#"{"id":"other","algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#.into(), 400, "id"),
+        (
+            "zero capacity",
+            r#"{"algorithm":"TOKEN_BUCKET","capacity":0,"refillPerSecond":1}"#.into(),
+            400,
+            "capacity",
+        ),
+        (
+            "NaN-ish rate",
+            r#"{"algorithm":"TOKEN_BUCKET","capacity":5,"refillPerSecond":-1}"#.into(),
+            400,
+            "refillPerSecond",
+        ),
+        (
+            "unknown field",
+            r#"{"algorithm":"TOKEN_BUCKET","capacty":5}"#.into(),
+            400,
+            "capacty",
+        ),
+        (
+            "unknown algorithm",
+            r#"{"algorithm":"LEAKY","limit":5}"#.into(),
+            400,
+            "algorithm",
+        ),
+        (
+            "wrong parameter",
+            r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","capacity":3}"#.into(),
+            400,
+            "capacity",
+        ),
+        (
+            "bad window",
+            r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"soon"}"#.into(),
+            400,
+            "window",
+        ),
+        (
+            "id mismatch",
+            r#"{"id":"other","algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#.into(),
+            400,
+            "id",
+        ),
         ("not JSON", "{algorithm".into(), 400, "body"),
-        ("too large", format!(r#"{{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","name":"{}"}}"#, "x".repeat(100_000)), 413, ""),
+        (
+            "too large",
+            format!(
+                r#"{{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","name":"{}"}}"#,
+                "x".repeat(100_000)
+            ),
+            413,
+            "",
+        ),
     ];
     for (name, body, status, field) in cases {
         let r = call(admin, "PUT", &rule_path("r1"), &[], Some(&body)).await;
         assert_eq!(r.status, status, "{name}: {r:?}");
-        assert_eq!(r.header("content-type"), Some("application/problem+json"), "{name}");
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/problem+json"),
+            "{name}"
+        );
         let problem = json_of(&r);
         assert_eq!(problem["status"], json!(status), "{name}");
         if !field.is_empty() {
-            assert_eq!(problem["errors"][0]["field"], json!(field), "{name}: {problem}");
+            assert_eq!(
+                problem["errors"][0]["field"],
+                json!(field),
+                "{name}: {problem}"
+            );
         }
     }
-    let bad_id = call(admin, "PUT", "/admin/v1/rate-limit-rules/has%20space", &[], Some(SEED_BODY)).await;
+    let bad_id = call(
+        admin,
+        "PUT",
+        "/admin/v1/rate-limit-rules/has%20space",
+        &[],
+        Some(SEED_BODY),
+    )
+    .await;
     assert_eq!(bad_id.status, 400);
-    let bad_if_match = call(admin, "PUT", &rule_path("r1"), &[("if-match", "yesterday")], Some(SEED_BODY)).await;
-    assert_eq!((bad_if_match.status, json_of(&bad_if_match)["errors"][0]["field"].clone()), (400, json!("If-Match")));
-    assert_eq!(call(admin, "GET", &rule_path("missing"), &[], None).await.status, 404);
-    assert_eq!(call(admin, "DELETE", &rule_path("missing"), &[], None).await.status, 404);
+    let bad_if_match = call(
+        admin,
+        "PUT",
+        &rule_path("r1"),
+        &[("if-match", "yesterday")],
+        Some(SEED_BODY),
+    )
+    .await;
+    assert_eq!(
+        (
+            bad_if_match.status,
+            json_of(&bad_if_match)["errors"][0]["field"].clone()
+        ),
+        (400, json!("If-Match"))
+    );
+    assert_eq!(
+        call(admin, "GET", &rule_path("missing"), &[], None)
+            .await
+            .status,
+        404
+    );
+    assert_eq!(
+        call(admin, "DELETE", &rule_path("missing"), &[], None)
+            .await
+            .status,
+        404
+    );
     // Nothing invalid was stored.
     let list = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules", &[], None).await);
     assert_eq!(list["items"], json!([]));
@@ -131,9 +260,37 @@ async fn versions_guard_every_write_and_concurrent_writers_lose_nothing() {
     let mut node = Served::with_database(&pg.url(), "", Settings::default()).await;
     let admin = node.admin_port();
     let body = r#"{"algorithm":"FIXED_WINDOW","limit":1,"window":"1m"}"#;
-    assert_eq!(call(admin, "PUT", &rule_path("counter"), &[("if-match", "*")], Some(body)).await.status, 412, "If-Match * needs the rule to exist");
-    assert_eq!(call(admin, "PUT", &rule_path("counter"), &[], Some(body)).await.status, 201);
-    assert_eq!(call(admin, "PUT", &rule_path("counter"), &[("if-match", "\"7\"")], Some(body)).await.status, 412);
+    assert_eq!(
+        call(
+            admin,
+            "PUT",
+            &rule_path("counter"),
+            &[("if-match", "*")],
+            Some(body)
+        )
+        .await
+        .status,
+        412,
+        "If-Match * needs the rule to exist"
+    );
+    assert_eq!(
+        call(admin, "PUT", &rule_path("counter"), &[], Some(body))
+            .await
+            .status,
+        201
+    );
+    assert_eq!(
+        call(
+            admin,
+            "PUT",
+            &rule_path("counter"),
+            &[("if-match", "\"7\"")],
+            Some(body)
+        )
+        .await
+        .status,
+        412
+    );
     // Two writers each add 1 to the limit ten times, read-modify-write under If-Match,
     // retrying on 412: every increment must land.
     let writer = |admin: u16| async move {
@@ -148,7 +305,14 @@ async fn versions_guard_every_write_and_concurrent_writers_lose_nothing() {
                     doc.as_object_mut().expect("object").remove(k);
                 }
                 doc["limit"] = json!(limit + 1);
-                let put = call(admin, "PUT", &rule_path("counter"), &[("if-match", &etag)], Some(&doc.to_string())).await;
+                let put = call(
+                    admin,
+                    "PUT",
+                    &rule_path("counter"),
+                    &[("if-match", &etag)],
+                    Some(&doc.to_string()),
+                )
+                .await;
                 match put.status {
                     200 => break,
                     412 => retries += 1,
@@ -161,9 +325,22 @@ async fn versions_guard_every_write_and_concurrent_writers_lose_nothing() {
     let (a, b) = tokio::join!(tokio::spawn(writer(admin)), tokio::spawn(writer(admin)));
     let retries = a.expect("writer") + b.expect("writer");
     let last = json_of(&call(admin, "GET", &rule_path("counter"), &[], None).await);
-    assert_eq!(last["limit"], json!(21), "an update was lost ({retries} retries)");
+    assert_eq!(
+        last["limit"],
+        json!(21),
+        "an update was lost ({retries} retries)"
+    );
     assert_eq!(last["version"], json!(21));
-    let history = json_of(&call(admin, "GET", &format!("{}/history", rule_path("counter")), &[], None).await);
+    let history = json_of(
+        &call(
+            admin,
+            "GET",
+            &format!("{}/history", rule_path("counter")),
+            &[],
+            None,
+        )
+        .await,
+    );
     assert_eq!(history["items"].as_array().map(Vec::len), Some(21));
     node.stop().await;
 }
@@ -182,23 +359,89 @@ async fn tokens_authenticate_and_read_only_tokens_cannot_write() {
     let read = [("authorization", "Bearer r-secret")];
     let missing = call(admin, "GET", "/admin/v1/rate-limit-rules", &[], None).await;
     assert_eq!(missing.status, 401);
-    assert!(missing.header("www-authenticate").is_some_and(|h| h.starts_with("Bearer")));
-    assert_eq!(call(admin, "GET", "/admin/v1/rate-limit-rules", &[("authorization", "Bearer nope")], None).await.status, 401);
-    assert_eq!(call(admin, "PUT", &rule_path("r"), &read, Some(SEED_BODY)).await.status, 403);
+    assert!(
+        missing
+            .header("www-authenticate")
+            .is_some_and(|h| h.starts_with("Bearer"))
+    );
+    assert_eq!(
+        call(
+            admin,
+            "GET",
+            "/admin/v1/rate-limit-rules",
+            &[("authorization", "Bearer nope")],
+            None
+        )
+        .await
+        .status,
+        401
+    );
+    assert_eq!(
+        call(admin, "PUT", &rule_path("r"), &read, Some(SEED_BODY))
+            .await
+            .status,
+        403
+    );
     let created = call(admin, "PUT", &rule_path("r"), &write, Some(SEED_BODY)).await;
-    assert_eq!((created.status, json_of(&created)["updatedBy"].clone()), (201, json!("alice")));
-    assert_eq!(call(admin, "GET", &rule_path("r"), &read, None).await.status, 200);
-    assert_eq!(call(admin, "DELETE", &rule_path("r"), &read, None).await.status, 403);
-    assert_eq!(call(admin, "DELETE", &rule_path("r"), &write, None).await.status, 204);
-    let history = json_of(&call(admin, "GET", &format!("{}/history", rule_path("r")), &read, None).await);
-    let changes: Vec<(Value, Value)> = history["items"].as_array().expect("items").iter().map(|e| (e["change"].clone(), e["changedBy"].clone())).collect();
-    assert_eq!(changes, vec![(json!("deleted"), json!("alice")), (json!("created"), json!("alice"))]);
-    assert!(history["items"][0]["oldRule"]["capacity"] == json!(100) && history["items"][0]["newRule"].is_null());
+    assert_eq!(
+        (created.status, json_of(&created)["updatedBy"].clone()),
+        (201, json!("alice"))
+    );
+    assert_eq!(
+        call(admin, "GET", &rule_path("r"), &read, None)
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        call(admin, "DELETE", &rule_path("r"), &read, None)
+            .await
+            .status,
+        403
+    );
+    assert_eq!(
+        call(admin, "DELETE", &rule_path("r"), &write, None)
+            .await
+            .status,
+        204
+    );
+    let history = json_of(
+        &call(
+            admin,
+            "GET",
+            &format!("{}/history", rule_path("r")),
+            &read,
+            None,
+        )
+        .await,
+    );
+    let changes: Vec<(Value, Value)> = history["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|e| (e["change"].clone(), e["changedBy"].clone()))
+        .collect();
+    assert_eq!(
+        changes,
+        vec![
+            (json!("deleted"), json!("alice")),
+            (json!("created"), json!("alice"))
+        ]
+    );
+    assert!(
+        history["items"][0]["oldRule"]["capacity"] == json!(100)
+            && history["items"][0]["newRule"].is_null()
+    );
     // The API's description needs no token.
     let openapi = call(admin, "GET", "/admin/v1/openapi.yaml", &[], None).await;
     assert_eq!(openapi.status, 200);
-    let doc: yaml_serde::Value = yaml_serde::from_str(&openapi.body).expect("the OpenAPI document is YAML");
-    for path in ["/admin/v1/rate-limit-rules", "/admin/v1/rate-limit-rules/{id}", "/admin/v1/rate-limit-rules/{id}/history"] {
+    let doc: yaml_serde::Value =
+        yaml_serde::from_str(&openapi.body).expect("the OpenAPI document is YAML");
+    for path in [
+        "/admin/v1/rate-limit-rules",
+        "/admin/v1/rate-limit-rules/{id}",
+        "/admin/v1/rate-limit-rules/{id}/history",
+    ] {
         assert!(doc["paths"].get(path).is_some(), "{path} is documented");
     }
     node.stop().await;
@@ -207,9 +450,23 @@ async fn tokens_authenticate_and_read_only_tokens_cannot_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_tokens_the_admin_api_listens_on_loopback_only() {
     let pg = postgres().await;
-    let settings = Settings { admin_listen: Some("0.0.0.0:0".parse().expect("addr")), ..Settings::default() };
-    let mut node = Served::start("", Settings { database_url: Some(pg.url()), ..settings }).await;
-    assert!(node.admin.expect("admin").ip().is_loopback(), "{:?}", node.admin);
+    let settings = Settings {
+        admin_listen: Some("0.0.0.0:0".parse().expect("addr")),
+        ..Settings::default()
+    };
+    let mut node = Served::start(
+        "",
+        Settings {
+            database_url: Some(pg.url()),
+            ..settings
+        },
+    )
+    .await;
+    assert!(
+        node.admin.expect("admin").ip().is_loopback(),
+        "{:?}",
+        node.admin
+    );
     node.stop().await;
 }
 
@@ -219,47 +476,175 @@ async fn lists_filter_by_domain_and_mode_and_page() {
     let mut node = Served::with_database(&pg.url(), "", Settings::default()).await;
     let admin = node.admin_port();
     for i in 0..7 {
-        let (domain, mode) = if i % 2 == 0 { ("a", "ENFORCE") } else { ("b", "SHADOW") };
-        let body = format!(r#"{{"domain":"{domain}","mode":"{mode}","algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}}"#);
-        assert_eq!(call(admin, "PUT", &rule_path(&format!("rule-{i}")), &[], Some(&body)).await.status, 201);
+        let (domain, mode) = if i % 2 == 0 {
+            ("a", "ENFORCE")
+        } else {
+            ("b", "SHADOW")
+        };
+        let body = format!(
+            r#"{{"domain":"{domain}","mode":"{mode}","algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}}"#
+        );
+        assert_eq!(
+            call(
+                admin,
+                "PUT",
+                &rule_path(&format!("rule-{i}")),
+                &[],
+                Some(&body)
+            )
+            .await
+            .status,
+            201
+        );
     }
-    let ids = |v: &Value| v["items"].as_array().expect("items").iter().map(|r| r["id"].as_str().expect("id").to_owned()).collect::<Vec<_>>();
-    let a = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules?domain=a", &[], None).await);
+    let ids = |v: &Value| {
+        v["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|r| r["id"].as_str().expect("id").to_owned())
+            .collect::<Vec<_>>()
+    };
+    let a = json_of(
+        &call(
+            admin,
+            "GET",
+            "/admin/v1/rate-limit-rules?domain=a",
+            &[],
+            None,
+        )
+        .await,
+    );
     assert_eq!(ids(&a), ["rule-0", "rule-2", "rule-4", "rule-6"]);
-    let shadow = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules?mode=SHADOW", &[], None).await);
+    let shadow = json_of(
+        &call(
+            admin,
+            "GET",
+            "/admin/v1/rate-limit-rules?mode=SHADOW",
+            &[],
+            None,
+        )
+        .await,
+    );
     assert_eq!(ids(&shadow), ["rule-1", "rule-3", "rule-5"]);
-    let first = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules?limit=3", &[], None).await);
-    assert_eq!((ids(&first), first["next"].clone()), (vec!["rule-0".to_owned(), "rule-1".into(), "rule-2".into()], json!("rule-2")));
-    let second = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules?limit=3&after=rule-2", &[], None).await);
+    let first = json_of(
+        &call(
+            admin,
+            "GET",
+            "/admin/v1/rate-limit-rules?limit=3",
+            &[],
+            None,
+        )
+        .await,
+    );
+    assert_eq!(
+        (ids(&first), first["next"].clone()),
+        (
+            vec!["rule-0".to_owned(), "rule-1".into(), "rule-2".into()],
+            json!("rule-2")
+        )
+    );
+    let second = json_of(
+        &call(
+            admin,
+            "GET",
+            "/admin/v1/rate-limit-rules?limit=3&after=rule-2",
+            &[],
+            None,
+        )
+        .await,
+    );
     assert_eq!(ids(&second), ["rule-3", "rule-4", "rule-5"]);
-    let last = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules?limit=3&after=rule-5", &[], None).await);
-    assert_eq!((ids(&last), last["next"].clone()), (vec!["rule-6".to_owned()], Value::Null));
-    assert_eq!(call(admin, "GET", "/admin/v1/rate-limit-rules?mode=LOUD", &[], None).await.status, 400);
-    assert_eq!(call(admin, "GET", "/admin/v1/rate-limit-rules?limit=0", &[], None).await.status, 400);
+    let last = json_of(
+        &call(
+            admin,
+            "GET",
+            "/admin/v1/rate-limit-rules?limit=3&after=rule-5",
+            &[],
+            None,
+        )
+        .await,
+    );
+    assert_eq!(
+        (ids(&last), last["next"].clone()),
+        (vec!["rule-6".to_owned()], Value::Null)
+    );
+    assert_eq!(
+        call(
+            admin,
+            "GET",
+            "/admin/v1/rate-limit-rules?mode=LOUD",
+            &[],
+            None
+        )
+        .await
+        .status,
+        400
+    );
+    assert_eq!(
+        call(
+            admin,
+            "GET",
+            "/admin/v1/rate-limit-rules?limit=0",
+            &[],
+            None
+        )
+        .await
+        .status,
+        400
+    );
     node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kill_switch_stops_enforcement_on_every_node_without_a_deploy() {
     let pg = postgres().await;
-    let settings = Settings { default_domain: Some("public-api".into()), prelimit_factor: Some(0.0), ..Settings::default() };
-    let (mut a, mut b) = (Served::with_database(&pg.url(), "", settings.clone()).await, Served::with_database(&pg.url(), "", settings).await);
+    let settings = Settings {
+        default_domain: Some("public-api".into()),
+        prelimit_factor: Some(0.0),
+        ..Settings::default()
+    };
+    let (mut a, mut b) = (
+        Served::with_database(&pg.url(), "", settings.clone()).await,
+        Served::with_database(&pg.url(), "", settings).await,
+    );
     let admin = a.admin_port();
     let strict = r#"{"match":{"plan":"gold","route":"POST /orders"},"per":["api_key"],"algorithm":"FIXED_WINDOW","limit":1,"window":"1h"}"#;
-    assert_eq!(call(admin, "PUT", &rule_path("strict"), &[], Some(strict)).await.status, 201);
+    assert_eq!(
+        call(admin, "PUT", &rule_path("strict"), &[], Some(strict))
+            .await
+            .status,
+        201
+    );
     let store = RuleStore::new(&pg.url(), Duration::from_secs(2)).expect("store");
     let revision = store.revision().await.expect("revision") as u64;
     for node in [&a, &b] {
         until_revision(&node.node, revision).await;
         assert!(check(&node.node, &gold("k")).await.allowed);
-        assert!(!check(&node.node, &gold("k")).await.allowed, "the rule enforces");
+        assert!(
+            !check(&node.node, &gold("k")).await.allowed,
+            "the rule enforces"
+        );
     }
-    let killed = call(admin, "PATCH", &rule_path("strict"), &[("if-match", "\"1\"")], Some(r#"{"mode":"DISABLED"}"#)).await;
-    assert_eq!((killed.status, json_of(&killed)["mode"].clone()), (200, json!("DISABLED")));
+    let killed = call(
+        admin,
+        "PATCH",
+        &rule_path("strict"),
+        &[("if-match", "\"1\"")],
+        Some(r#"{"mode":"DISABLED"}"#),
+    )
+    .await;
+    assert_eq!(
+        (killed.status, json_of(&killed)["mode"].clone()),
+        (200, json!("DISABLED"))
+    );
     let mut slowest = Duration::ZERO;
     for node in [&a, &b] {
         slowest = slowest.max(until_revision(&node.node, revision + 1).await);
-        assert!(check(&node.node, &gold("k")).await.allowed, "a disabled rule enforces nothing");
+        assert!(
+            check(&node.node, &gold("k")).await.allowed,
+            "a disabled rule enforces nothing"
+        );
     }
     eprintln!("kill switch applied on both nodes within {slowest:?}");
     a.stop().await;
@@ -269,10 +654,25 @@ async fn the_kill_switch_stops_enforcement_on_every_node_without_a_deploy() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_alone_propagates_changes() {
     let pg = postgres().await;
-    let settings = Settings { rules_listen: Some(false), rules_poll_ms: Some(200), ..Settings::default() };
+    let settings = Settings {
+        rules_listen: Some(false),
+        rules_poll_ms: Some(200),
+        ..Settings::default()
+    };
     let mut node = Served::with_database(&pg.url(), "", settings).await;
     let body = r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#;
-    assert_eq!(call(node.admin_port(), "PUT", &rule_path("polled"), &[], Some(body)).await.status, 201);
+    assert_eq!(
+        call(
+            node.admin_port(),
+            "PUT",
+            &rule_path("polled"),
+            &[],
+            Some(body)
+        )
+        .await
+        .status,
+        201
+    );
     let store = RuleStore::new(&pg.url(), Duration::from_secs(2)).expect("store");
     let took = until_revision(&node.node, store.revision().await.expect("revision") as u64).await;
     eprintln!("polling every 200 ms: the change arrived after {took:?}");
@@ -282,11 +682,21 @@ async fn polling_alone_propagates_changes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_down_nodes_keep_enforcing_report_staleness_and_catch_up() {
     let mut pg = postgres().await;
-    let settings = Settings { default_domain: Some("public-api".into()), prelimit_factor: Some(0.0), rules_poll_ms: Some(100), ..Settings::default() };
+    let settings = Settings {
+        default_domain: Some("public-api".into()),
+        prelimit_factor: Some(0.0),
+        rules_poll_ms: Some(100),
+        ..Settings::default()
+    };
     let mut node = Served::with_database(&pg.url(), "", settings).await;
     let admin = node.admin_port();
     let strict = r#"{"match":{"plan":"gold"},"per":["api_key"],"algorithm":"FIXED_WINDOW","limit":2,"window":"1h"}"#;
-    assert_eq!(call(admin, "PUT", &rule_path("strict"), &[], Some(strict)).await.status, 201);
+    assert_eq!(
+        call(admin, "PUT", &rule_path("strict"), &[], Some(strict))
+            .await
+            .status,
+        201
+    );
     until_revision(&node.node, 1).await;
     let pg = tokio::task::spawn_blocking(move || {
         pg.kill();
@@ -295,13 +705,22 @@ async fn postgres_down_nodes_keep_enforcing_report_staleness_and_catch_up() {
     .await
     .expect("join");
     // Still enforcing the last set.
-    assert_eq!(support::allowed(&node.node, &gold("during-outage"), 3).await, 2);
+    assert_eq!(
+        support::allowed(&node.node, &gold("during-outage"), 3).await,
+        2
+    );
     // The admin API says the store is unavailable.
     let r = call(admin, "GET", &rule_path("strict"), &[], None).await;
-    assert_eq!((r.status, r.header("content-type")), (503, Some("application/problem+json")));
+    assert_eq!(
+        (r.status, r.header("content-type")),
+        (503, Some("application/problem+json"))
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while node.node.metrics().rules_staleness_seconds.get() < 1 {
-        assert!(tokio::time::Instant::now() < deadline, "staleness was never reported");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "staleness was never reported"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let (_, readyz) = node.get("/readyz").await;
@@ -321,7 +740,10 @@ async fn postgres_down_nodes_keep_enforcing_report_staleness_and_catch_up() {
         if r.status == 200 {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "the admin API did not recover: {r:?}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the admin API did not recover: {r:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     until_revision(&node.node, 2).await;
@@ -336,10 +758,26 @@ async fn a_node_starting_while_postgres_is_down_serves_its_snapshot() {
     let mut pg = postgres().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let snapshot = dir.path().join("rules.json");
-    let settings = Settings { default_domain: Some("public-api".into()), prelimit_factor: Some(0.0), rules_snapshot: Some(snapshot.clone()), ..Settings::default() };
+    let settings = Settings {
+        default_domain: Some("public-api".into()),
+        prelimit_factor: Some(0.0),
+        rules_snapshot: Some(snapshot.clone()),
+        ..Settings::default()
+    };
     let mut first = Served::with_database(&pg.url(), "", settings.clone()).await;
     let strict = r#"{"match":{"plan":"gold"},"per":["api_key"],"algorithm":"FIXED_WINDOW","limit":1,"window":"1h"}"#;
-    assert_eq!(call(first.admin_port(), "PUT", &rule_path("strict"), &[], Some(strict)).await.status, 201);
+    assert_eq!(
+        call(
+            first.admin_port(),
+            "PUT",
+            &rule_path("strict"),
+            &[],
+            Some(strict)
+        )
+        .await
+        .status,
+        201
+    );
     until_revision(&first.node, 1).await;
     first.stop().await;
     let url = pg.url();
@@ -352,7 +790,11 @@ async fn a_node_starting_while_postgres_is_down_serves_its_snapshot() {
     let mut second = Served::with_database(&url, "", settings).await;
     assert_eq!(second.node.rules().source(), "snapshot");
     assert_eq!(second.node.rules().version(), 1);
-    assert_eq!(support::allowed(&second.node, &gold("k"), 2).await, 1, "the snapshot's rule enforces");
+    assert_eq!(
+        support::allowed(&second.node, &gold("k"), 2).await,
+        1,
+        "the snapshot's rule enforces"
+    );
     second.stop().await;
 }
 
@@ -378,14 +820,38 @@ async fn ten_thousand_rules_load_and_swap() {
     assert_eq!(node.node.metrics().rules_loaded.get(), 10_000);
     let request = Request::new("bulk").descriptor([("api_key", "k"), ("route", "GET /r777")]);
     let verdict = check(&node.node, &request).await;
-    assert_eq!(verdict.decisive().map(|s| s.rule.id.as_str()), Some("rule-777"));
+    assert_eq!(
+        verdict.decisive().map(|s| s.rule.id.as_str()),
+        Some("rule-777")
+    );
     // A change reloads and swaps all 10,000.
     let swap = tokio::time::Instant::now();
     let body = r#"{"domain":"bulk","match":{"route":"GET /r777"},"algorithm":"TOKEN_BUCKET","capacity":3,"refillPerSecond":1}"#;
-    assert_eq!(call(node.admin_port(), "PUT", &rule_path("rule-777"), &[], Some(body)).await.status, 200);
+    assert_eq!(
+        call(
+            node.admin_port(),
+            "PUT",
+            &rule_path("rule-777"),
+            &[],
+            Some(body)
+        )
+        .await
+        .status,
+        200
+    );
     until_revision(&node.node, 2).await;
-    eprintln!("10,000 rules: node started (load + compile) in {started:?}; a change swapped in after {:?}", swap.elapsed());
-    assert_eq!(check(&node.node, &request).await.decisive().and_then(|s| s.rule.limit()).map(|l| l.capacity()), Some(3));
+    eprintln!(
+        "10,000 rules: node started (load + compile) in {started:?}; a change swapped in after {:?}",
+        swap.elapsed()
+    );
+    assert_eq!(
+        check(&node.node, &request)
+            .await
+            .decisive()
+            .and_then(|s| s.rule.limit())
+            .map(|l| l.capacity()),
+        Some(3)
+    );
     node.stop().await;
 }
 
@@ -396,8 +862,15 @@ async fn rules_move_between_files_and_postgres() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = env!("CARGO_BIN_EXE_tollgate");
     let run = move |args: Vec<String>| {
-        let out = std::process::Command::new(bin).args(&args).output().expect("run tollgate");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+        let out = std::process::Command::new(bin)
+            .args(&args)
+            .output()
+            .expect("run tollgate");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
     };
     let import = vec![
         "rules".into(),
@@ -405,19 +878,44 @@ async fn rules_move_between_files_and_postgres() {
         "--database-url".into(),
         pg.url(),
         root.join("deploy/rules/example.yaml").display().to_string(),
-        root.join("deploy/rules/envoy/config.yaml").display().to_string(),
+        root.join("deploy/rules/envoy/config.yaml")
+            .display()
+            .to_string(),
     ];
-    let (ok, out) = tokio::task::spawn_blocking(move || run(import)).await.expect("join");
+    let (ok, out) = tokio::task::spawn_blocking(move || run(import))
+        .await
+        .expect("join");
     assert!(ok, "{out}");
-    assert!(out.contains("imported 6 rules and 1 envoyproxy/ratelimit domains"), "{out}");
+    assert!(
+        out.contains("imported 6 rules and 1 envoyproxy/ratelimit domains"),
+        "{out}"
+    );
     let export_dir = dir.path().to_owned();
-    let export = vec!["rules".into(), "export".into(), "--database-url".into(), pg.url(), "--out".into(), export_dir.display().to_string()];
-    let (ok, out) = tokio::task::spawn_blocking(move || run(export)).await.expect("join");
+    let export = vec![
+        "rules".into(),
+        "export".into(),
+        "--database-url".into(),
+        pg.url(),
+        "--out".into(),
+        export_dir.display().to_string(),
+    ];
+    let (ok, out) = tokio::task::spawn_blocking(move || run(export))
+        .await
+        .expect("join");
     assert!(ok, "{out}");
-    let original = tollgate_node::rules::source::load(&[root.join("deploy/rules/example.yaml"), root.join("deploy/rules/envoy/config.yaml")]).expect("original");
-    let exported = tollgate_node::rules::source::load(&[dir.path().to_owned()]).expect("exported files are valid rules");
+    let original = tollgate_node::rules::source::load(&[
+        root.join("deploy/rules/example.yaml"),
+        root.join("deploy/rules/envoy/config.yaml"),
+    ])
+    .expect("original");
+    let exported = tollgate_node::rules::source::load(&[dir.path().to_owned()])
+        .expect("exported files are valid rules");
     let ids = |l: &tollgate_node::rules::LoadedRules| {
-        let mut v: Vec<(String, String)> = l.native.iter().map(|r| (r.id.clone(), format!("{:?}", r.limit))).collect();
+        let mut v: Vec<(String, String)> = l
+            .native
+            .iter()
+            .map(|r| (r.id.clone(), format!("{:?}", r.limit)))
+            .collect();
         v.sort();
         v
     };
@@ -426,9 +924,20 @@ async fn rules_move_between_files_and_postgres() {
     // An invalid file imports nothing.
     let bad = dir.path().join("bad.yaml");
     std::fs::write(&bad, "domain: d\nrules:\n  - id: x\n    algorithm: TOKEN_BUCKET\n    capacity: 0\n    refillPerSecond: 1\n").expect("write");
-    let import_bad = vec!["rules".into(), "import".into(), "--database-url".into(), pg.url(), bad.display().to_string()];
-    let (ok, out) = tokio::task::spawn_blocking(move || run(import_bad)).await.expect("join");
-    assert!(!ok && out.contains("bad.yaml:5") && out.contains("capacity"), "{out}");
+    let import_bad = vec![
+        "rules".into(),
+        "import".into(),
+        "--database-url".into(),
+        pg.url(),
+        bad.display().to_string(),
+    ];
+    let (ok, out) = tokio::task::spawn_blocking(move || run(import_bad))
+        .await
+        .expect("join");
+    assert!(
+        !ok && out.contains("bad.yaml:5") && out.contains("capacity"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

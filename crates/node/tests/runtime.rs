@@ -264,3 +264,56 @@ async fn nodes_on_paused_time_share_a_store_without_over_admitting() {
         node.shutdown().await;
     }
 }
+
+/// A rule whose parameters change keeps its counter (the store key is the rule id): a lowered
+/// capacity caps at once, and the leases taken under the old definition are neither spent
+/// again nor lost: they are settled before the new definition leases anything.
+#[tokio::test(start_paused = true)]
+async fn a_changed_rule_keeps_its_counter_and_settles_old_leases() {
+    let clock: SharedClock = Arc::new(TokioClock::new());
+    let memory = MemoryStore::with_clock(clock.clone(), MemoryConfig::default());
+    let yaml = |capacity: u64| {
+        format!(
+            "domain: api\nrules:\n  - {{id: r, match: {{api_key: '*'}}, algorithm: TOKEN_BUCKET, capacity: {capacity}, refillPerSecond: 0.001}}\n"
+        )
+    };
+    let node = node_on(
+        Store::Memory(memory.clone()),
+        &yaml(100),
+        no_prelimit(),
+        clock,
+    )
+    .await;
+    let request = Request::new("api").descriptor([("api_key", "k")]);
+    assert_eq!(allowed(&node, &request, 30).await, 30);
+    let leased = node.metrics().lease_units_acquired.get();
+    assert!(
+        leased > 30,
+        "the node holds units ahead of demand: {leased}"
+    );
+    let loaded =
+        tollgate_node::rules::source::parse(&yaml(20), std::path::Path::new("changed.yaml"))
+            .expect("rules");
+    node.rules().install(&loaded).expect("installs");
+    // 70 left in truth (what the node held unspent included): capped at the new capacity.
+    let after_change = allowed(&node, &request, 40).await;
+    assert_eq!(
+        after_change, 20,
+        "the key starts the new definition from its true count"
+    );
+    // The old leases were settled when the new definition took over: their end credits nothing.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        allowed(&node, &request, 40).await,
+        0,
+        "old leases came back as fresh units"
+    );
+    let key = BucketKey::new(b"k", "r").expect("key");
+    let limit = Limit::token_bucket(20, 0.001).expect("limit");
+    let peek = memory
+        .check(&CheckRequest::single(key, limit, 0).expect("peek"))
+        .await
+        .expect("check");
+    assert_eq!(peek.buckets[0].remaining, 0, "every unit is accounted for");
+    node.shutdown().await;
+}

@@ -35,7 +35,11 @@ pub fn postgres_bin_dir() -> Result<PathBuf> {
 }
 
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0").unwrap_or(false)
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
 }
 
 /// Runs a PostgreSQL binary, as the `postgres` user when we are root (PostgreSQL refuses root).
@@ -50,7 +54,10 @@ fn command(bin: &Path, as_postgres: bool) -> Command {
 }
 
 fn chown_postgres(path: &Path) -> Result<()> {
-    let status = Command::new("chown").args(["-R", "postgres:postgres"]).arg(path).status()?;
+    let status = Command::new("chown")
+        .args(["-R", "postgres:postgres"])
+        .arg(path)
+        .status()?;
     if !status.success() {
         bail!("chown {} failed", path.display());
     }
@@ -59,31 +66,56 @@ fn chown_postgres(path: &Path) -> Result<()> {
 
 /// The initialised template cluster, made once per machine.
 fn template(bin: &Path, as_postgres: bool) -> Result<PathBuf> {
-    let version = bin.parent().and_then(|p| p.file_name()).map(|v| v.to_string_lossy().into_owned()).unwrap_or_default();
+    let version = bin
+        .parent()
+        .and_then(|p| p.file_name())
+        .map(|v| v.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let path = std::env::temp_dir().join(format!("tollgate-pg-template-{version}"));
     if path.join("PG_VERSION").is_file() {
         return Ok(path);
     }
-    let staging = tempfile::Builder::new().prefix("tollgate-pg-staging-").tempdir_in(std::env::temp_dir())?;
+    let staging = tempfile::Builder::new()
+        .prefix("tollgate-pg-staging-")
+        .tempdir_in(std::env::temp_dir())?;
     let data = staging.path().join("data");
     std::fs::create_dir(&data)?;
     if as_postgres {
-        Command::new("chmod").args(["755"]).arg(staging.path()).status()?;
+        Command::new("chmod")
+            .args(["755"])
+            .arg(staging.path())
+            .status()?;
         chown_postgres(&data)?;
     }
     let out = command(&bin.join("initdb"), as_postgres)
         .args(["-D"])
         .arg(&data)
-        .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync", "--no-instructions"])
+        .args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        ])
         .stdin(Stdio::null())
         .output()
         .context("running initdb")?;
     if !out.status.success() {
-        bail!("initdb failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "initdb failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     // Another test process may have finished first: either template is good.
     if std::fs::rename(&data, &path).is_err() && !path.join("PG_VERSION").is_file() {
-        bail!("could not install the PostgreSQL template at {}", path.display());
+        bail!(
+            "could not install the PostgreSQL template at {}",
+            path.display()
+        );
     }
     Ok(path)
 }
@@ -107,15 +139,30 @@ impl PostgresServer {
         let template = template(&bin, as_postgres)?;
         let dir = tempfile::Builder::new().prefix("tollgate-pg-").tempdir()?;
         let data = dir.path().join("data");
-        let status = Command::new("cp").arg("-a").arg(&template).arg(&data).status().context("copying the template")?;
+        let status = Command::new("cp")
+            .arg("-a")
+            .arg(&template)
+            .arg(&data)
+            .status()
+            .context("copying the template")?;
         if !status.success() {
             bail!("copying the PostgreSQL template failed");
         }
         if as_postgres {
-            Command::new("chmod").args(["755"]).arg(dir.path()).status()?;
+            Command::new("chmod")
+                .args(["755"])
+                .arg(dir.path())
+                .status()?;
             chown_postgres(dir.path())?;
         }
-        let mut server = PostgresServer { port: 0, dir, bin, as_postgres, child: None, paused: false };
+        let mut server = PostgresServer {
+            port: 0,
+            dir,
+            bin,
+            as_postgres,
+            child: None,
+            paused: false,
+        };
         let mut last = None;
         for _ in 0..5 {
             server.port = free_port(false)?;
@@ -136,9 +183,17 @@ impl PostgresServer {
         let child = command(&self.bin.join("postgres"), self.as_postgres)
             .arg("-D")
             .arg(&data)
-            .args(["-p", &self.port.to_string(), "-c", "listen_addresses=127.0.0.1"])
+            .args([
+                "-p",
+                &self.port.to_string(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+            ])
             .arg("-c")
-            .arg(format!("unix_socket_directories={}", self.dir.path().display()))
+            .arg(format!(
+                "unix_socket_directories={}",
+                self.dir.path().display()
+            ))
             .args(["-c", "fsync=off", "-c", "full_page_writes=off"])
             .args(["-c", "max_connections=200"])
             .stdin(Stdio::null())
@@ -150,24 +205,37 @@ impl PostgresServer {
         let port = self.port;
         let isready = self.bin.join("pg_isready");
         let log_path = self.dir.path().join("postgres.log");
-        wait_for(&format!("postgres on port {port}"), Duration::from_secs(30), || {
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                return Some(Err(anyhow::anyhow!(
-                    "postgres exited ({status}): {}",
-                    std::fs::read_to_string(&log_path).unwrap_or_default()
-                )));
-            }
-            let ok = Command::new(&isready)
-                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-U", "postgres", "-t", "1"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .ok()?
-                .success();
-            ok.then_some(Ok(()))
-        })?
+        wait_for(
+            &format!("postgres on port {port}"),
+            Duration::from_secs(30),
+            || {
+                if let Some(child) = self.child.as_mut()
+                    && let Ok(Some(status)) = child.try_wait()
+                {
+                    return Some(Err(anyhow::anyhow!(
+                        "postgres exited ({status}): {}",
+                        std::fs::read_to_string(&log_path).unwrap_or_default()
+                    )));
+                }
+                let ok = Command::new(&isready)
+                    .args([
+                        "-h",
+                        "127.0.0.1",
+                        "-p",
+                        &port.to_string(),
+                        "-U",
+                        "postgres",
+                        "-t",
+                        "1",
+                    ])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status()
+                    .ok()?
+                    .success();
+                ok.then_some(Ok(()))
+            },
+        )?
     }
 
     /// `postgres://postgres@127.0.0.1:<port>/postgres`
@@ -183,7 +251,19 @@ impl PostgresServer {
     /// Runs SQL through `psql` and returns its output (unaligned, tuples only).
     pub fn psql(&self, sql: &str) -> Result<String> {
         let out = Command::new(self.bin.join("psql"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres", "-d", "postgres", "-At", "-c", sql])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-At",
+                "-c",
+                sql,
+            ])
             .stdin(Stdio::null())
             .output()
             .context("running psql")?;
@@ -194,7 +274,10 @@ impl PostgresServer {
     }
 
     fn pid(&self) -> Result<u32> {
-        self.child.as_ref().map(Child::id).context("postgres is not running")
+        self.child
+            .as_ref()
+            .map(Child::id)
+            .context("postgres is not running")
     }
 
     /// Kills the server (SIGKILL on the postmaster and its children).
@@ -231,14 +314,18 @@ impl PostgresServer {
                 self.paused = false;
             }
             let pid_file = self.dir.path().join("data").join("postmaster.pid");
-            let postmaster = std::fs::read_to_string(&pid_file).ok().and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<u32>().ok()));
+            let postmaster = std::fs::read_to_string(&pid_file)
+                .ok()
+                .and_then(|s| s.lines().next().and_then(|l| l.trim().parse::<u32>().ok()));
             if let Some(pid) = postmaster {
                 // SIGQUIT: immediate shutdown of the postmaster and every backend.
                 let _ = signal(pid, "QUIT");
             }
             let _ = child.kill();
             let _ = child.wait();
-            let _ = wait_for("postgres to stop", Duration::from_secs(10), || (!pid_file.exists()).then_some(()));
+            let _ = wait_for("postgres to stop", Duration::from_secs(10), || {
+                (!pid_file.exists()).then_some(())
+            });
             if pid_file.exists() {
                 let _ = std::fs::remove_file(&pid_file);
             }

@@ -22,7 +22,9 @@ use tokio::net::TcpListener;
 
 use crate::control::auth::{Access, Tokens};
 use crate::control::problem::Problem;
-use crate::control::store::{ControlError, ListFilter, Precondition, RuleStore, StoredRule, serde_field_error};
+use crate::control::store::{
+    ControlError, ListFilter, Precondition, RuleStore, StoredRule, serde_field_error,
+};
 use crate::rules::native::{RuleDoc, validate_id};
 
 /// The largest request body accepted.
@@ -51,12 +53,20 @@ impl From<ControlError> for Problem {
         match e {
             ControlError::Invalid(f) => Problem::invalid(f.field, f.reason),
             ControlError::NotFound(id) => Problem::not_found(format!("there is no rule {id:?}")),
-            ControlError::Stale { id, current: Some(v), expected } => {
-                Problem::stale(format!("rule {id:?} is at version {v}; If-Match named {expected}"))
-            }
-            ControlError::Stale { id, current: None, expected } => {
-                Problem::stale(format!("rule {id:?} does not exist; If-Match named {expected}"))
-            }
+            ControlError::Stale {
+                id,
+                current: Some(v),
+                expected,
+            } => Problem::stale(format!(
+                "rule {id:?} is at version {v}; If-Match named {expected}"
+            )),
+            ControlError::Stale {
+                id,
+                current: None,
+                expected,
+            } => Problem::stale(format!(
+                "rule {id:?} does not exist; If-Match named {expected}"
+            )),
             ControlError::Unavailable(m) => Problem::unavailable(m),
             ControlError::Database(m) => {
                 tracing::error!(error = %m, "rule store error");
@@ -70,7 +80,13 @@ impl From<ControlError> for Problem {
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/admin/v1/rate-limit-rules", get(list))
-        .route("/admin/v1/rate-limit-rules/{id}", get(get_rule).put(put_rule).patch(patch_rule).delete(delete_rule))
+        .route(
+            "/admin/v1/rate-limit-rules/{id}",
+            get(get_rule)
+                .put(put_rule)
+                .patch(patch_rule)
+                .delete(delete_rule),
+        )
         .route("/admin/v1/rate-limit-rules/{id}/history", get(history))
         .route("/admin/v1/openapi.yaml", get(openapi))
         .fallback(|| async { Problem::not_found("no such endpoint") })
@@ -79,15 +95,28 @@ pub fn router(state: AdminState) -> Router {
 }
 
 /// Serves the admin API on `listener` until `shutdown`.
-pub async fn serve(state: AdminState, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+pub async fn serve(
+    state: AdminState,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
-async fn authenticate(State(state): State<AdminState>, mut request: Request, next: Next) -> Response {
+async fn authenticate(
+    State(state): State<AdminState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     // The API's description is public.
     let public = request.uri().path() == "/admin/v1/openapi.yaml";
     let caller = if state.tokens.any() && !public {
-        let presented = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
         let Some((name, access)) = state.tokens.check(presented) else {
             return Problem::unauthorized("a valid bearer token is required").into_response();
         };
@@ -105,19 +134,29 @@ async fn authenticate(State(state): State<AdminState>, mut request: Request, nex
 }
 
 fn etag(version: i64) -> HeaderValue {
-    HeaderValue::from_str(&format!("\"{version}\"")).unwrap_or_else(|_| HeaderValue::from_static("\"0\""))
+    HeaderValue::from_str(&format!("\"{version}\""))
+        .unwrap_or_else(|_| HeaderValue::from_static("\"0\""))
 }
 
 fn rule_response(status: StatusCode, rule: &StoredRule) -> Response {
     let mut response = (status, axum::Json(rule)).into_response();
-    response.headers_mut().insert(header::ETAG, etag(rule.version));
-    response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+        .headers_mut()
+        .insert(header::ETAG, etag(rule.version));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
 
 fn precondition(headers: &HeaderMap) -> Result<Option<Precondition>, Problem> {
-    let Some(value) = headers.get(header::IF_MATCH) else { return Ok(None) };
-    let text = value.to_str().map_err(|_| Problem::invalid("If-Match", "not ASCII"))?.trim();
+    let Some(value) = headers.get(header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| Problem::invalid("If-Match", "not ASCII"))?
+        .trim();
     if text == "*" {
         return Ok(Some(Precondition::Exists));
     }
@@ -126,7 +165,12 @@ fn precondition(headers: &HeaderMap) -> Result<Option<Precondition>, Problem> {
         .unwrap_or(text)
         .trim_matches('"')
         .parse::<i64>()
-        .map_err(|_| Problem::invalid("If-Match", format!("{text:?} is not an ETag this API issued (\"<version>\")")))?;
+        .map_err(|_| {
+            Problem::invalid(
+                "If-Match",
+                format!("{text:?} is not an ETag this API issued (\"<version>\")"),
+            )
+        })?;
     Ok(Some(Precondition::Version(version)))
 }
 
@@ -135,7 +179,9 @@ fn path_id(id: &str) -> Result<(), Problem> {
 }
 
 async fn body_json<T: for<'de> Deserialize<'de>>(body: Body) -> Result<T, Problem> {
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES).await.map_err(|_| Problem::too_large(MAX_BODY_BYTES))?;
+    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+        .await
+        .map_err(|_| Problem::too_large(MAX_BODY_BYTES))?;
     serde_json::from_slice(&bytes).map_err(|e| {
         let f = serde_field_error(&e.to_string());
         Problem::invalid(f.field, f.reason)
@@ -151,18 +197,32 @@ struct ListQuery {
     after: Option<String>,
 }
 
-async fn list(State(state): State<AdminState>, query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>) -> Result<Response, Problem> {
+async fn list(
+    State(state): State<AdminState>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Problem> {
     let Query(q) = query.map_err(|e| Problem::invalid("query", e.body_text()))?;
     if let Some(mode) = &q.mode
         && mode.parse::<crate::rules::Mode>().is_err()
     {
-        return Err(Problem::invalid("mode", format!("{mode:?} is not ENFORCE, SHADOW or DISABLED")));
+        return Err(Problem::invalid(
+            "mode",
+            format!("{mode:?} is not ENFORCE, SHADOW or DISABLED"),
+        ));
     }
     let limit = q.limit.unwrap_or(50);
     if !(1..=500).contains(&limit) {
-        return Err(Problem::invalid("limit", format!("must be between 1 and 500, got {limit}")));
+        return Err(Problem::invalid(
+            "limit",
+            format!("must be between 1 and 500, got {limit}"),
+        ));
     }
-    let filter = ListFilter { domain: q.domain, mode: q.mode, after: q.after, limit: limit + 1 };
+    let filter = ListFilter {
+        domain: q.domain,
+        mode: q.mode,
+        after: q.after,
+        limit: limit + 1,
+    };
     let mut items = state.store.list(&filter).await?;
     let next = if items.len() as i64 > limit {
         items.truncate(limit as usize);
@@ -170,12 +230,23 @@ async fn list(State(state): State<AdminState>, query: Result<Query<ListQuery>, a
     } else {
         None
     };
-    Ok((StatusCode::OK, axum::Json(json!({ "items": items, "next": next }))).into_response())
+    Ok((
+        StatusCode::OK,
+        axum::Json(json!({ "items": items, "next": next })),
+    )
+        .into_response())
 }
 
-async fn get_rule(State(state): State<AdminState>, Path(id): Path<String>) -> Result<Response, Problem> {
+async fn get_rule(
+    State(state): State<AdminState>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
     path_id(&id)?;
-    let rule = state.store.get(&id).await?.ok_or_else(|| Problem::not_found(format!("there is no rule {id:?}")))?;
+    let rule = state
+        .store
+        .get(&id)
+        .await?
+        .ok_or_else(|| Problem::not_found(format!("there is no rule {id:?}")))?;
     Ok(rule_response(StatusCode::OK, &rule))
 }
 
@@ -189,9 +260,21 @@ async fn put_rule(
     path_id(&id)?;
     let condition = precondition(&headers)?;
     let doc: RuleDoc = body_json(body).await?;
-    let (rule, created) = state.store.put(&id, doc, condition, &caller, &state.default_domain).await?;
-    let mut response = rule_response(if created { StatusCode::CREATED } else { StatusCode::OK }, &rule);
-    if created && let Ok(location) = HeaderValue::from_str(&format!("/admin/v1/rate-limit-rules/{id}")) {
+    let (rule, created) = state
+        .store
+        .put(&id, doc, condition, &caller, &state.default_domain)
+        .await?;
+    let mut response = rule_response(
+        if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        &rule,
+    );
+    if created
+        && let Ok(location) = HeaderValue::from_str(&format!("/admin/v1/rate-limit-rules/{id}"))
+    {
         response.headers_mut().insert(header::LOCATION, location);
     }
     Ok(response)
@@ -208,9 +291,15 @@ async fn patch_rule(
     let condition = precondition(&headers)?;
     let patch: Value = body_json(body).await?;
     if !patch.is_object() {
-        return Err(Problem::invalid("body", "a JSON merge patch must be an object"));
+        return Err(Problem::invalid(
+            "body",
+            "a JSON merge patch must be an object",
+        ));
     }
-    let rule = state.store.patch(&id, &patch, condition, &caller, &state.default_domain).await?;
+    let rule = state
+        .store
+        .patch(&id, &patch, condition, &caller, &state.default_domain)
+        .await?;
     Ok(rule_response(StatusCode::OK, &rule))
 }
 

@@ -33,13 +33,21 @@ impl Tokens {
                 Some((name, secret)) if !name.is_empty() => (name.to_owned(), secret),
                 _ => (format!("{prefix}-{}", i + 1), text.as_str()),
             };
-            Token { name, secret: secret.as_bytes().to_vec(), access }
+            Token {
+                name,
+                secret: secret.as_bytes().to_vec(),
+                access,
+            }
         };
         let tokens = write
             .iter()
             .enumerate()
             .map(|t| parse(t, Access::Write, "write-token"))
-            .chain(read.iter().enumerate().map(|t| parse(t, Access::Read, "read-token")))
+            .chain(
+                read.iter()
+                    .enumerate()
+                    .map(|t| parse(t, Access::Read, "read-token")),
+            )
             .filter(|t| !t.secret.is_empty())
             .collect();
         Self { tokens }
@@ -56,7 +64,8 @@ impl Tokens {
         let mut found = None;
         for t in &self.tokens {
             // Every token is compared, so timing does not tell which one nearly matched.
-            if t.secret.len() == presented.len() && bool::from(t.secret.as_slice().ct_eq(presented)) {
+            if t.secret.len() == presented.len() && bool::from(t.secret.as_slice().ct_eq(presented))
+            {
                 found = Some((t.name.clone(), t.access));
             }
         }
@@ -70,10 +79,22 @@ mod tests {
 
     #[test]
     fn tokens_are_named_and_scoped() {
-        let tokens = Tokens::new(&["alice:s3cret".into(), "plain".into()], &["dash:r3ad".into()]);
-        assert_eq!(tokens.check(Some("Bearer s3cret")), Some(("alice".into(), Access::Write)));
-        assert_eq!(tokens.check(Some("Bearer plain")), Some(("write-token-2".into(), Access::Write)));
-        assert_eq!(tokens.check(Some("Bearer r3ad")), Some(("dash".into(), Access::Read)));
+        let tokens = Tokens::new(
+            &["alice:s3cret".into(), "plain".into()],
+            &["dash:r3ad".into()],
+        );
+        assert_eq!(
+            tokens.check(Some("Bearer s3cret")),
+            Some(("alice".into(), Access::Write))
+        );
+        assert_eq!(
+            tokens.check(Some("Bearer plain")),
+            Some(("write-token-2".into(), Access::Write))
+        );
+        assert_eq!(
+            tokens.check(Some("Bearer r3ad")),
+            Some(("dash".into(), Access::Read))
+        );
         assert_eq!(tokens.check(Some("Bearer nope")), None);
         assert_eq!(tokens.check(Some("Basic s3cret")), None);
         assert_eq!(tokens.check(None), None);

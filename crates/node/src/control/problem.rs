@@ -33,8 +33,20 @@ pub struct Problem {
 }
 
 impl Problem {
-    fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: impl Into<String>) -> Self {
-        Self { kind, title, status: status.as_u16(), detail: detail.into(), errors: vec![], www_authenticate: false }
+    fn new(
+        status: StatusCode,
+        kind: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            kind,
+            title,
+            status: status.as_u16(),
+            detail: detail.into(),
+            errors: vec![],
+            www_authenticate: false,
+        }
     }
 
     /// 400: the rule (or body) is invalid; names the field.
@@ -52,24 +64,44 @@ impl Problem {
 
     /// 401: no valid bearer token.
     pub fn unauthorized(detail: impl Into<String>) -> Self {
-        let mut p = Self::new(StatusCode::UNAUTHORIZED, "urn:tollgate:problem:unauthorized", "Authentication required", detail);
+        let mut p = Self::new(
+            StatusCode::UNAUTHORIZED,
+            "urn:tollgate:problem:unauthorized",
+            "Authentication required",
+            detail,
+        );
         p.www_authenticate = true;
         p
     }
 
     /// 403: a read-only token tried to write.
     pub fn forbidden(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::FORBIDDEN, "urn:tollgate:problem:forbidden", "Not allowed", detail)
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "urn:tollgate:problem:forbidden",
+            "Not allowed",
+            detail,
+        )
     }
 
     /// 404.
     pub fn not_found(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "urn:tollgate:problem:not-found", "No such rule", detail)
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "urn:tollgate:problem:not-found",
+            "No such rule",
+            detail,
+        )
     }
 
     /// 412: `If-Match` names a version that is not the current one.
     pub fn stale(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::PRECONDITION_FAILED, "urn:tollgate:problem:version-conflict", "The rule has changed", detail)
+        Self::new(
+            StatusCode::PRECONDITION_FAILED,
+            "urn:tollgate:problem:version-conflict",
+            "The rule has changed",
+            detail,
+        )
     }
 
     /// 413.
@@ -84,7 +116,12 @@ impl Problem {
 
     /// 503: the rule store is unreachable.
     pub fn unavailable(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "urn:tollgate:problem:store-unavailable", "The rule store is unavailable", detail)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "urn:tollgate:problem:store-unavailable",
+            "The rule store is unavailable",
+            detail,
+        )
     }
 }
 
@@ -94,10 +131,16 @@ impl IntoResponse for Problem {
         let body = serde_json::to_string(&self).unwrap_or_default();
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if self.www_authenticate {
-            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"tollgate-admin\""));
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"tollgate-admin\""),
+            );
         }
         response
     }

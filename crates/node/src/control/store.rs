@@ -5,10 +5,10 @@
 
 use std::time::Duration;
 
+use deadpool_postgres::GenericClient;
 use deadpool_postgres::{Config, Pool, PoolConfig, Runtime, Timeouts};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
-use deadpool_postgres::GenericClient;
 use tokio_postgres::{NoTls, Row};
 
 use crate::rules::native::{DurationValue, FieldError, RuleDoc};
@@ -149,13 +149,22 @@ impl RuleStore {
             url: Some(url.to_owned()),
             pool: Some(PoolConfig {
                 max_size: 8,
-                timeouts: Timeouts { wait: Some(timeout), create: Some(timeout), recycle: Some(timeout) },
+                timeouts: Timeouts {
+                    wait: Some(timeout),
+                    create: Some(timeout),
+                    recycle: Some(timeout),
+                },
                 ..PoolConfig::default()
             }),
             ..Config::default()
         };
-        let pool = config.create_pool(Some(Runtime::Tokio1), NoTls).map_err(|e| ControlError::Unavailable(e.to_string()))?;
-        Ok(Self { pool, url: url.to_owned() })
+        let pool = config
+            .create_pool(Some(Runtime::Tokio1), NoTls)
+            .map_err(|e| ControlError::Unavailable(e.to_string()))?;
+        Ok(Self {
+            pool,
+            url: url.to_owned(),
+        })
     }
 
     /// The database URL (for the listening connection).
@@ -172,8 +181,14 @@ impl RuleStore {
     /// One rule.
     pub async fn get(&self, id: &str) -> Result<Option<StoredRule>, ControlError> {
         let client = self.pool.get().await?;
-        let sql = format!("SELECT {RULE_COLUMNS}, {} FROM rate_limit_rules WHERE id = $1", time("updated_at"));
-        Ok(client.query_opt(&sql, &[&id]).await?.map(|row| stored(&row)))
+        let sql = format!(
+            "SELECT {RULE_COLUMNS}, {} FROM rate_limit_rules WHERE id = $1",
+            time("updated_at")
+        );
+        Ok(client
+            .query_opt(&sql, &[&id])
+            .await?
+            .map(|row| stored(&row)))
     }
 
     /// Rules in id order, filtered, one page.
@@ -185,7 +200,12 @@ impl RuleStore {
              ORDER BY id LIMIT $4",
             time("updated_at")
         );
-        let rows = client.query(&sql, &[&filter.domain, &filter.mode, &filter.after, &filter.limit]).await?;
+        let rows = client
+            .query(
+                &sql,
+                &[&filter.domain, &filter.mode, &filter.after, &filter.limit],
+            )
+            .await?;
         Ok(rows.iter().map(stored).collect())
     }
 
@@ -205,11 +225,27 @@ impl RuleStore {
         check(id, &condition, current.as_ref().map(|(v, _)| *v))?;
         let version = current.as_ref().map_or(1, |(v, _)| v + 1);
         write_rule(&tx, &doc, version, actor).await?;
-        let change = if current.is_some() { "updated" } else { "created" };
-        record(&tx, id, change, version, actor, current.map(|(_, old)| old), Some(doc_json(&doc))).await?;
+        let change = if current.is_some() {
+            "updated"
+        } else {
+            "created"
+        };
+        record(
+            &tx,
+            id,
+            change,
+            version,
+            actor,
+            current.map(|(_, old)| old),
+            Some(doc_json(&doc)),
+        )
+        .await?;
         tx.commit().await?;
         drop(client);
-        let rule = self.get(id).await?.ok_or_else(|| ControlError::NotFound(id.into()))?;
+        let rule = self
+            .get(id)
+            .await?
+            .ok_or_else(|| ControlError::NotFound(id.into()))?;
         Ok((rule, change == "created"))
     }
 
@@ -230,24 +266,42 @@ impl RuleStore {
         check(id, &condition, Some(version))?;
         let mut merged = old.clone();
         merge_patch(&mut merged, patch);
-        let doc: RuleDoc = serde_json::from_value(merged).map_err(|e| ControlError::Invalid(serde_field_error(&e.to_string())))?;
+        let doc: RuleDoc = serde_json::from_value(merged)
+            .map_err(|e| ControlError::Invalid(serde_field_error(&e.to_string())))?;
         let doc = canonical(id, doc, default_domain)?;
         write_rule(&tx, &doc, version + 1, actor).await?;
-        record(&tx, id, "updated", version + 1, actor, Some(old), Some(doc_json(&doc))).await?;
+        record(
+            &tx,
+            id,
+            "updated",
+            version + 1,
+            actor,
+            Some(old),
+            Some(doc_json(&doc)),
+        )
+        .await?;
         tx.commit().await?;
         drop(client);
-        self.get(id).await?.ok_or_else(|| ControlError::NotFound(id.into()))
+        self.get(id)
+            .await?
+            .ok_or_else(|| ControlError::NotFound(id.into()))
     }
 
     /// Deletes a rule.
-    pub async fn delete(&self, id: &str, condition: Option<Precondition>, actor: &str) -> Result<(), ControlError> {
+    pub async fn delete(
+        &self,
+        id: &str,
+        condition: Option<Precondition>,
+        actor: &str,
+    ) -> Result<(), ControlError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         let Some((version, old)) = lock_rule(&tx, id).await? else {
             return Err(ControlError::NotFound(id.into()));
         };
         check(id, &condition, Some(version))?;
-        tx.execute("DELETE FROM rate_limit_rules WHERE id = $1", &[&id]).await?;
+        tx.execute("DELETE FROM rate_limit_rules WHERE id = $1", &[&id])
+            .await?;
         record(&tx, id, "deleted", version + 1, actor, Some(old), None).await?;
         tx.commit().await?;
         Ok(())
@@ -279,23 +333,59 @@ impl RuleStore {
     /// The rule set's current revision.
     pub async fn revision(&self) -> Result<i64, ControlError> {
         let client = self.pool.get().await?;
-        Ok(client.query_one("SELECT revision FROM rule_set_revision", &[]).await?.get(0))
+        Ok(client
+            .query_one("SELECT revision FROM rule_set_revision", &[])
+            .await?
+            .get(0))
     }
 
     /// Every rule and envoy domain at one revision (a repeatable-read transaction).
     pub async fn snapshot(&self) -> Result<Snapshot, ControlError> {
         let mut client = self.pool.get().await?;
-        let tx = client.build_transaction().isolation_level(tokio_postgres::IsolationLevel::RepeatableRead).read_only(true).start().await?;
-        let revision: i64 = tx.query_one("SELECT revision FROM rule_set_revision", &[]).await?.get(0);
-        let sql = format!("SELECT {RULE_COLUMNS}, {} FROM rate_limit_rules ORDER BY id", time("updated_at"));
-        let rules = tx.query(&sql, &[]).await?.iter().map(|r| stored(r).doc).collect();
-        let envoy = tx.query("SELECT config FROM envoy_ratelimit_domains ORDER BY domain", &[]).await?.iter().map(|r| r.get(0)).collect();
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let revision: i64 = tx
+            .query_one("SELECT revision FROM rule_set_revision", &[])
+            .await?
+            .get(0);
+        let sql = format!(
+            "SELECT {RULE_COLUMNS}, {} FROM rate_limit_rules ORDER BY id",
+            time("updated_at")
+        );
+        let rules = tx
+            .query(&sql, &[])
+            .await?
+            .iter()
+            .map(|r| stored(r).doc)
+            .collect();
+        let envoy = tx
+            .query(
+                "SELECT config FROM envoy_ratelimit_domains ORDER BY domain",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
         tx.commit().await?;
-        Ok(Snapshot { revision, rules, envoy })
+        Ok(Snapshot {
+            revision,
+            rules,
+            envoy,
+        })
     }
 
     /// Creates or replaces an envoyproxy/ratelimit domain configuration.
-    pub async fn put_envoy_domain(&self, domain: &str, config: &Value, actor: &str) -> Result<(), ControlError> {
+    pub async fn put_envoy_domain(
+        &self,
+        domain: &str,
+        config: &Value,
+        actor: &str,
+    ) -> Result<(), ControlError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         tx.execute(
@@ -313,7 +403,12 @@ impl RuleStore {
     /// Ids of every Tollgate rule.
     pub async fn rule_ids(&self) -> Result<Vec<String>, ControlError> {
         let client = self.pool.get().await?;
-        Ok(client.query("SELECT id FROM rate_limit_rules ORDER BY id", &[]).await?.iter().map(|r| r.get(0)).collect())
+        Ok(client
+            .query("SELECT id FROM rate_limit_rules ORDER BY id", &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
     }
 }
 
@@ -329,12 +424,22 @@ fn canonical(id: &str, mut doc: RuleDoc, default_domain: &str) -> Result<RuleDoc
         }
         _ => doc.id = Some(id.to_owned()),
     }
-    let rule = doc.validate(Some(default_domain), format!("rule {id}")).map_err(ControlError::Invalid)?;
+    let rule = doc
+        .validate(Some(default_domain), format!("rule {id}"))
+        .map_err(ControlError::Invalid)?;
     Ok(RuleDoc::from_rule(&rule))
 }
 
-fn check(id: &str, condition: &Option<Precondition>, current: Option<i64>) -> Result<(), ControlError> {
-    let stale = |expected: String| ControlError::Stale { id: id.into(), current, expected };
+fn check(
+    id: &str,
+    condition: &Option<Precondition>,
+    current: Option<i64>,
+) -> Result<(), ControlError> {
+    let stale = |expected: String| ControlError::Stale {
+        id: id.into(),
+        current,
+        expected,
+    };
     match (condition, current) {
         (None, _) => Ok(()),
         (Some(Precondition::Exists), Some(_)) => Ok(()),
@@ -345,17 +450,31 @@ fn check(id: &str, condition: &Option<Precondition>, current: Option<i64>) -> Re
 }
 
 /// Locks the rule's row for the transaction; its version and document, if it exists.
-async fn lock_rule(tx: &impl GenericClient, id: &str) -> Result<Option<(i64, Value)>, ControlError> {
-    let sql = format!("SELECT {RULE_COLUMNS}, {} FROM rate_limit_rules WHERE id = $1 FOR UPDATE", time("updated_at"));
+async fn lock_rule(
+    tx: &impl GenericClient,
+    id: &str,
+) -> Result<Option<(i64, Value)>, ControlError> {
+    let sql = format!(
+        "SELECT {RULE_COLUMNS}, {} FROM rate_limit_rules WHERE id = $1 FOR UPDATE",
+        time("updated_at")
+    );
     Ok(tx.query_opt(&sql, &[&id]).await?.map(|row| {
         let rule = stored(&row);
         (rule.version, doc_json(&rule.doc))
     }))
 }
 
-async fn write_rule(tx: &impl GenericClient, doc: &RuleDoc, version: i64, actor: &str) -> Result<(), ControlError> {
+async fn write_rule(
+    tx: &impl GenericClient,
+    doc: &RuleDoc,
+    version: i64,
+    actor: &str,
+) -> Result<(), ControlError> {
     let matches = serde_json::to_value(&doc.matches).unwrap_or(Value::Null);
-    let per = doc.per.as_ref().map(|p| serde_json::to_value(p).unwrap_or(Value::Null));
+    let per = doc
+        .per
+        .as_ref()
+        .map(|p| serde_json::to_value(p).unwrap_or(Value::Null));
     tx.execute(
         "INSERT INTO rate_limit_rules (id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
@@ -380,8 +499,18 @@ async fn write_rule(tx: &impl GenericClient, doc: &RuleDoc, version: i64, actor:
 }
 
 async fn bump_revision(tx: &impl GenericClient) -> Result<i64, ControlError> {
-    let revision: i64 = tx.query_one("UPDATE rule_set_revision SET revision = revision + 1 RETURNING revision", &[]).await?.get(0);
-    tx.execute("SELECT pg_notify($1, $2)", &[&CHANNEL, &revision.to_string()]).await?;
+    let revision: i64 = tx
+        .query_one(
+            "UPDATE rule_set_revision SET revision = revision + 1 RETURNING revision",
+            &[],
+        )
+        .await?
+        .get(0);
+    tx.execute(
+        "SELECT pg_notify($1, $2)",
+        &[&CHANNEL, &revision.to_string()],
+    )
+    .await?;
     Ok(revision)
 }
 
@@ -430,7 +559,11 @@ fn stored(row: &Row) -> StoredRule {
     let per: Option<Value> = row.get(4);
     let params: Value = row.get(6);
     let number = |k: &str| params.get(k).and_then(Value::as_f64);
-    let duration = |k: &str| params.get(k).and_then(|v| serde_json::from_value(v.clone()).ok());
+    let duration = |k: &str| {
+        params
+            .get(k)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    };
     let doc = RuleDoc {
         id: Some(row.get(0)),
         domain: Some(row.get(1)),
@@ -447,7 +580,12 @@ fn stored(row: &Row) -> StoredRule {
         mode: Some(row.get(7)),
         fail_mode: Some(row.get(8)),
     };
-    StoredRule { doc, version: row.get(9), updated_by: row.get(10), updated_at: row.get(11) }
+    StoredRule {
+        doc,
+        version: row.get(9),
+        updated_by: row.get(10),
+        updated_at: row.get(11),
+    }
 }
 
 /// The rule document as JSON (what history records).
@@ -484,7 +622,10 @@ pub fn serde_field_error(message: &str) -> FieldError {
         .filter(|_| message.contains("field"))
         .map(str::to_owned)
         .unwrap_or_else(|| "body".into());
-    FieldError { field, reason: message.to_owned() }
+    FieldError {
+        field,
+        reason: message.to_owned(),
+    }
 }
 
 #[cfg(test)]
@@ -494,14 +635,29 @@ mod tests {
     #[test]
     fn merge_patch_follows_rfc_7396() {
         let mut doc = json!({"mode": "ENFORCE", "match": {"a": "1", "b": "2"}, "capacity": 5});
-        merge_patch(&mut doc, &json!({"mode": "DISABLED", "match": {"b": null, "c": "3"}}));
-        assert_eq!(doc, json!({"mode": "DISABLED", "match": {"a": "1", "c": "3"}, "capacity": 5}));
+        merge_patch(
+            &mut doc,
+            &json!({"mode": "DISABLED", "match": {"b": null, "c": "3"}}),
+        );
+        assert_eq!(
+            doc,
+            json!({"mode": "DISABLED", "match": {"a": "1", "c": "3"}, "capacity": 5})
+        );
     }
 
     #[test]
     fn serde_errors_name_their_field() {
-        assert_eq!(serde_field_error("unknown field `capacty`, expected one of ...").field, "capacty");
-        assert_eq!(serde_field_error("missing field `algorithm`").field, "algorithm");
-        assert_eq!(serde_field_error("EOF while parsing a value at line 1 column 3").field, "body");
+        assert_eq!(
+            serde_field_error("unknown field `capacty`, expected one of ...").field,
+            "capacty"
+        );
+        assert_eq!(
+            serde_field_error("missing field `algorithm`").field,
+            "algorithm"
+        );
+        assert_eq!(
+            serde_field_error("EOF while parsing a value at line 1 column 3").field,
+            "body"
+        );
     }
 }

@@ -59,7 +59,12 @@ pub struct RuleSync {
 impl RuleSync {
     /// Follows `store` into `rules`.
     pub fn new(store: RuleStore, rules: Arc<ActiveRules>, config: SyncConfig) -> Self {
-        Self { store, rules, config, migrated: Arc::default() }
+        Self {
+            store,
+            rules,
+            config,
+            migrated: Arc::default(),
+        }
     }
 
     /// The rules at start: PostgreSQL, else the snapshot, else the files.
@@ -76,7 +81,10 @@ impl RuleSync {
             match self.install(&snapshot) {
                 Ok(()) => {
                     self.rules.set_source("snapshot");
-                    tracing::warn!(revision, "serving the rule snapshot on disk until PostgreSQL answers");
+                    tracing::warn!(
+                        revision,
+                        "serving the rule snapshot on disk until PostgreSQL answers"
+                    );
                     return Ok(RulesSource::Snapshot);
                 }
                 Err(e) => tracing::error!(error = %e, "the rule snapshot on disk is unusable"),
@@ -91,7 +99,8 @@ impl RuleSync {
     pub async fn reload(&self) -> Result<i64, ControlError> {
         if !self.migrated.load(std::sync::atomic::Ordering::Acquire) {
             self.store.migrate().await?;
-            self.migrated.store(true, std::sync::atomic::Ordering::Release);
+            self.migrated
+                .store(true, std::sync::atomic::Ordering::Release);
         }
         let snapshot = self.store.snapshot().await?;
         self.install(&snapshot)?;
@@ -107,10 +116,15 @@ impl RuleSync {
 
     fn install(&self, snapshot: &Snapshot) -> Result<(), ControlError> {
         let loaded = to_rules(snapshot, &self.config.files)?;
-        self.rules.install_at(&loaded, snapshot.revision.max(0) as u64).map_err(|e| {
-            self.rules.metrics.rules_reload_errors.inc();
-            ControlError::Database(format!("the rule set at revision {} does not compile: {e}", snapshot.revision))
-        })?;
+        self.rules
+            .install_at(&loaded, snapshot.revision.max(0) as u64)
+            .map_err(|e| {
+                self.rules.metrics.rules_reload_errors.inc();
+                ControlError::Database(format!(
+                    "the rule set at revision {} does not compile: {e}",
+                    snapshot.revision
+                ))
+            })?;
         Ok(())
     }
 
@@ -124,7 +138,10 @@ impl RuleSync {
         let mut backoff = Duration::from_millis(100);
         let mut next_listen = tokio::time::Instant::now();
         loop {
-            if self.config.listen && listener.is_none() && tokio::time::Instant::now() >= next_listen {
+            if self.config.listen
+                && listener.is_none()
+                && tokio::time::Instant::now() >= next_listen
+            {
                 match listen(self.store.url()).await {
                     Ok(rx) => {
                         listener = Some(rx);
@@ -134,7 +151,8 @@ impl RuleSync {
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "cannot LISTEN for rule changes yet");
-                        next_listen = tokio::time::Instant::now() + backoff.mul_f64(0.5 + rand::random::<f64>());
+                        next_listen = tokio::time::Instant::now()
+                            + backoff.mul_f64(0.5 + rand::random::<f64>());
                         backoff = (backoff * 2).min(Duration::from_secs(5));
                     }
                 }
@@ -195,7 +213,9 @@ impl RuleSync {
 
 /// A dedicated connection that LISTENs; each notification becomes a message.
 /// The client is returned to be kept: dropping it closes the connection.
-async fn listen(url: &str) -> Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<()>), tokio_postgres::Error> {
+async fn listen(
+    url: &str,
+) -> Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<()>), tokio_postgres::Error> {
     let (client, mut connection) = tokio_postgres::connect(url, NoTls).await?;
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
@@ -227,22 +247,35 @@ fn to_rules(snapshot: &Snapshot, files: &[PathBuf]) -> Result<LoadedRules, Contr
         loaded.native.push(rule);
     }
     for config in &snapshot.envoy {
-        let parsed: EnvoyConfig =
-            serde_json::from_value(config.clone()).map_err(|e| ControlError::Database(format!("stored envoy domain: {e}")))?;
-        let nodes = parsed.validate().map_err(|e| ControlError::Database(format!("stored envoy domain {}: {e}", parsed.domain)))?;
-        loaded.envoy.push(EnvoyDomainConfig { origin: format!("postgres envoy domain {}", parsed.domain), domain: parsed.domain, nodes });
+        let parsed: EnvoyConfig = serde_json::from_value(config.clone())
+            .map_err(|e| ControlError::Database(format!("stored envoy domain: {e}")))?;
+        let nodes = parsed.validate().map_err(|e| {
+            ControlError::Database(format!("stored envoy domain {}: {e}", parsed.domain))
+        })?;
+        loaded.envoy.push(EnvoyDomainConfig {
+            origin: format!("postgres envoy domain {}", parsed.domain),
+            domain: parsed.domain,
+            nodes,
+        });
     }
     Ok(loaded)
 }
 
 fn read_snapshot(path: &Path) -> Option<Snapshot> {
     let text = std::fs::read_to_string(path).ok()?;
-    serde_json::from_str(&text).map_err(|e| tracing::error!(error = %e, path = %path.display(), "unreadable rule snapshot")).ok()
+    serde_json::from_str(&text)
+        .map_err(
+            |e| tracing::error!(error = %e, path = %path.display(), "unreadable rule snapshot"),
+        )
+        .ok()
 }
 
 /// Writes the snapshot atomically (a temporary file renamed over the old one).
 fn write_snapshot(path: &Path, snapshot: &Snapshot) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, serde_json::to_vec(snapshot).map_err(std::io::Error::other)?)?;
+    std::fs::write(
+        &tmp,
+        serde_json::to_vec(snapshot).map_err(std::io::Error::other)?,
+    )?;
     std::fs::rename(tmp, path)
 }

@@ -40,23 +40,47 @@ pub enum TransferError {
 }
 
 enum Document {
-    Rules { docs: Vec<RuleDoc>, domain: Option<String> },
-    Envoy { domain: String, config: serde_json::Value },
+    Rules {
+        docs: Vec<RuleDoc>,
+        domain: Option<String>,
+    },
+    Envoy {
+        domain: String,
+        config: serde_json::Value,
+    },
 }
 
 fn read(file: &Path) -> Result<Document, TransferError> {
-    let io = |e: std::io::Error| RulesError { file: file.to_owned(), line: None, message: e.to_string() };
+    let io = |e: std::io::Error| RulesError {
+        file: file.to_owned(),
+        line: None,
+        message: e.to_string(),
+    };
     let text = std::fs::read_to_string(file).map_err(io)?;
     // Validate first, with errors naming the file, line and field.
     let loaded = source::parse(&text, file)?;
-    let yaml_error = |e: yaml_serde::Error| RulesError { file: file.to_owned(), line: None, message: e.to_string() };
+    let yaml_error = |e: yaml_serde::Error| RulesError {
+        file: file.to_owned(),
+        line: None,
+        message: e.to_string(),
+    };
     if let Some(envoy) = loaded.envoy.first() {
         let value: yaml_serde::Value = yaml_serde::from_str(&text).map_err(yaml_error)?;
-        let config = serde_json::to_value(value).map_err(|e| RulesError { file: file.to_owned(), line: None, message: e.to_string() })?;
-        return Ok(Document::Envoy { domain: envoy.domain.clone(), config });
+        let config = serde_json::to_value(value).map_err(|e| RulesError {
+            file: file.to_owned(),
+            line: None,
+            message: e.to_string(),
+        })?;
+        return Ok(Document::Envoy {
+            domain: envoy.domain.clone(),
+            config,
+        });
     }
     let parsed: RulesFile = yaml_serde::from_str(&text).map_err(yaml_error)?;
-    Ok(Document::Rules { docs: parsed.rules, domain: parsed.domain })
+    Ok(Document::Rules {
+        docs: parsed.rules,
+        domain: parsed.domain,
+    })
 }
 
 /// Imports every file under `paths`: rules are created or replaced (their history names
@@ -117,16 +141,48 @@ pub async fn export(store: &RuleStore, out: &Path) -> Result<Summary, TransferEr
     };
     std::fs::create_dir_all(out).map_err(io(out))?;
     let snapshot = store.snapshot().await?;
-    let file = RulesFile { domain: None, rules: snapshot.rules.clone() };
+    let file = RulesFile {
+        domain: None,
+        rules: snapshot.rules.clone(),
+    };
     let path = out.join("rules.yaml");
-    let text = yaml_serde::to_string(&file).map_err(|e| TransferError::Io { path: path.clone(), source: std::io::Error::other(e) })?;
-    std::fs::write(&path, format!("# Exported by tollgate rules export (revision {}).\n{text}", snapshot.revision)).map_err(io(&path))?;
+    let text = yaml_serde::to_string(&file).map_err(|e| TransferError::Io {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    std::fs::write(
+        &path,
+        format!(
+            "# Exported by tollgate rules export (revision {}).\n{text}",
+            snapshot.revision
+        ),
+    )
+    .map_err(io(&path))?;
     for config in &snapshot.envoy {
-        let domain = config.get("domain").and_then(|d| d.as_str()).unwrap_or("unnamed");
-        let safe: String = domain.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+        let domain = config
+            .get("domain")
+            .and_then(|d| d.as_str())
+            .unwrap_or("unnamed");
+        let safe: String = domain
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
         let path = out.join(format!("envoy-{safe}.yaml"));
-        let text = yaml_serde::to_string(config).map_err(|e| TransferError::Io { path: path.clone(), source: std::io::Error::other(e) })?;
+        let text = yaml_serde::to_string(config).map_err(|e| TransferError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?;
         std::fs::write(&path, text).map_err(io(&path))?;
     }
-    Ok(Summary { rules: snapshot.rules.len(), envoy_domains: snapshot.envoy.len(), pruned: 0 })
+    Ok(Summary {
+        rules: snapshot.rules.len(),
+        envoy_domains: snapshot.envoy.len(),
+        pruned: 0,
+    })
 }

@@ -71,19 +71,35 @@ pub struct RuleDoc {
     #[serde(default)]
     pub algorithm: String,
     /// TOKEN_BUCKET: burst size.
-    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole"
+    )]
     pub capacity: Option<f64>,
     /// TOKEN_BUCKET: sustained rate.
-    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole"
+    )]
     pub refill_per_second: Option<f64>,
     /// Windows: units per window.
-    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole"
+    )]
     pub limit: Option<f64>,
     /// Windows: window length.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<DurationValue>,
     /// CONCURRENCY: slots.
-    #[serde(default, skip_serializing_if = "Option::is_none", serialize_with = "whole")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole"
+    )]
     pub max_in_flight: Option<f64>,
     /// CONCURRENCY: how long an unreleased slot lives.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -158,6 +158,7 @@ impl Actor for KeyActor {
             KeyMsg::Acquire { wants, reply } => {
                 state.last_active = now;
                 for want in &wants {
+                    state.settle_superseded(&want.bucket, now).await;
                     state.hold(&want.bucket);
                 }
                 state.waiters.push_back(Waiter { wants, reply });
@@ -166,6 +167,7 @@ impl Actor for KeyActor {
             }
             KeyMsg::Refill(bucket) => {
                 state.last_active = now;
+                state.settle_superseded(&bucket, now).await;
                 if state.in_flight {
                     bucket.refill_done();
                 } else {
@@ -256,14 +258,59 @@ impl Actor for KeyActor {
 }
 
 impl KeyState {
+    /// The leases of `bucket`, keyed by rule definition and key: when a rule changes, the old
+    /// definition's leases are kept apart, never spent again, and returned when they end.
     fn hold(&mut self, bucket: &Arc<Bucket>) -> &mut Held {
         self.held
-            .entry(bucket.key.as_str().to_owned())
+            .entry(format!("{:016x}/{}", bucket.rule.uid, bucket.key))
             .or_insert_with(|| Held {
                 bucket: bucket.clone(),
                 leases: VecDeque::new(),
                 demand: Demand::default(),
             })
+    }
+
+    /// Settles the leases an older definition of `bucket`'s rule holds on the same key: what
+    /// they hold unspent goes back to the store (credited under the definition it was taken
+    /// under) before the new definition leases anything, so a changed limit starts from the
+    /// key's true count: neither the units spent under the old definition nor the ones held
+    /// unspent are lost or counted twice.
+    async fn settle_superseded(&mut self, bucket: &Arc<Bucket>, now: Micros) {
+        let uid = bucket.rule.uid;
+        let superseded: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.bucket.key == bucket.key && h.bucket.rule.uid != uid)
+            .map(|(name, _)| name.clone())
+            .collect();
+        if superseded.is_empty() {
+            return;
+        }
+        let mut returns = vec![];
+        for name in superseded {
+            let waited_on = self
+                .waiters
+                .iter()
+                .flat_map(|w| &w.wants)
+                .any(|w| w.bucket.key == bucket.key && w.bucket.rule.uid != uid);
+            let held = if waited_on {
+                // A request still on the old definition waits for it: keep the entry, empty.
+                self.held.get_mut(&name).expect("listed above")
+            } else {
+                let held = self.held.remove(&name).expect("listed above");
+                self.shared
+                    .registry
+                    .remove_bucket(&crate::runtime::registry::bucket_key(
+                        held.bucket.rule.uid,
+                        &self.identity,
+                    ));
+                returns.extend(unspent_returns(held.bucket.clone(), held.leases, now));
+                continue;
+            };
+            let leases = std::mem::take(&mut held.leases);
+            returns.extend(unspent_returns(held.bucket.clone(), leases, now));
+        }
+        self.send_returns(returns).await;
     }
 
     /// Serves every waiter that the leases (or a recorded denial) can answer now.
@@ -444,16 +491,8 @@ impl KeyState {
     async fn return_all(&mut self, now: Micros) {
         let mut returns = vec![];
         for held in self.held.values_mut() {
-            let unspent = held.bucket.reclaim();
-            let mut left = unspent;
-            // Newest first: its grant is the most likely to cover what is unspent.
-            while let Some(lease) = held.leases.pop_back() {
-                let give = left.min(lease.units);
-                if give > 0 && lease.expires_at > now {
-                    returns.push((held.bucket.clone(), lease.id, give));
-                    left -= give;
-                }
-            }
+            let leases = std::mem::take(&mut held.leases);
+            returns.extend(unspent_returns(held.bucket.clone(), leases, now));
         }
         self.send_returns(returns).await;
     }
@@ -516,6 +555,25 @@ impl KeyState {
             KeyMsg::Tick
         });
     }
+}
+
+/// Takes back what `bucket` holds unspent and spreads it over `leases` for return, newest
+/// first (its grant is the most likely to cover what is unspent); ended leases are skipped.
+fn unspent_returns(
+    bucket: Arc<Bucket>,
+    mut leases: VecDeque<HeldLease>,
+    now: Micros,
+) -> Vec<(Arc<Bucket>, LeaseId, u64)> {
+    let mut left = bucket.reclaim();
+    let mut returns = vec![];
+    while let Some(lease) = leases.pop_back() {
+        let give = left.min(lease.units);
+        if give > 0 && lease.expires_at > now {
+            returns.push((bucket.clone(), lease.id, give));
+            left -= give;
+        }
+    }
+    returns
 }
 
 /// Takes every want's units, or none.

@@ -106,7 +106,12 @@ impl Served {
         let app = tollgate_node::app::App::start(config)
             .await
             .expect("app starts");
-        let (grpc, http, admin, node) = (app.grpc_addr, app.http_addr, app.admin_addr, app.node.clone());
+        let (grpc, http, admin, node) = (
+            app.grpc_addr,
+            app.http_addr,
+            app.admin_addr,
+            app.node.clone(),
+        );
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(app.run(async move {
             let _ = rx.await;
@@ -208,7 +213,11 @@ pub fn rls_request(
 
 impl Served {
     /// A node process following the rule store at `database_url` (rules file: `yaml`).
-    pub async fn with_database(database_url: &str, yaml: &str, extra: tollgate_node::config::Settings) -> Served {
+    pub async fn with_database(
+        database_url: &str,
+        yaml: &str,
+        extra: tollgate_node::config::Settings,
+    ) -> Served {
         let settings = tollgate_node::config::Settings {
             database_url: Some(database_url.to_owned()),
             admin_listen: Some("127.0.0.1:0".parse().expect("addr")),

@@ -33,11 +33,18 @@ async fn call(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> Response {
-    let (method, path, body) = (
-        method.to_owned(),
-        path.to_owned(),
-        body.map(|b| b.as_bytes().to_vec()),
-    );
+    call_raw(port, method, path, headers, body.map(str::as_bytes)).await
+}
+
+/// An admin API call with a body of any bytes.
+async fn call_raw(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> Response {
+    let (method, path, body) = (method.to_owned(), path.to_owned(), body.map(<[u8]>::to_vec));
     let headers: Vec<(String, String)> = headers
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -252,6 +259,259 @@ async fn invalid_rules_get_problem_details_naming_the_field() {
     let list = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules", &[], None).await);
     assert_eq!(list["items"], json!([]));
     node.stop().await;
+}
+
+/// Hostile input gets a 4xx problem, never a 500, and writes nothing: SQL metacharacters
+/// and 10 KiB strings in ids, invalid UTF-8 in bodies and paths, negative numbers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_input_gets_problem_details_and_writes_nothing() {
+    let pg = postgres().await;
+    let mut node = Served::with_database(&pg.url(), "", Settings::default()).await;
+    let admin = node.admin_port();
+    let valid = r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#;
+    let long = "a".repeat(10 * 1024);
+    let cases: Vec<(&str, String, Vec<u8>, u16, &str)> = vec![
+        (
+            "SQL in the id",
+            "/admin/v1/rate-limit-rules/x'%3B%20DROP%20TABLE%20rate_limit_rules%3B%20--".into(),
+            valid.into(),
+            400,
+            "id",
+        ),
+        ("10 KiB id", rule_path(&long), valid.into(), 400, "id"),
+        (
+            "10 KiB name",
+            rule_path("r1"),
+            format!(r#"{{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","name":"{long}"}}"#)
+                .into(),
+            400,
+            "name",
+        ),
+        (
+            "invalid UTF-8 in the path",
+            "/admin/v1/rate-limit-rules/%FF%FE".into(),
+            valid.into(),
+            400,
+            "id",
+        ),
+        (
+            "invalid UTF-8 in the body",
+            rule_path("r1"),
+            b"{\"algorithm\":\"FIXED_WINDOW\",\"limit\":5,\"window\":\"1m\",\"name\":\"\xff\xfe\"}"
+                .to_vec(),
+            400,
+            "name",
+        ),
+        (
+            "negative capacity",
+            rule_path("r1"),
+            br#"{"algorithm":"TOKEN_BUCKET","capacity":-5,"refillPerSecond":1}"#.to_vec(),
+            400,
+            "capacity",
+        ),
+        (
+            "a number where a string goes",
+            rule_path("r1"),
+            br#"{"algorithm":7,"limit":5,"window":"1m"}"#.to_vec(),
+            400,
+            "algorithm",
+        ),
+        (
+            "not an object",
+            rule_path("r1"),
+            b"[1,2,3]".to_vec(),
+            400,
+            "body",
+        ),
+        ("empty body", rule_path("r1"), vec![], 400, "body"),
+        (
+            "patch with a bad mode",
+            rule_path("r1"),
+            br#"{"mode":"OFF"}"#.to_vec(),
+            400,
+            "mode",
+        ),
+    ];
+    for (name, path, body, status, field) in cases {
+        let method = if name.starts_with("patch") {
+            "PATCH"
+        } else {
+            "PUT"
+        };
+        if method == "PATCH" {
+            // PATCH needs the rule to exist first.
+            assert_eq!(
+                call(admin, "PUT", &rule_path("r1"), &[], Some(valid))
+                    .await
+                    .status,
+                201
+            );
+        }
+        let r = call_raw(admin, method, &path, &[], Some(&body)).await;
+        assert_eq!(r.status, status, "{name}: {r:?}");
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/problem+json"),
+            "{name}"
+        );
+        let problem = json_of(&r);
+        assert_eq!(
+            problem["errors"][0]["field"],
+            json!(field),
+            "{name}: {problem}"
+        );
+    }
+    // The one valid write (for the PATCH) is all there is, unchanged by the bad PATCH.
+    let list = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules", &[], None).await);
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(1), "{list}");
+    assert_eq!(
+        (
+            list["items"][0]["id"].clone(),
+            list["items"][0]["version"].clone()
+        ),
+        (json!("r1"), json!(1))
+    );
+    // SQL metacharacters in values are stored as data, verbatim.
+    let sneaky = r#"{"match":{"plan":"gold'); DELETE FROM rate_limit_rules; --"},"algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#;
+    assert_eq!(
+        call(admin, "PUT", &rule_path("sneaky"), &[], Some(sneaky))
+            .await
+            .status,
+        201
+    );
+    let stored = json_of(&call(admin, "GET", &rule_path("sneaky"), &[], None).await);
+    assert_eq!(
+        stored["match"]["plan"],
+        json!("gold'); DELETE FROM rate_limit_rules; --")
+    );
+    let list = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules", &[], None).await);
+    assert_eq!(list["items"].as_array().map(Vec::len), Some(2), "{list}");
+    node.stop().await;
+}
+
+/// A burst of 100 changes from two writers on two nodes: every node of three ends on the
+/// store's last revision and enforces the last version of every rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_converge_after_a_burst_of_100_changes() {
+    let pg = postgres().await;
+    let settings = Settings {
+        default_domain: Some("burst".into()),
+        prelimit_factor: Some(0.0),
+        ..Settings::default()
+    };
+    let mut nodes = vec![];
+    for _ in 0..3 {
+        nodes.push(Served::with_database(&pg.url(), "", settings.clone()).await);
+    }
+    // Ten rules, each written ten times with a growing limit; two writers on two nodes.
+    let write = |admin: u16, rules: Vec<usize>| async move {
+        for version in 1..=10 {
+            for &i in &rules {
+                let body = format!(
+                    r#"{{"match":{{"tenant":"t{i}"}},"per":["user"],"algorithm":"FIXED_WINDOW","limit":{},"window":"1h"}}"#,
+                    i + version
+                );
+                let r = call(
+                    admin,
+                    "PUT",
+                    &rule_path(&format!("tenant-{i}")),
+                    &[],
+                    Some(&body),
+                )
+                .await;
+                assert!(matches!(r.status, 200 | 201), "{r:?}");
+            }
+        }
+    };
+    let (a, b) = tokio::join!(
+        tokio::spawn(write(nodes[0].admin_port(), (0..5).collect())),
+        tokio::spawn(write(nodes[1].admin_port(), (5..10).collect())),
+    );
+    a.expect("writer");
+    b.expect("writer");
+    let store = RuleStore::new(&pg.url(), Duration::from_secs(2)).expect("store");
+    let revision = store.revision().await.expect("revision") as u64;
+    assert!(revision >= 100, "100 changes, revision {revision}");
+    for node in &nodes {
+        until_revision(&node.node, revision).await;
+        for i in 0..10 {
+            let request = Request::new("burst")
+                .descriptor([("tenant", format!("t{i}")), ("user", "u".into())]);
+            assert_eq!(
+                support::allowed(&node.node, &request, i + 12).await,
+                i + 10,
+                "rule tenant-{i} enforces its last version"
+            );
+        }
+    }
+    for mut node in nodes {
+        node.stop().await;
+    }
+}
+
+/// A SHADOW rule reports what it would deny and lets it through; flipped to ENFORCE live, it
+/// starts blocking on every node, its counter carried over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_flips_to_enforce_live_and_starts_blocking() {
+    let pg = postgres().await;
+    let settings = Settings {
+        default_domain: Some("public-api".into()),
+        prelimit_factor: Some(0.0),
+        ..Settings::default()
+    };
+    let (mut a, mut b) = (
+        Served::with_database(&pg.url(), "", settings.clone()).await,
+        Served::with_database(&pg.url(), "", settings).await,
+    );
+    let admin = a.admin_port();
+    let trial = r#"{"match":{"plan":"gold"},"per":["api_key"],"algorithm":"FIXED_WINDOW","limit":3,"window":"1h","mode":"SHADOW"}"#;
+    assert_eq!(
+        call(admin, "PUT", &rule_path("trial"), &[], Some(trial))
+            .await
+            .status,
+        201
+    );
+    let store = RuleStore::new(&pg.url(), Duration::from_secs(2)).expect("store");
+    let revision = store.revision().await.expect("revision") as u64;
+    for node in [&a, &b] {
+        until_revision(&node.node, revision).await;
+    }
+    // Each node here has its own in-memory store: node a sees six requests against three.
+    let mut would_deny = 0;
+    for _ in 0..6 {
+        let verdict = check(&a.node, &gold("k")).await;
+        assert!(verdict.allowed, "SHADOW never blocks");
+        let status = &verdict.statuses[0];
+        assert_eq!(status.rule.id, "trial");
+        would_deny += usize::from(!status.allowed);
+    }
+    assert_eq!(
+        would_deny, 3,
+        "six requests against a limit of three: three over it"
+    );
+    let flipped = call(
+        admin,
+        "PATCH",
+        &rule_path("trial"),
+        &[("if-match", "\"1\"")],
+        Some(r#"{"mode":"ENFORCE"}"#),
+    )
+    .await;
+    assert_eq!(flipped.status, 200, "{flipped:?}");
+    for node in [&a, &b] {
+        until_revision(&node.node, revision + 1).await;
+    }
+    assert!(
+        !check(&a.node, &gold("k")).await.allowed,
+        "ENFORCE blocks a key already over its limit"
+    );
+    assert_eq!(
+        support::allowed(&b.node, &gold("k"), 5).await,
+        3,
+        "node b enforces too"
+    );
+    a.stop().await;
+    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

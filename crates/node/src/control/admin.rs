@@ -11,7 +11,8 @@ use std::future::Future;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -23,7 +24,7 @@ use tokio::net::TcpListener;
 use crate::control::auth::{Access, Tokens};
 use crate::control::problem::Problem;
 use crate::control::store::{
-    ControlError, ListFilter, Precondition, RuleStore, StoredRule, serde_field_error,
+    ControlError, ListFilter, Precondition, RuleStore, StoredRule, from_json,
 };
 use crate::rules::native::{RuleDoc, validate_id};
 
@@ -174,18 +175,30 @@ fn precondition(headers: &HeaderMap) -> Result<Option<Precondition>, Problem> {
     Ok(Some(Precondition::Version(version)))
 }
 
-fn path_id(id: &str) -> Result<(), Problem> {
-    validate_id(id).map_err(|e| Problem::invalid("id", e.reason))
+/// A rule id from the path, checked: a bad one (invalid UTF-8 included) is a 400 problem.
+struct RuleId(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for RuleId {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| Problem::invalid("id", e.body_text()))?;
+        validate_id(&id).map_err(|e| Problem::invalid("id", e.reason))?;
+        Ok(Self(id))
+    }
 }
 
 async fn body_json<T: for<'de> Deserialize<'de>>(body: Body) -> Result<T, Problem> {
     let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
         .await
         .map_err(|_| Problem::too_large(MAX_BODY_BYTES))?;
-    serde_json::from_slice(&bytes).map_err(|e| {
-        let f = serde_field_error(&e.to_string());
-        Problem::invalid(f.field, f.reason)
-    })
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(Problem::invalid("body", "must be a JSON object"));
+    }
+    from_json(&mut serde_json::Deserializer::from_slice(&bytes))
+        .map_err(|f| Problem::invalid(f.field, f.reason))
 }
 
 #[derive(Debug, Deserialize)]
@@ -239,9 +252,8 @@ async fn list(
 
 async fn get_rule(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    RuleId(id): RuleId,
 ) -> Result<Response, Problem> {
-    path_id(&id)?;
     let rule = state
         .store
         .get(&id)
@@ -252,12 +264,11 @@ async fn get_rule(
 
 async fn put_rule(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    RuleId(id): RuleId,
     axum::Extension(Caller(caller)): axum::Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
-    path_id(&id)?;
     let condition = precondition(&headers)?;
     let doc: RuleDoc = body_json(body).await?;
     let (rule, created) = state
@@ -282,12 +293,11 @@ async fn put_rule(
 
 async fn patch_rule(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    RuleId(id): RuleId,
     axum::Extension(Caller(caller)): axum::Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, Problem> {
-    path_id(&id)?;
     let condition = precondition(&headers)?;
     let patch: Value = body_json(body).await?;
     if !patch.is_object() {
@@ -305,11 +315,10 @@ async fn patch_rule(
 
 async fn delete_rule(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    RuleId(id): RuleId,
     axum::Extension(Caller(caller)): axum::Extension<Caller>,
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
-    path_id(&id)?;
     let condition = precondition(&headers)?;
     state.store.delete(&id, condition, &caller).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -323,10 +332,9 @@ struct HistoryQuery {
 
 async fn history(
     State(state): State<AdminState>,
-    Path(id): Path<String>,
+    RuleId(id): RuleId,
     query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Problem> {
-    path_id(&id)?;
     let Query(q) = query.map_err(|e| Problem::invalid("query", e.body_text()))?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let items = state.store.history(&id, limit).await?;

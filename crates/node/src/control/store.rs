@@ -266,8 +266,7 @@ impl RuleStore {
         check(id, &condition, Some(version))?;
         let mut merged = old.clone();
         merge_patch(&mut merged, patch);
-        let doc: RuleDoc = serde_json::from_value(merged)
-            .map_err(|e| ControlError::Invalid(serde_field_error(&e.to_string())))?;
+        let doc: RuleDoc = from_json(merged).map_err(ControlError::Invalid)?;
         let doc = canonical(id, doc, default_domain)?;
         write_rule(&tx, &doc, version + 1, actor).await?;
         record(
@@ -612,6 +611,22 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
         }
         other => *target = other.clone(),
     }
+}
+
+/// Reads a JSON document into `T`, naming the field at fault: the path to a value of the
+/// wrong type, or the field an error message names (unknown, missing), else `body`.
+pub fn from_json<'de, T: serde::Deserialize<'de>>(
+    document: impl serde::Deserializer<'de, Error = serde_json::Error>,
+) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(document).map_err(|e| {
+        let path = e.path().to_string();
+        let mut error = serde_field_error(&e.into_inner().to_string());
+        // `?` marks a place the parser never reached (a syntax error before any key).
+        if error.field == "body" && !path.is_empty() && path != "." && !path.contains('?') {
+            error.field = path;
+        }
+        error
+    })
 }
 
 /// A serde error message as a field error: `unknown field `x`` names `x`.

@@ -1207,3 +1207,35 @@ async fn migrations_apply_once() {
     assert_eq!(store.migrate().await.expect("first"), 1);
     assert_eq!(store.migrate().await.expect("second"), 0);
 }
+
+/// A rule written through the admin API with the id of a rule in the node's files replaces
+/// the file's rule: the combined set still compiles and the stored definition enforces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_rule_replaces_the_file_rule_of_the_same_id() {
+    let pg = postgres().await;
+    let yaml = "domain: public-api\nrules:\n  - {id: shared, match: {plan: gold}, per: [api_key], algorithm: FIXED_WINDOW, limit: 1, window: 1h}\n";
+    let settings = Settings {
+        default_domain: Some("public-api".into()),
+        prelimit_factor: Some(0.0),
+        ..Settings::default()
+    };
+    let mut node = Served::with_database(&pg.url(), yaml, settings).await;
+    assert_eq!(support::allowed(&node.node, &gold("file"), 3).await, 1);
+    let body = r#"{"match":{"plan":"gold"},"per":["api_key"],"algorithm":"FIXED_WINDOW","limit":2,"window":"1h"}"#;
+    assert_eq!(
+        call(
+            node.admin_port(),
+            "PUT",
+            &rule_path("shared"),
+            &[],
+            Some(body)
+        )
+        .await
+        .status,
+        201
+    );
+    until_revision(&node.node, 1).await;
+    assert_eq!(node.node.metrics().rules_reload_errors.get(), 0);
+    assert_eq!(support::allowed(&node.node, &gold("stored"), 3).await, 2);
+    node.stop().await;
+}

@@ -237,8 +237,31 @@ async fn listen(
 }
 
 /// The rules of a snapshot, plus rule files.
+/// The rule files' rules and the store's, as one set. A rule or envoyproxy/ratelimit domain in
+/// PostgreSQL replaces the file's of the same id or domain: an admin write can never make the
+/// combined set fail to compile.
 fn to_rules(snapshot: &Snapshot, files: &[PathBuf]) -> Result<LoadedRules, ControlError> {
     let mut loaded = source::load(files).map_err(|e| ControlError::Database(e.to_string()))?;
+    let stored_ids: std::collections::HashSet<&str> = snapshot
+        .rules
+        .iter()
+        .filter_map(|d| d.id.as_deref())
+        .collect();
+    loaded.native.retain(|rule| {
+        let overridden = stored_ids.contains(rule.id.as_str());
+        if overridden {
+            tracing::debug!(id = %rule.id, origin = %rule.origin, "PostgreSQL's rule replaces the file's");
+        }
+        !overridden
+    });
+    let stored_domains: std::collections::HashSet<&str> = snapshot
+        .envoy
+        .iter()
+        .filter_map(|c| c.get("domain").and_then(serde_json::Value::as_str))
+        .collect();
+    loaded
+        .envoy
+        .retain(|config| !stored_domains.contains(config.domain.as_str()));
     for doc in &snapshot.rules {
         let id = doc.id.clone().unwrap_or_default();
         let rule = doc

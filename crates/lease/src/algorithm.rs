@@ -11,9 +11,11 @@
 //! - [`token_bucket`], [`fixed_window`], [`sliding_window`]: counters kept in a Redis hash.
 //! - [`entry_log`]: the sliding log and the concurrency slots, kept in a Redis sorted set.
 //! - [`zset`]: the in-memory twin of a Redis sorted set.
+//! - [`once_marks`]: the records that make a debit idempotent.
 
 pub(crate) mod entry_log;
 pub(crate) mod fixed_window;
+pub(crate) mod once_marks;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 pub(crate) mod zset;

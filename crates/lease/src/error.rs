@@ -64,6 +64,12 @@ pub enum InvalidInput {
         /// What is wrong.
         reason: String,
     },
+    /// A debit-once origin that is empty, too long or has characters outside `[A-Za-z0-9._:/-]`.
+    #[error("debit origin {origin:?} must be 1 to 64 characters of A-Z a-z 0-9 . _ : / -")]
+    BadOrigin {
+        /// The origin given (cut at 80 characters).
+        origin: String,
+    },
     /// An operation that the bucket's algorithm does not support.
     #[error("{operation} is not supported by {algorithm} ({key})")]
     Unsupported {

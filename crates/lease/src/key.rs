@@ -106,6 +106,11 @@ impl BucketKey {
     pub(crate) fn lease_key(&self) -> String {
         format!("{}:leases", self.key)
     }
+
+    /// The Redis key of the bucket's debit-once records (same slot as the state).
+    pub(crate) fn remote_key(&self) -> String {
+        format!("{}:remote", self.key)
+    }
 }
 
 impl fmt::Debug for BucketKey {

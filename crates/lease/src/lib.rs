@@ -47,7 +47,7 @@ pub use limit::{Algorithm, Limit, LimitError, LimitSpec};
 pub use memory::{MemoryConfig, MemoryStore};
 pub use ops::MAX_BUCKETS_PER_CALL;
 pub use ops::check::{BucketStatus, CheckItem, CheckOutcome, CheckRequest, Decision};
-pub use ops::debit::{DebitItem, DebitRequest};
+pub use ops::debit::{DebitItem, DebitOnce, DebitRequest};
 pub use ops::lease::{LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, ReturnRequest};
 pub use ops::slot::{SlotId, SlotRelease};
 pub use redis::{RedisConfig, RedisStore};

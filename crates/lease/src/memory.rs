@@ -17,8 +17,8 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::algorithm::entry_log::member_units;
-use crate::algorithm::ttl_ms;
 use crate::algorithm::zset::ZSet;
+use crate::algorithm::{EXPIRY_MARGIN_MS, once_marks, ttl_ms};
 use crate::clock::{Micros, SharedClock, SystemClock};
 use crate::error::StoreError;
 use crate::key::BucketKey;
@@ -369,33 +369,68 @@ impl LeaseStore for MemoryStore {
     async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {
         let items = req.items();
         let state_keys: Vec<_> = items.iter().map(|i| state_key(&i.key, &i.limit)).collect();
-        let creates: Vec<&str> = state_keys.iter().map(|k| k.as_ref()).collect();
+        let remote_keys: Vec<String> = items
+            .iter()
+            .filter(|i| i.once.is_some())
+            .map(|i| i.key.remote_key())
+            .collect();
+        let creates: Vec<&str> = state_keys
+            .iter()
+            .map(|k| k.as_ref())
+            .chain(remote_keys.iter().map(String::as_str))
+            .collect();
         self.with_shard(&items[0].key, &creates, |keys, now| {
             items
                 .iter()
                 .map(|item| {
+                    let units = match &item.once {
+                        None => item.units,
+                        Some(once) => {
+                            let remote = item.key.remote_key();
+                            let mut marks = match keys.get(&remote, now) {
+                                Some(Value::Marks(m)) => m.clone(),
+                                _ => Default::default(),
+                            };
+                            let excess = once_marks::apply(
+                                &mut marks,
+                                &once.origin,
+                                once.until,
+                                item.units,
+                                now,
+                            );
+                            if excess > 0 {
+                                let expires_at =
+                                    once_marks::last_until(&marks) + EXPIRY_MARGIN_MS * 1000;
+                                keys.put(&remote, Value::Marks(marks), expires_at);
+                            }
+                            excess
+                        }
+                    };
+                    if units == 0 {
+                        return 0;
+                    }
                     let at = item.consumed_at.unwrap_or(now).min(now);
                     let k = state_key(&item.key, &item.limit);
                     let mut b = Bucket::load(keys, &k, &item.limit, now);
                     let applied = match (&mut b, item.limit.kind()) {
                         (Bucket::TokenBucket(tb), _) => {
-                            tb.debit(item.units, item.limit.capacity());
-                            item.units
+                            tb.debit(units, item.limit.capacity());
+                            units
                         }
                         (Bucket::FixedWindow(fw), Kind::FixedWindow { window_us, .. })
                             if fw.counts_at(window_us, at) =>
                         {
-                            fw.count += item.units;
-                            item.units
+                            fw.count += units;
+                            units
                         }
                         (Bucket::SlidingWindow(sw), Kind::SlidingWindow { window_us, .. }) => {
-                            sw.debit(window_us, at, item.units)
+                            sw.debit(window_us, at, units)
                         }
                         (Bucket::Log(log), Kind::SlidingWindowLog { window_us, .. })
                             if at > now.saturating_sub(window_us) =>
                         {
-                            log.add(at, at, item.units, "");
-                            item.units
+                            log.add(at, at, units, "");
+                            units
                         }
                         _ => 0,
                     };

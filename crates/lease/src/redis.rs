@@ -190,13 +190,20 @@ impl LeaseStore for RedisStore {
         let items = req.items();
         let keys: Vec<String> = items
             .iter()
-            .map(|i| state_key(&i.key, &i.limit).into_owned())
+            .flat_map(|i| [state_key(&i.key, &i.limit).into_owned(), i.key.remote_key()])
             .collect();
-        let mut args = Vec::with_capacity(5 * items.len());
+        let mut args = Vec::with_capacity(7 * items.len());
         for item in items {
             limit_args(&item.limit, &mut args);
             args.push(item.units.to_string());
             args.push(item.consumed_at.map(|t| t.to_string()).unwrap_or_default());
+            match &item.once {
+                Some(once) => {
+                    args.push(once.origin.clone());
+                    args.push(once.until.to_string());
+                }
+                None => args.extend([String::new(), String::new()]),
+            }
         }
         let reply = self.eval(&SCRIPTS.debit, &keys, &args).await?;
         reply::counts(reply, items.len(), "debit reply")

@@ -211,6 +211,7 @@ fn operations_an_algorithm_cannot_do_are_refused() {
         limit: conc,
         units: 1,
         consumed_at: None,
+        once: None,
     };
     assert!(matches!(
         DebitRequest::new(vec![debit]),
@@ -231,6 +232,29 @@ fn operations_an_algorithm_cannot_do_are_refused() {
         SlotRelease::new(vec![(k, tb(3), slot)]),
         Err(InvalidInput::Unsupported { .. })
     ));
+}
+
+#[test]
+fn debit_once_origins_are_checked() {
+    for origin in ["", "has space", "pipe|inside", &"o".repeat(65), "ünï"] {
+        let item = DebitItem {
+            key: key("a", "r"),
+            limit: tb(3),
+            units: 1,
+            consumed_at: None,
+            once: Some(tollgate_lease::DebitOnce {
+                origin: origin.to_owned(),
+                until: 1,
+            }),
+        };
+        assert!(
+            matches!(
+                DebitRequest::new(vec![item]),
+                Err(InvalidInput::BadOrigin { .. })
+            ),
+            "{origin:?}"
+        );
+    }
 }
 
 #[test]

@@ -86,6 +86,31 @@ async fn debit(b: &Backend, key: &BucketKey, limit: Limit, units: u64, at: Optio
         limit,
         units,
         consumed_at: at,
+        once: None,
+    }])
+    .expect("valid");
+    b.store.debit(&req).await.expect("debit")[0]
+}
+
+/// A debit-once of `origin`'s running `total` for the epoch ending at `until`.
+async fn debit_once(
+    b: &Backend,
+    key: &BucketKey,
+    limit: Limit,
+    origin: &str,
+    until: u64,
+    total: u64,
+    at: Option<u64>,
+) -> u64 {
+    let req = DebitRequest::new(vec![DebitItem {
+        key: key.clone(),
+        limit,
+        units: total,
+        consumed_at: at,
+        once: Some(tollgate_lease::DebitOnce {
+            origin: origin.into(),
+            until,
+        }),
     }])
     .expect("valid");
     b.store.debit(&req).await.expect("debit")[0]
@@ -628,6 +653,53 @@ async fn debit_lands_in_its_own_window(b: &Backend) {
     assert_eq!(remaining(b, &kl, log).await, 7);
 }
 
+async fn debit_once_applies_running_totals_as_a_max(b: &Backend) {
+    let key = b.fresh_key("once");
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    let until = b.now() + 60_000_000;
+    // Totals 5, 5 (a duplicate), 3 (an older one, late), 9: 9 in all.
+    assert_eq!(debit_once(b, &key, limit, "us/1", until, 5, None).await, 5);
+    assert_eq!(debit_once(b, &key, limit, "us/1", until, 5, None).await, 0);
+    assert_eq!(debit_once(b, &key, limit, "us/1", until, 3, None).await, 0);
+    assert_eq!(debit_once(b, &key, limit, "us/1", until, 9, None).await, 4);
+    // Another origin (or the same node restarted) and another epoch count apart.
+    assert_eq!(debit_once(b, &key, limit, "us/2", until, 6, None).await, 6);
+    assert_eq!(
+        debit_once(b, &key, limit, "us/1", until + 1, 2, None).await,
+        2
+    );
+    assert_eq!(remaining(b, &key, limit).await, 100 - 9 - 6 - 2);
+    // An epoch that has ended applies nothing, however large its total.
+    let ended = b.now() - 1;
+    assert_eq!(debit_once(b, &key, limit, "us/3", ended, 50, None).await, 0);
+    assert_eq!(remaining(b, &key, limit).await, 83);
+}
+
+async fn debit_once_keeps_to_the_window_of_consumption(b: &Backend) {
+    let w = Duration::from_secs(2);
+    let fw = Limit::fixed_window(10, w).expect("l");
+    b.start_of_window(w, ms(10)).await;
+    let now = b.now();
+    let window_end = now - now % w.as_micros() as u64 + w.as_micros() as u64;
+    let previous = now - w.as_micros() as u64;
+    let key = b.fresh_key("once-fw");
+    // Consumed in the window before: recorded, never applied, and not applied later either.
+    assert_eq!(
+        debit_once(b, &key, fw, "eu/1", window_end, 4, Some(previous)).await,
+        0
+    );
+    assert_eq!(
+        debit_once(b, &key, fw, "eu/1", window_end, 4, None).await,
+        0,
+        "a total already recorded"
+    );
+    assert_eq!(
+        debit_once(b, &key, fw, "eu/1", window_end, 7, None).await,
+        3
+    );
+    assert_eq!(remaining(b, &key, fw).await, 7);
+}
+
 // ---- hostile input -------------------------------------------------------------------------
 
 async fn hostile_identities_keep_separate_counters(b: &Backend) {
@@ -718,6 +790,8 @@ conformance!(
     log_lease_return_shrinks_its_entry,
     debit_can_drive_a_bucket_into_debt,
     debit_lands_in_its_own_window,
+    debit_once_applies_running_totals_as_a_max,
+    debit_once_keeps_to_the_window_of_consumption,
     hostile_identities_keep_separate_counters,
     largest_cost_is_exact,
 );

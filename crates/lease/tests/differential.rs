@@ -182,6 +182,7 @@ impl Run {
                     limit,
                     units: rng.random_range(0..=5),
                     consumed_at: None,
+                    once: None,
                 }])
                 .expect("valid");
                 let m = self.memory.debit(&req).await.expect("m");

@@ -196,6 +196,7 @@ fn run(limit: Limit, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     limit,
                     units,
                     consumed_at: None,
+                    once: None,
                 }]);
                 rt.block_on(store.debit(&req.expect("req"))).expect("debit");
             }
@@ -307,6 +308,7 @@ fn measure(arrivals: &[(Micros, u32, bool)], limit: u64, window: Duration) -> Co
                 limit: counter,
                 units: 1,
                 consumed_at: None,
+                once: None,
             };
             rt.block_on(store.debit(&DebitRequest::new(vec![debit]).expect("r")))
                 .expect("debit");

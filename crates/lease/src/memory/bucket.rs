@@ -19,6 +19,8 @@ pub(crate) enum Value {
     FixedWindow(FixedWindow),
     SlidingWindow(SlidingWindow),
     Sorted(ZSet),
+    /// Debit-once records (a hash of running totals).
+    Marks(HashMap<String, u64>),
 }
 
 /// A key's value and when it expires.

@@ -18,7 +18,26 @@ pub struct DebitItem {
     /// When they were consumed (Unix microseconds), for window algorithms: units consumed in a
     /// window that has ended are dropped, never carried into the current one. `None` means now.
     pub consumed_at: Option<Micros>,
+    /// Makes the debit idempotent (see [`DebitOnce`]); `None`: `units` are simply subtracted.
+    pub once: Option<DebitOnce>,
 }
+
+/// Makes a debit idempotent, for consumption delivered at least once (region sync).
+///
+/// `units` is then the origin's running total for one epoch: the store keeps, per bucket, the
+/// largest total applied for each `(origin, until)` and debits only what exceeds it. Applying
+/// the same totals again, in any order, changes nothing. From `until` on, nothing more is
+/// applied for that epoch (and its record may be forgotten).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DebitOnce {
+    /// Who consumed: 1 to 64 characters of `[A-Za-z0-9._:/-]`.
+    pub origin: String,
+    /// The end of the epoch the total belongs to (Unix microseconds).
+    pub until: Micros,
+}
+
+/// The longest origin name.
+pub const MAX_ORIGIN_BYTES: usize = 64;
 
 /// A validated debit of one identity's buckets.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +51,19 @@ impl DebitRequest {
         validate_keys(items.iter().map(|i| &i.key), Repeats::Allowed)?;
         for item in &items {
             check_units("debit units", item.units)?;
+            if let Some(once) = &item.once {
+                let valid = !once.origin.is_empty()
+                    && once.origin.len() <= MAX_ORIGIN_BYTES
+                    && once
+                        .origin
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
+                if !valid {
+                    return Err(InvalidInput::BadOrigin {
+                        origin: once.origin.chars().take(80).collect(),
+                    });
+                }
+            }
             if item.limit.algorithm() == Algorithm::Concurrency {
                 return Err(InvalidInput::Unsupported {
                     operation: "debit",

@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/envoy/service/ratelimit/v3/rls.proto",
         "proto/tollgate/ratelimit/v1/ratelimit.proto",
+        "proto/tollgate/regionsync/v1/regionsync.proto",
     ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");

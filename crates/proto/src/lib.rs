@@ -3,7 +3,8 @@
 //!
 //! # Layout
 //! - [`envoy`]: Envoy's rate limit service, v3 (`envoy.service.ratelimit.v3`), wire-compatible.
-//! - [`tollgate`]: Tollgate's own decision API (`tollgate.ratelimit.v1`).
+//! - [`tollgate`]: Tollgate's own decision API (`tollgate.ratelimit.v1`) and the link between
+//!   regions (`tollgate.regionsync.v1`).
 //! - [`FILE_DESCRIPTOR_SET`]: every message and service, for gRPC reflection.
 
 #![allow(missing_docs, unreachable_pub, clippy::all)]
@@ -40,11 +41,16 @@ pub mod envoy {
     }
 }
 
-/// Tollgate's own API.
+/// Tollgate's own APIs.
 pub mod tollgate {
     pub mod ratelimit {
         pub mod v1 {
             tonic::include_proto!("tollgate.ratelimit.v1");
+        }
+    }
+    pub mod regionsync {
+        pub mod v1 {
+            tonic::include_proto!("tollgate.regionsync.v1");
         }
     }
 }

@@ -1,0 +1,204 @@
+//! The region-sync actor (one per node): every sync interval it ships the consumption totals
+//! that grew to the peer region; every heartbeat interval it probes the peer and keeps the
+//! peer tracker and the lag metric current. Network calls run in spawned tasks that report back
+//! as messages, so a slow peer never blocks the actor; a tick that finds the previous call still
+//! out skips (the next one ships the newer totals anyway).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+
+use crate::consumption::ConsumptionLog;
+use crate::link::PeerClient;
+use crate::messages::{Batch, Origin, Ping};
+use crate::metrics::RegionMetrics;
+use crate::peer::PeerTracker;
+use crate::policy::PeerState;
+use crate::receiver::{MAX_ENTRIES_PER_BATCH, Receiver};
+use tollgate_lease::SharedClock;
+
+/// Messages of the region-sync actor.
+#[derive(Debug)]
+pub enum SyncMsg {
+    /// Ship what grew.
+    Flush,
+    /// A flush finished (true: every batch was acknowledged).
+    Flushed(bool),
+    /// Probe the peer.
+    Beat,
+    /// A probe finished.
+    BeatDone(bool),
+    /// Ship what is left, then stop.
+    Stop(RpcReplyPort<()>),
+}
+
+/// What the actor works with.
+#[derive(Debug, Clone)]
+pub struct SyncParts {
+    /// This node.
+    pub origin: Origin,
+    /// The consumption to ship.
+    pub log: Arc<ConsumptionLog>,
+    /// The peer.
+    pub client: PeerClient,
+    /// The peer's state.
+    pub peer: Arc<PeerTracker>,
+    /// What the peer sent (for the lag metric).
+    pub receiver: Arc<Receiver>,
+    /// Metrics.
+    pub metrics: RegionMetrics,
+    /// The node clock.
+    pub clock: SharedClock,
+    /// How often to ship.
+    pub sync_interval: Duration,
+    /// How often to probe.
+    pub heartbeat_interval: Duration,
+}
+
+/// The actor (stateless; state in [`SyncState`]).
+#[derive(Debug)]
+pub struct SyncActor;
+
+/// The actor's state.
+#[derive(Debug)]
+pub struct SyncState {
+    parts: SyncParts,
+    seq: Arc<std::sync::atomic::AtomicU64>,
+    flushing: bool,
+    beating: bool,
+    timers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl SyncParts {
+    /// Ships every pending total, in batches; true if all were acknowledged.
+    async fn flush(&self, seq: &std::sync::atomic::AtomicU64) -> bool {
+        let now = self.clock.now_micros();
+        let pending = self.log.pending(now);
+        self.metrics.pending_keys.set(pending.entries.len() as i64);
+        for chunk in pending.entries.chunks(MAX_ENTRIES_PER_BATCH) {
+            let batch = Batch {
+                origin: self.origin.clone(),
+                seq: seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                sent_at: self.clock.now_micros(),
+                entries: chunk.to_vec(),
+            };
+            match self
+                .client
+                .exchange(&batch, self.sync_interval.max(Duration::from_millis(500)))
+                .await
+            {
+                Ok((_ack, bytes)) => {
+                    self.log.acknowledge(chunk);
+                    self.metrics.batches_sent.inc();
+                    self.metrics.bytes_sent.inc_by(bytes as u64);
+                    self.peer.success(self.clock.now_micros());
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "consumption batch not delivered; resent with the next");
+                    self.metrics.batches_failed.inc();
+                    self.peer.failure(self.clock.now_micros());
+                    return false;
+                }
+            }
+        }
+        self.metrics.units_sent.inc_by(pending.units);
+        true
+    }
+
+    fn observe(&self) {
+        let now = self.clock.now_micros();
+        self.peer.tick(now);
+        self.metrics
+            .peer_up
+            .set(i64::from(self.peer.state() == PeerState::Up));
+        let newest = self.receiver.newest_applied();
+        if newest > 0 {
+            self.metrics
+                .sync_lag_ms
+                .set((now.saturating_sub(newest) / 1000) as i64);
+        }
+    }
+}
+
+impl Actor for SyncActor {
+    type Msg = SyncMsg;
+    type State = SyncState;
+    type Arguments = SyncParts;
+
+    async fn pre_start(
+        &self,
+        myself: ActorRef<SyncMsg>,
+        parts: SyncParts,
+    ) -> Result<SyncState, ActorProcessingErr> {
+        let timers = vec![
+            myself.send_interval(parts.sync_interval, || SyncMsg::Flush),
+            myself.send_interval(parts.heartbeat_interval, || SyncMsg::Beat),
+        ];
+        Ok(SyncState {
+            parts,
+            seq: Arc::new(std::sync::atomic::AtomicU64::new(1)),
+            flushing: false,
+            beating: false,
+            timers,
+        })
+    }
+
+    async fn handle(
+        &self,
+        myself: ActorRef<SyncMsg>,
+        msg: SyncMsg,
+        state: &mut SyncState,
+    ) -> Result<(), ActorProcessingErr> {
+        match msg {
+            SyncMsg::Flush => {
+                if !state.flushing {
+                    state.flushing = true;
+                    let (parts, seq, me) = (state.parts.clone(), state.seq.clone(), myself.clone());
+                    tokio::spawn(async move {
+                        let ok = parts.flush(&seq).await;
+                        let _ = me.cast(SyncMsg::Flushed(ok));
+                    });
+                }
+            }
+            SyncMsg::Flushed(_) => state.flushing = false,
+            SyncMsg::Beat => {
+                state.parts.observe();
+                if !state.beating {
+                    state.beating = true;
+                    let (parts, me) = (state.parts.clone(), myself.clone());
+                    tokio::spawn(async move {
+                        let ping = Ping {
+                            origin: parts.origin.clone(),
+                            sent_at: parts.clock.now_micros(),
+                        };
+                        let timeout = parts.heartbeat_interval.max(Duration::from_millis(250));
+                        let ok = parts.client.heartbeat(&ping, timeout).await.is_ok();
+                        let now = parts.clock.now_micros();
+                        if ok {
+                            parts.peer.success(now);
+                        } else {
+                            parts.peer.failure(now);
+                        }
+                        let _ = me.cast(SyncMsg::BeatDone(ok));
+                    });
+                }
+            }
+            SyncMsg::BeatDone(_) => {
+                state.beating = false;
+                state.parts.observe();
+            }
+            SyncMsg::Stop(reply) => {
+                for timer in state.timers.drain(..) {
+                    timer.abort();
+                }
+                if state.parts.peer.state() == PeerState::Up {
+                    state.parts.flush(&state.seq).await;
+                }
+                let _ = reply.send(());
+                myself.stop(None);
+            }
+        }
+        Ok(())
+    }
+}

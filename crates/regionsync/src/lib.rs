@@ -1,0 +1,375 @@
+//! Cross-region sync for Tollgate.
+//!
+//! Two regions, each with its own Redis and its own nodes, hold limits that are global across
+//! both, with no cross-region call on the request path (HOME_REGION's forwarding aside). Each
+//! node runs a [`RegionSync`]: it records what the node admits under rules that sync, ships the
+//! running totals to the peer region every few seconds, applies what the peer ships with the
+//! lease store's debit-once, tracks whether the peer is reachable (which moves SPLIT shares),
+//! and forwards HOME_REGION decisions. Design: `docs/regionsync.md`.
+//!
+//! # Layout
+//! - [`policy`]: SPLIT, ASYNC_SYNC and HOME_REGION; where a rule's limit is held, at what share.
+//! - [`consumption`]: the running totals per bucket and epoch.
+//! - [`messages`] and [`codec`]: what goes over the link, and its encoding (bincode).
+//! - [`link`]: the gRPC client and service, with authentication and size limits.
+//! - [`receiver`]: applying the peer's batches; HOME_REGION decisions for the peer.
+//! - [`peer`]: the failure detector.
+//! - [`actor`]: the region-sync actor.
+//! - [`metrics`]: what it reports.
+
+pub mod actor;
+pub mod codec;
+pub mod consumption;
+pub mod link;
+pub mod messages;
+pub mod metrics;
+pub mod peer;
+pub mod policy;
+pub mod receiver;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use ractor::{Actor, ActorRef};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tollgate_lease::{Limit, Micros, SharedClock, Store};
+
+use crate::actor::{SyncActor, SyncMsg, SyncParts};
+use crate::consumption::ConsumptionLog;
+use crate::link::{LinkError, LinkService, PeerClient};
+use crate::messages::{ForwardReply, ForwardRequest, Origin};
+use crate::metrics::{OutcomeLabel, RegionMetrics};
+use crate::peer::{Liveness, PeerTracker};
+use crate::policy::{PeerState, RegionView};
+use crate::receiver::Receiver;
+
+pub use crate::policy::{Placement, RegionalDoc, RegionalPolicy, Role};
+
+/// What the region-sync side needs from the node it runs in.
+pub trait RegionHost: Send + Sync + 'static {
+    /// The limit `rule` holds in this region, if its consumption syncs with the peer
+    /// (ASYNC_SYNC): the peer's consumption is debited against it.
+    fn synced_limit(&self, rule: &str) -> Option<Limit>;
+
+    /// Decides a HOME_REGION request forwarded by the peer (this is the home region).
+    fn decide_forwarded(
+        &self,
+        request: ForwardRequest,
+    ) -> BoxFuture<'static, Result<ForwardReply, String>>;
+}
+
+/// A node's region settings.
+#[derive(Debug, Clone)]
+pub struct RegionConfig {
+    /// This node's region.
+    pub region: String,
+    /// The other region.
+    pub peer_region: String,
+    /// Where the peer region's link service answers (`http://host:port`).
+    pub peer_url: String,
+    /// The secret both regions share.
+    pub secret: String,
+    /// How often consumption is shipped.
+    pub sync_interval: Duration,
+    /// How often the peer is probed.
+    pub heartbeat_interval: Duration,
+    /// When the peer counts as down, and when as back.
+    pub liveness: Liveness,
+    /// How long a HOME_REGION decision waits for the home region before deciding locally.
+    pub forward_deadline: Duration,
+    /// This region's SPLIT share for rules that name none.
+    pub default_share: f64,
+    /// The most buckets with consumption waiting to be shipped.
+    pub max_keys: usize,
+}
+
+impl RegionConfig {
+    /// Settings with the defaults: sync every 2 s, heartbeat every 500 ms, failover after
+    /// 10 s, failback after 10 s of steady contact, forwarding deadline 50 ms, equal shares.
+    pub fn new(region: &str, peer_region: &str, peer_url: &str, secret: &str) -> Self {
+        Self {
+            region: region.into(),
+            peer_region: peer_region.into(),
+            peer_url: peer_url.into(),
+            secret: secret.into(),
+            sync_interval: Duration::from_secs(2),
+            heartbeat_interval: Duration::from_millis(500),
+            liveness: Liveness {
+                failover_after: Duration::from_secs(10),
+                failback_after: Duration::from_secs(10),
+            },
+            forward_deadline: Duration::from_millis(50),
+            default_share: 0.5,
+            max_keys: 1_000_000,
+        }
+    }
+}
+
+/// Why region sync could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// A setting is invalid.
+    #[error("invalid region setting `{field}`: {reason}")]
+    Config {
+        /// The setting.
+        field: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The actor could not start.
+    #[error("the region-sync actor did not start: {0}")]
+    Spawn(#[from] ractor::SpawnErr),
+}
+
+/// A node's region sync: consumption out, consumption in, the peer's state, forwarding.
+#[derive(Debug)]
+pub struct RegionSync {
+    config: RegionConfig,
+    origin: Origin,
+    log: Arc<ConsumptionLog>,
+    peer: Arc<PeerTracker>,
+    client: PeerClient,
+    receiver: Arc<Receiver>,
+    metrics: RegionMetrics,
+    clock: SharedClock,
+    actor: ActorRef<SyncMsg>,
+}
+
+fn check_config(c: &RegionConfig) -> Result<(), StartError> {
+    let bad = |field, reason: String| Err(StartError::Config { field, reason });
+    if let Err(e) = policy::validate_region("region", &c.region) {
+        return bad("region", e.reason);
+    }
+    if let Err(e) = policy::validate_region("peer_region", &c.peer_region) {
+        return bad("peer_region", e.reason);
+    }
+    if c.region == c.peer_region {
+        return bad("peer_region", "must differ from this node's region".into());
+    }
+    if c.secret.len() < 16 {
+        return bad("region_secret", "must be at least 16 characters".into());
+    }
+    if !(c.default_share > 0.0 && c.default_share <= 1.0) {
+        return bad(
+            "region_share",
+            format!("must be above 0 and at most 1, got {}", c.default_share),
+        );
+    }
+    if c.sync_interval < Duration::from_millis(10) {
+        return bad("region_sync_interval_ms", "must be at least 10 ms".into());
+    }
+    Ok(())
+}
+
+impl RegionSync {
+    /// Starts region sync for a node: the actor, the client; the service is served with
+    /// [`RegionSync::serve`]. `store` is this region's store (the peer's consumption is
+    /// debited there).
+    pub async fn start(
+        config: RegionConfig,
+        store: Store,
+        host: Arc<dyn RegionHost>,
+        metrics: RegionMetrics,
+        clock: SharedClock,
+    ) -> Result<Arc<Self>, StartError> {
+        check_config(&config)?;
+        let client =
+            PeerClient::new(&config.peer_url, &config.region, &config.secret).map_err(|e| {
+                StartError::Config {
+                    field: "peer_url",
+                    reason: e.to_string(),
+                }
+            })?;
+        let origin = Origin {
+            region: config.region.clone(),
+            incarnation: rand::random(),
+        };
+        let now = clock.now_micros();
+        let peer = Arc::new(PeerTracker::new(config.liveness, now));
+        let log = Arc::new(ConsumptionLog::new(config.max_keys));
+        let receiver = Arc::new(Receiver::new(
+            store,
+            host,
+            metrics.clone(),
+            origin.clone(),
+            config.peer_region.clone(),
+        ));
+        metrics.peer_up.set(1);
+        let parts = SyncParts {
+            origin: origin.clone(),
+            log: log.clone(),
+            client: client.clone(),
+            peer: peer.clone(),
+            receiver: receiver.clone(),
+            metrics: metrics.clone(),
+            clock: clock.clone(),
+            sync_interval: config.sync_interval,
+            heartbeat_interval: config.heartbeat_interval,
+        };
+        let (actor, _) = Actor::spawn(None, SyncActor, parts).await?;
+        {
+            let mut changes = peer.subscribe();
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                while changes.changed().await.is_ok() {
+                    metrics.peer_changes.inc();
+                    let up = *changes.borrow_and_update() == PeerState::Up;
+                    metrics.peer_up.set(i64::from(up));
+                }
+            });
+        }
+        tracing::info!(region = %config.region, peer = %config.peer_region, origin = %origin.name(), "region sync started");
+        Ok(Arc::new(Self {
+            config,
+            origin,
+            log,
+            peer,
+            client,
+            receiver,
+            metrics,
+            clock,
+            actor,
+        }))
+    }
+
+    /// This node's view of the regions, for compiling rules.
+    pub fn view(&self) -> RegionView {
+        RegionView {
+            own: self.config.region.clone(),
+            peer: self.config.peer_region.clone(),
+            default_share: self.config.default_share,
+            peer_state: self.peer.state(),
+        }
+    }
+
+    /// Changes of the peer's state.
+    pub fn subscribe(&self) -> watch::Receiver<PeerState> {
+        self.peer.subscribe()
+    }
+
+    /// The peer's state.
+    pub fn peer_state(&self) -> PeerState {
+        self.peer.state()
+    }
+
+    /// This node's origin (region and incarnation).
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &RegionMetrics {
+        &self.metrics
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &RegionConfig {
+        &self.config
+    }
+
+    /// Records `units` admitted at `now` under a rule that syncs.
+    pub fn record(&self, rule: &str, identity: &[u8], limit: &Limit, units: u64, now: Micros) {
+        if !self.log.record(rule, identity, limit, units, now) {
+            tracing::debug!(rule, "consumption log full; not shipped");
+        }
+    }
+
+    /// Asks the home region to decide a HOME_REGION request. None when it cannot (peer down,
+    /// deadline passed, error): the caller decides locally.
+    pub async fn forward(&self, rule: &str, identity: &[u8], cost: u64) -> Option<ForwardReply> {
+        let outcome = |o: &str| {
+            self.metrics
+                .forwarded
+                .get_or_create(&OutcomeLabel { outcome: o.into() })
+                .inc();
+        };
+        if self.peer.state() == PeerState::Down {
+            outcome("fallback");
+            return None;
+        }
+        let request = ForwardRequest {
+            rule: rule.to_owned(),
+            identity: identity.to_vec(),
+            cost,
+        };
+        match self
+            .client
+            .forward(&request, self.config.forward_deadline)
+            .await
+        {
+            Ok(reply) => {
+                outcome(if reply.allowed { "allowed" } else { "denied" });
+                self.peer.success(self.clock.now_micros());
+                Some(reply)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, rule, "forwarding failed; deciding locally");
+                if matches!(e, LinkError::Timeout(_)) {
+                    self.peer.failure(self.clock.now_micros());
+                }
+                outcome("fallback");
+                None
+            }
+        }
+    }
+
+    /// What `/readyz` shows: the regions, the peer's state, seconds since contact, sync lag.
+    pub fn status(&self) -> RegionStatus {
+        let now = self.clock.now_micros();
+        let (since_contact, since_change) = self.peer.ages(now);
+        let newest = self.receiver.newest_applied();
+        RegionStatus {
+            region: self.config.region.clone(),
+            peer: self.config.peer_region.clone(),
+            peer_up: self.peer.state() == PeerState::Up,
+            since_contact_ms: since_contact / 1000,
+            since_change_ms: since_change / 1000,
+            lag_ms: (newest > 0).then(|| now.saturating_sub(newest) / 1000),
+        }
+    }
+
+    /// The link service, to serve to the peer region.
+    pub fn service(&self) -> LinkService {
+        LinkService::new(
+            self.receiver.clone(),
+            self.config.peer_region.clone(),
+            self.config.secret.clone(),
+        )
+    }
+
+    /// Serves the link service on `listener` until `shutdown`.
+    pub async fn serve(
+        &self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        self.service().serve(listener, shutdown).await
+    }
+
+    /// Ships what is pending (if the peer is up) and stops the actor.
+    pub async fn stop(&self) {
+        let _ = self
+            .actor
+            .call(SyncMsg::Stop, Some(Duration::from_secs(5)))
+            .await;
+    }
+}
+
+/// Region sync as `/readyz` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegionStatus {
+    /// This region.
+    pub region: String,
+    /// The peer region.
+    pub peer: String,
+    /// Whether the peer is Up.
+    pub peer_up: bool,
+    /// Milliseconds since the last successful call to the peer.
+    pub since_contact_ms: u64,
+    /// Milliseconds since the peer's state last changed.
+    pub since_change_ms: u64,
+    /// Age of the newest applied batch from the peer (None: none yet).
+    pub lag_ms: Option<u64>,
+}

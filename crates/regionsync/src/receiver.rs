@@ -1,0 +1,204 @@
+//! The receiving side of the link: applies the peer's consumption to this region's store,
+//! answers heartbeats, and makes HOME_REGION decisions for the peer.
+//!
+//! A batch is decoded and every entry validated before anything is applied, so a malformed
+//! batch changes nothing. Each entry is applied with the store's debit-once, so a batch
+//! applied twice, late, or out of order changes nothing either.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use futures::StreamExt;
+use tollgate_lease::limit::MAX_UNITS;
+use tollgate_lease::{
+    BucketKey, DebitItem, DebitOnce, DebitRequest, LeaseStore, MAX_BUCKETS_PER_CALL, Store,
+};
+use tonic::Status;
+
+use crate::RegionHost;
+use crate::messages::{Batch, BatchAck, ForwardReply, ForwardRequest, Origin, Ping, Pong};
+use crate::metrics::{ReasonLabel, RegionMetrics};
+
+/// The most entries one batch may carry.
+pub const MAX_ENTRIES_PER_BATCH: usize = 4096;
+
+/// Store calls in flight while applying one batch.
+const CONCURRENT_DEBITS: usize = 16;
+
+/// Applies what the peer region sends.
+pub struct Receiver {
+    store: Store,
+    host: Arc<dyn RegionHost>,
+    metrics: RegionMetrics,
+    own: Origin,
+    peer_region: String,
+    /// When the newest applied batch was sent (peer's clock), for the lag metric.
+    newest_applied: AtomicU64,
+}
+
+impl std::fmt::Debug for Receiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Receiver")
+            .field("own", &self.own)
+            .field("peer_region", &self.peer_region)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Receiver {
+    /// A receiver for batches from `peer_region`, applied to `store`.
+    pub fn new(
+        store: Store,
+        host: Arc<dyn RegionHost>,
+        metrics: RegionMetrics,
+        own: Origin,
+        peer_region: String,
+    ) -> Self {
+        Self {
+            store,
+            host,
+            metrics,
+            own,
+            peer_region,
+            newest_applied: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts a refused call.
+    pub(crate) fn reject(&self, reason: &str) {
+        self.metrics
+            .batches_rejected
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// When the newest applied batch was sent (0: none yet).
+    pub fn newest_applied(&self) -> u64 {
+        self.newest_applied.load(Ordering::Relaxed)
+    }
+
+    fn invalid(&self, message: String) -> Status {
+        self.reject("invalid");
+        Status::invalid_argument(message)
+    }
+
+    /// Applies a batch: all of it is validated first; then every entry of a rule that syncs
+    /// here is debited once.
+    pub async fn apply(&self, batch: Batch) -> Result<BatchAck, Status> {
+        if batch.origin.region != self.peer_region {
+            self.reject("unknown peer");
+            return Err(Status::permission_denied(format!(
+                "batch from region {:?}, not this region's peer",
+                batch.origin.region
+            )));
+        }
+        if batch.entries.len() > MAX_ENTRIES_PER_BATCH {
+            return Err(self.invalid(format!(
+                "{} entries; at most {MAX_ENTRIES_PER_BATCH} per batch",
+                batch.entries.len()
+            )));
+        }
+        let origin = batch.origin.name();
+        let mut by_identity: HashMap<String, Vec<DebitItem>> = HashMap::new();
+        let mut skipped = 0u32;
+        let mut checked = Vec::with_capacity(batch.entries.len());
+        for (i, entry) in batch.entries.iter().enumerate() {
+            let key = BucketKey::new(&entry.identity, &entry.rule)
+                .map_err(|e| self.invalid(format!("entry {i}: {e}")))?;
+            if entry.until == 0 || entry.at == 0 {
+                return Err(self.invalid(format!("entry {i}: no epoch or time")));
+            }
+            if entry.total > MAX_UNITS {
+                return Err(self.invalid(format!(
+                    "entry {i}: a total of {} units; at most {MAX_UNITS}",
+                    entry.total
+                )));
+            }
+            let once = DebitOnce {
+                origin: origin.clone(),
+                until: entry.until,
+            };
+            checked.push((key, once, entry));
+        }
+        for (key, once, entry) in checked {
+            let Some(limit) = self.host.synced_limit(&entry.rule) else {
+                skipped += 1;
+                continue;
+            };
+            if limit.algorithm() == tollgate_lease::Algorithm::Concurrency {
+                skipped += 1;
+                continue;
+            }
+            by_identity
+                .entry(key.identity_prefix().to_owned())
+                .or_default()
+                .push(DebitItem {
+                    key,
+                    limit,
+                    units: entry.total,
+                    consumed_at: Some(entry.at),
+                    once: Some(once),
+                });
+        }
+        let mut requests = vec![];
+        for (_, items) in by_identity {
+            for chunk in items.chunks(MAX_BUCKETS_PER_CALL) {
+                requests.push(
+                    DebitRequest::new(chunk.to_vec()).map_err(|e| self.invalid(e.to_string()))?,
+                );
+            }
+        }
+        let calls = requests.into_iter().map(|request| {
+            let store = self.store.clone();
+            async move { store.debit(&request).await }
+        });
+        let mut results = futures::stream::iter(calls).buffer_unordered(CONCURRENT_DEBITS);
+        let mut applied = 0u64;
+        let mut failure = None;
+        while let Some(result) = results.next().await {
+            match result {
+                Ok(units) => applied += units.iter().sum::<u64>(),
+                Err(e) => failure = Some(e),
+            }
+        }
+        self.metrics.units_applied.inc_by(applied);
+        if let Some(e) = failure {
+            // What was applied stays applied; the sender resends and the rest lands then.
+            return Err(Status::unavailable(format!(
+                "this region's store failed: {e}"
+            )));
+        }
+        self.metrics.batches_applied.inc();
+        self.newest_applied
+            .fetch_max(batch.sent_at, Ordering::Relaxed);
+        Ok(BatchAck {
+            applied_units: applied,
+            skipped,
+        })
+    }
+
+    /// Answers a heartbeat.
+    pub fn pong(&self, ping: &Ping) -> Result<Pong, Status> {
+        if ping.origin.region != self.peer_region {
+            self.reject("unknown peer");
+            return Err(Status::permission_denied("not this region's peer"));
+        }
+        Ok(Pong {
+            origin: self.own.clone(),
+        })
+    }
+
+    /// Makes a HOME_REGION decision for the peer.
+    pub async fn decide(&self, request: ForwardRequest) -> Result<ForwardReply, Status> {
+        BucketKey::new(&request.identity, &request.rule)
+            .map_err(|e| self.invalid(e.to_string()))?;
+        self.metrics.forwards_served.inc();
+        self.host
+            .decide_forwarded(request)
+            .await
+            .map_err(Status::failed_precondition)
+    }
+}

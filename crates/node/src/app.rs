@@ -18,6 +18,7 @@ use crate::control::sync::{RuleSync, SyncConfig};
 use crate::metrics::Metrics;
 use crate::rules::watch::{ActiveRules, watch as watch_rules};
 use crate::runtime::Node;
+use tollgate_regionsync::RegionSync;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -42,6 +43,9 @@ pub enum StartError {
     /// The rule store could not be set up.
     #[error("rule store: {0}")]
     Control(#[from] ControlError),
+    /// Region sync could not start.
+    #[error("region sync: {0}")]
+    Region(#[from] tollgate_regionsync::StartError),
 }
 
 /// A started node process.
@@ -55,6 +59,9 @@ pub struct App {
     pub http_addr: std::net::SocketAddr,
     /// Where the admin API listens, when a rule store is configured.
     pub admin_addr: Option<std::net::SocketAddr>,
+    /// Where the region link listens, when the node runs in one of two regions.
+    pub region_addr: Option<std::net::SocketAddr>,
+    region: Option<(Arc<RegionSync>, TcpListener)>,
     grpc: TcpListener,
     http: TcpListener,
     control: Option<(RuleSync, TcpListener, AdminState)>,
@@ -122,11 +129,11 @@ impl App {
             )),
         };
         let node = Node::start(
-            store,
+            store.clone(),
             rules,
             config.runtime.clone(),
-            clock,
-            metrics,
+            clock.clone(),
+            metrics.clone(),
             config.store_timeout,
         )
         .await?;
@@ -134,6 +141,33 @@ impl App {
             TcpListener::bind(addr)
                 .await
                 .map_err(|source| StartError::Listen { addr, source })
+        };
+        let region = match &config.region {
+            None => None,
+            Some(settings) => {
+                let region = RegionSync::start(
+                    settings.sync.clone(),
+                    store,
+                    node.region_host(),
+                    metrics.region.clone(),
+                    clock,
+                )
+                .await?;
+                let _ = node.attach_region(region.clone());
+                if let Err(e) = node.rules().set_region_view(Some(region.view())) {
+                    tracing::error!(error = %e, "rules do not compile for the regions' state");
+                }
+                Some((region, bind(settings.listen).await?))
+            }
+        };
+        let region_addr = match &region {
+            Some((_, listener)) => {
+                Some(listener.local_addr().map_err(|source| StartError::Listen {
+                    addr: config.grpc_listen,
+                    source,
+                })?)
+            }
+            None => None,
         };
         let grpc = bind(config.grpc_listen).await?;
         let http = bind(config.http_listen).await?;
@@ -159,6 +193,8 @@ impl App {
             grpc_addr,
             http_addr,
             admin_addr,
+            region_addr,
+            region,
             grpc,
             http,
             control,
@@ -201,12 +237,45 @@ impl App {
         let http = tokio::spawn(crate::http::serve(
             self.node.clone(),
             self.http,
-            stopped(stop_rx),
+            stopped(stop_rx.clone()),
         ));
+        let region = self.region.map(|(region, listener)| {
+            let link = tokio::spawn({
+                let region = region.clone();
+                let stop = stopped(stop_rx.clone());
+                async move {
+                    if let Err(e) = region.serve(listener, stop).await {
+                        tracing::error!(error = %e, "the region link server failed");
+                    }
+                }
+            });
+            // The peer going down or coming back moves SPLIT shares: recompile the rules.
+            let follow = tokio::spawn({
+                let (region, rules) = (region.clone(), self.node.rules().clone());
+                let mut changes = region.subscribe();
+                let mut stop = stop_rx.clone();
+                async move {
+                    loop {
+                        tokio::select! {
+                            changed = changes.changed() => if changed.is_err() { return },
+                            _ = stop.wait_for(|s| *s) => return,
+                        }
+                        if let Err(e) = rules.set_region_view(Some(region.view())) {
+                            tracing::error!(error = %e, "rules do not compile for the regions' state");
+                        }
+                    }
+                }
+            });
+            (region, link, follow)
+        });
         shutdown.await;
         tracing::info!("shutting down: returning unspent leases");
         let _ = stop_tx.send(true);
         let _ = tokio::join!(watcher, grpc, http);
+        if let Some((region, link, follow)) = region {
+            region.stop().await;
+            let _ = tokio::join!(link, follow);
+        }
         self.node.shutdown().await;
     }
 }

@@ -165,6 +165,39 @@ pub struct Settings {
     /// File keeping the last rule set from PostgreSQL [default: tollgate-rules-snapshot.json]
     #[arg(long, env = "TOLLGATE_RULES_SNAPSHOT")]
     pub rules_snapshot: Option<PathBuf>,
+    /// This node's region (a-z 0-9 -); with --peer-region, enables region sync.
+    #[arg(long, env = "TOLLGATE_REGION")]
+    pub region: Option<String>,
+    /// The other region.
+    #[arg(long, env = "TOLLGATE_PEER_REGION")]
+    pub peer_region: Option<String>,
+    /// The peer region's link address, http://host:port.
+    #[arg(long, env = "TOLLGATE_PEER_URL")]
+    pub peer_url: Option<String>,
+    /// The region link's shared secret (at least 16 characters).
+    #[arg(long, env = "TOLLGATE_REGION_SECRET")]
+    pub region_secret: Option<String>,
+    /// Where this node serves the region link [default: 0.0.0.0:8083]
+    #[arg(long, env = "TOLLGATE_REGION_LISTEN")]
+    pub region_listen: Option<SocketAddr>,
+    /// This region's SPLIT share for rules that name none [default: 0.5]
+    #[arg(long, env = "TOLLGATE_REGION_SHARE")]
+    pub region_share: Option<f64>,
+    /// How often consumption is shipped to the peer region, ms [default: 2000]
+    #[arg(long, env = "TOLLGATE_REGION_SYNC_INTERVAL_MS")]
+    pub region_sync_interval_ms: Option<u64>,
+    /// How often the peer region is probed, ms [default: 500]
+    #[arg(long, env = "TOLLGATE_REGION_HEARTBEAT_MS")]
+    pub region_heartbeat_ms: Option<u64>,
+    /// The peer counts as down after this long unreachable, ms [default: 10000]
+    #[arg(long, env = "TOLLGATE_REGION_FAILOVER_AFTER_MS")]
+    pub region_failover_after_ms: Option<u64>,
+    /// The peer counts as back after this long reachable without a failure, ms [default: 10000]
+    #[arg(long, env = "TOLLGATE_REGION_FAILBACK_AFTER_MS")]
+    pub region_failback_after_ms: Option<u64>,
+    /// How long a HOME_REGION decision waits for the home region, ms [default: 50]
+    #[arg(long, env = "TOLLGATE_REGION_FORWARD_DEADLINE_MS")]
+    pub region_forward_deadline_ms: Option<u64>,
 }
 
 macro_rules! merge_fields {
@@ -205,7 +238,18 @@ impl Settings {
             default_domain,
             rules_poll_ms,
             rules_listen,
-            rules_snapshot
+            rules_snapshot,
+            region,
+            peer_region,
+            peer_url,
+            region_secret,
+            region_listen,
+            region_share,
+            region_sync_interval_ms,
+            region_heartbeat_ms,
+            region_failover_after_ms,
+            region_failback_after_ms,
+            region_forward_deadline_ms
         )
     }
 
@@ -258,6 +302,17 @@ pub struct Config {
     pub log_json: bool,
     /// The rule store and admin API, when a database is configured.
     pub control: Option<ControlConfig>,
+    /// Region sync, when the node runs in one of two regions.
+    pub region: Option<RegionSettings>,
+}
+
+/// Region sync's settings and where its link listens.
+#[derive(Debug, Clone)]
+pub struct RegionSettings {
+    /// The sync settings.
+    pub sync: tollgate_regionsync::RegionConfig,
+    /// Where this node serves the region link.
+    pub listen: SocketAddr,
 }
 
 /// The rule store, its admin API and how nodes follow it.
@@ -370,7 +425,68 @@ impl TryFrom<Settings> for Config {
                     .unwrap_or_else(|| PathBuf::from("tollgate-rules-snapshot.json")),
             }),
         };
+        let region = match (s.region, s.peer_region) {
+            (None, None) => None,
+            (Some(region), Some(peer)) => {
+                let url = s
+                    .peer_url
+                    .ok_or_else(|| bad("peer_url", "is required with region and peer_region"))?;
+                let secret = s.region_secret.ok_or_else(|| {
+                    bad("region_secret", "is required with region and peer_region")
+                })?;
+                let mut sync =
+                    tollgate_regionsync::RegionConfig::new(&region, &peer, &url, &secret);
+                let positive = |field: &str, v: Option<u64>, default: Duration| match v {
+                    Some(0) => Err(bad(field, "must be at least 1")),
+                    Some(v) => Ok(ms(v)),
+                    None => Ok(default),
+                };
+                sync.sync_interval = positive(
+                    "region_sync_interval_ms",
+                    s.region_sync_interval_ms,
+                    sync.sync_interval,
+                )?;
+                sync.heartbeat_interval = positive(
+                    "region_heartbeat_ms",
+                    s.region_heartbeat_ms,
+                    sync.heartbeat_interval,
+                )?;
+                sync.liveness.failover_after = positive(
+                    "region_failover_after_ms",
+                    s.region_failover_after_ms,
+                    sync.liveness.failover_after,
+                )?;
+                sync.liveness.failback_after = positive(
+                    "region_failback_after_ms",
+                    s.region_failback_after_ms,
+                    sync.liveness.failback_after,
+                )?;
+                sync.forward_deadline = positive(
+                    "region_forward_deadline_ms",
+                    s.region_forward_deadline_ms,
+                    sync.forward_deadline,
+                )?;
+                if let Some(share) = s.region_share {
+                    if !(share > 0.0 && share <= 1.0) {
+                        return Err(bad(
+                            "region_share",
+                            format!("must be above 0 and at most 1, got {share}"),
+                        ));
+                    }
+                    sync.default_share = share;
+                }
+                Some(RegionSettings {
+                    sync,
+                    listen: s
+                        .region_listen
+                        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8083))),
+                })
+            }
+            (Some(_), None) => return Err(bad("peer_region", "is required with region")),
+            (None, Some(_)) => return Err(bad("region", "is required with peer_region")),
+        };
         Ok(Config {
+            region,
             control,
             grpc_listen: s
                 .grpc_listen

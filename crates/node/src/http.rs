@@ -21,7 +21,7 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
     let version = node.rules().load().version();
     let breaker = node.breaker_state();
     let store_ok = breaker == BreakerState::Closed;
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "ready": store_ok,
         "rulesVersion": version,
         "rulesSource": node.rules().source(),
@@ -32,6 +32,17 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
             BreakerState::Open { .. } => "open",
         },
     });
+    if let Some(region) = node.region() {
+        let status = region.status();
+        body["region"] = serde_json::json!({
+            "region": status.region,
+            "peer": status.peer,
+            "peerState": if status.peer_up { "up" } else { "down" },
+            "sinceContactMs": status.since_contact_ms,
+            "sincePeerStateChangeMs": status.since_change_ms,
+            "syncLagMs": status.lag_ms,
+        });
+    }
     let code = if store_ok {
         StatusCode::OK
     } else {

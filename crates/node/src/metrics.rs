@@ -190,9 +190,26 @@ pub struct Metrics {
     pub rules_reload_errors: Counter,
     /// Seconds since the rules were last loaded successfully from their source.
     pub rules_staleness_seconds: Gauge,
+    /// Region sync (registered whether or not the node runs in two regions).
+    pub region: tollgate_regionsync::metrics::RegionMetrics,
 }
 
 impl Metrics {
+    /// Publishes the regional share of every rule held at less than its whole limit.
+    pub fn record_shares(&self, set: &crate::rules::RuleSet) {
+        self.region.share_permille.clear();
+        for rule in set.rules() {
+            if rule.placement.share < 1.0 {
+                self.region
+                    .share_permille
+                    .get_or_create(&tollgate_regionsync::metrics::RuleLabel {
+                        rule: rule.id.clone(),
+                    })
+                    .set((rule.placement.share * 1000.0).round() as i64);
+            }
+        }
+    }
+
     /// Registers every metric in a fresh registry.
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::with_prefix("tollgate");
@@ -237,8 +254,10 @@ impl Metrics {
             rules_loaded: Gauge::default(),
             rules_reload_errors: Counter::default(),
             rules_staleness_seconds: Gauge::default(),
+            region: Default::default(),
             registry: Registry::default(),
         };
+        m.region.register(&mut registry);
         registry.register("store_calls", "Store calls made", m.store_calls.clone());
         registry.register(
             "breaker_state",

@@ -128,7 +128,7 @@ pub struct ListFilter {
 }
 
 const TIME: &str = "to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')";
-const RULE_COLUMNS: &str = "id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by";
+const RULE_COLUMNS: &str = "id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by, regional_policy";
 
 fn time(column: &str) -> String {
     TIME.replace("%s", column)
@@ -474,11 +474,16 @@ async fn write_rule(
         .per
         .as_ref()
         .map(|p| serde_json::to_value(p).unwrap_or(Value::Null));
+    let regional = doc
+        .regional
+        .as_ref()
+        .map(|r| serde_json::to_value(r).unwrap_or(Value::Null));
     tx.execute(
-        "INSERT INTO rate_limit_rules (id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+        "INSERT INTO rate_limit_rules (id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by, regional_policy)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
          ON CONFLICT (id) DO UPDATE SET domain = $2, name = $3, match_json = $4, per_json = $5, algorithm = $6,
-             parameters = $7, mode = $8, fail_mode = $9, version = $10, updated_at = now(), updated_by = $11",
+             parameters = $7, mode = $8, fail_mode = $9, version = $10, updated_at = now(), updated_by = $11,
+             regional_policy = $12",
         &[
             &doc.id,
             &doc.domain,
@@ -491,6 +496,7 @@ async fn write_rule(
             &doc.fail_mode.clone().unwrap_or_else(|| "OPEN".into()),
             &version,
             &actor,
+            &regional,
         ],
     )
     .await?;
@@ -578,12 +584,15 @@ fn stored(row: &Row) -> StoredRule {
         slot_ttl: duration("slotTtl"),
         mode: Some(row.get(7)),
         fail_mode: Some(row.get(8)),
+        regional: row
+            .get::<_, Option<Value>>(11)
+            .and_then(|v| serde_json::from_value(v).ok()),
     };
     StoredRule {
         doc,
         version: row.get(9),
         updated_by: row.get(10),
-        updated_at: row.get(11),
+        updated_at: row.get(12),
     }
 }
 

@@ -168,6 +168,8 @@ pub struct Rule {
     pub mode: Mode,
     /// OPEN, CLOSED or LOCAL.
     pub fail_mode: FailMode,
+    /// How the limit is held across two regions.
+    pub regional: tollgate_regionsync::RegionalPolicy,
     /// Where it came from (file and line), for messages.
     pub origin: String,
 }

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tollgate_lease::{Algorithm, LimitSpec};
+use tollgate_regionsync::RegionalDoc;
 
 use crate::rules::model::{FailMode, Identity, Mode, Pattern, Rule, parse_duration};
 
@@ -110,6 +111,9 @@ pub struct RuleDoc {
     /// OPEN (default), CLOSED, LOCAL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail_mode: Option<String>,
+    /// How the limit is held across two regions (default: SPLIT with the node's shares).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regional: Option<RegionalDoc>,
 }
 
 /// Writes whole numbers as integers (`100`, not `100.0`).
@@ -228,6 +232,12 @@ impl RuleDoc {
             Some(m) => m.parse().map_err(|e| field_error("failMode", e))?,
             None => FailMode::Open,
         };
+        let regional = match &self.regional {
+            Some(doc) => doc
+                .validate(algorithm)
+                .map_err(|e| field_error(e.field, e.reason))?,
+            None => Default::default(),
+        };
         let name = self.name.clone().unwrap_or_else(|| id.clone());
         if name.is_empty()
             || name.len() > 128
@@ -248,6 +258,7 @@ impl RuleDoc {
             limit,
             mode,
             fail_mode,
+            regional,
             origin,
         })
     }

@@ -11,6 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tollgate_lease::{Limit, LimitSpec};
+use tollgate_regionsync::policy::{RegionView, place, scale};
+use tollgate_regionsync::{Placement, RegionalPolicy, Role};
 
 use crate::metrics::{Metrics, RuleCounters, RuleLabels};
 use crate::rules::envoy::{NodeLimit, ValidNode};
@@ -52,9 +54,21 @@ pub struct CompiledRule {
     pub counters: RuleCounters,
     /// Where it was defined.
     pub origin: String,
+    /// Where its limit is held across regions, at what share (the limit above is scaled).
+    pub placement: Placement,
 }
 
 impl CompiledRule {
+    /// Whether its consumption is shipped to the peer region (ASYNC_SYNC).
+    pub fn synced(&self) -> bool {
+        self.placement.role == Role::Synced
+    }
+
+    /// The home region deciding it, when that is the peer (HOME_REGION elsewhere).
+    pub fn forwarded(&self) -> bool {
+        matches!(self.placement.role, Role::Forwarded { .. })
+    }
+
     /// The limit, for rules the store decides.
     pub fn limit(&self) -> Option<Limit> {
         match self.kind {
@@ -77,6 +91,7 @@ impl CompiledRule {
             replace_name: None,
             counters,
             origin: "request override".into(),
+            placement: Placement::LOCAL,
         }
     }
 }
@@ -144,6 +159,7 @@ pub struct RuleSet {
     version: u64,
     domains: HashMap<String, DomainRules>,
     rules: Vec<Arc<CompiledRule>>,
+    by_id: HashMap<String, Arc<CompiledRule>>,
 }
 
 /// An envoyproxy/ratelimit domain, validated.
@@ -158,12 +174,25 @@ pub struct EnvoyDomainConfig {
 }
 
 impl RuleSet {
-    /// Compiles validated rules into a set. DISABLED rules are left out (the kill switch).
+    /// Compiles validated rules into a set for a single region. DISABLED rules are left out
+    /// (the kill switch).
     pub fn compile(
         native: &[Rule],
         envoy: &[EnvoyDomainConfig],
         version: u64,
         metrics: &Metrics,
+    ) -> Result<Self, String> {
+        Self::compile_for(native, envoy, version, metrics, None)
+    }
+
+    /// Compiles validated rules into a set for a node that sees the regions as `view`: each
+    /// rule's limit is scaled to this region's share under its regional policy.
+    pub fn compile_for(
+        native: &[Rule],
+        envoy: &[EnvoyDomainConfig],
+        version: u64,
+        metrics: &Metrics,
+        view: Option<&RegionView>,
     ) -> Result<Self, String> {
         let mut set = RuleSet {
             version,
@@ -180,12 +209,14 @@ impl RuleSet {
             if rule.mode == Mode::Disabled {
                 continue;
             }
+            let placement = place(&rule.regional, view);
+            let limit = scale(rule.limit, placement.share);
             let compiled = Arc::new(CompiledRule {
                 uid: uid_of(&(
                     &rule.id,
                     &rule.domain,
                     &rule.name,
-                    format!("{:?}", rule.limit),
+                    format!("{limit:?} {placement:?}"),
                     rule.mode,
                     rule.fail_mode,
                     &rule.matches,
@@ -194,7 +225,8 @@ impl RuleSet {
                 id: rule.id.clone(),
                 domain: rule.domain.clone(),
                 name: rule.name.clone(),
-                kind: RuleKind::Limited(rule.limit),
+                kind: RuleKind::Limited(limit),
+                placement,
                 mode: rule.mode,
                 fail_mode: rule.fail_mode,
                 replaces: vec![],
@@ -244,11 +276,22 @@ impl RuleSet {
                 metrics,
                 &mut tree.nodes,
                 &mut rules,
+                view,
             );
             domain.envoy = Some(tree);
             set.rules.extend(rules);
         }
+        set.by_id = set
+            .rules
+            .iter()
+            .map(|r| (r.id.clone(), r.clone()))
+            .collect();
         Ok(set)
+    }
+
+    /// The rule with this id (envoyproxy/ratelimit limits are named by their descriptor path).
+    pub fn rule(&self, id: &str) -> Option<&Arc<CompiledRule>> {
+        self.by_id.get(id)
     }
 
     /// The set's version (increases with every successful reload).
@@ -351,7 +394,10 @@ fn compile_level(
     metrics: &Metrics,
     arena: &mut Vec<EnvoyNode>,
     rules: &mut Vec<Arc<CompiledRule>>,
+    view: Option<&RegionView>,
 ) -> EnvoyLevel {
+    // envoyproxy/ratelimit configurations name no regional policy: the default (SPLIT).
+    let placement = place(&RegionalPolicy::default(), view);
     let mut level = EnvoyLevel::default();
     for node in nodes {
         let rule = node.limit.as_ref().map(|limit| {
@@ -374,9 +420,9 @@ fn compile_level(
                         window: *unit,
                     };
                     // Validated: at least 1 request per a whole-second unit.
-                    let limit = spec
-                        .validate()
-                        .map_or(RuleKind::Block(*unit), RuleKind::Limited);
+                    let limit = spec.validate().map_or(RuleKind::Block(*unit), |l| {
+                        RuleKind::Limited(scale(l, placement.share))
+                    });
                     (limit, name.clone(), replaces.clone())
                 }
             };
@@ -390,7 +436,9 @@ fn compile_level(
                     &replaces,
                     node.shadow,
                     node.share_threshold,
+                    format!("{placement:?}"),
                 )),
+                placement: placement.clone(),
                 name: name.clone().unwrap_or_else(|| id.clone()),
                 domain: domain.to_owned(),
                 kind,
@@ -412,7 +460,7 @@ fn compile_level(
             rules.push(compiled.clone());
             compiled
         });
-        let children = compile_level(&node.children, domain, origin, metrics, arena, rules);
+        let children = compile_level(&node.children, domain, origin, metrics, arena, rules, view);
         let index = arena.len();
         arena.push(EnvoyNode {
             rule,

@@ -12,6 +12,7 @@ use arc_swap::ArcSwap;
 use crate::metrics::Metrics;
 use crate::rules::set::RuleSet;
 use crate::rules::source::{self, LoadedRules, RulesError};
+use tollgate_regionsync::policy::RegionView;
 
 /// The active rule set, swapped atomically; readers never see a half-built set.
 #[derive(Debug)]
@@ -23,6 +24,12 @@ pub struct ActiveRules {
     pub(crate) metrics: Arc<Metrics>,
     /// Where the active set came from (files, postgres, snapshot).
     source: parking_lot::Mutex<&'static str>,
+    /// Bumped by every swap, including recompiles for a new regional view.
+    generation: AtomicU64,
+    /// The rules last installed and their version, kept to recompile for a new view.
+    installed: parking_lot::Mutex<Option<(LoadedRules, u64)>>,
+    /// How this node sees the regions (None: a single region).
+    region: parking_lot::Mutex<Option<RegionView>>,
 }
 
 impl ActiveRules {
@@ -34,7 +41,51 @@ impl ActiveRules {
             next_version: AtomicU64::new(1),
             metrics,
             source: parking_lot::Mutex::new("files"),
+            generation: AtomicU64::new(0),
+            installed: parking_lot::Mutex::new(None),
+            region: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// Changes with every swap of the active set (a new version, or the same rules recompiled
+    /// for a new regional view): what a cached resolution compares against.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The regional view rules are compiled for.
+    pub fn region_view(&self) -> Option<RegionView> {
+        self.region.lock().clone()
+    }
+
+    /// Compiles the installed rules again for `view` (the peer region went down or came back)
+    /// and swaps them in, at the same version.
+    pub fn set_region_view(&self, view: Option<RegionView>) -> Result<(), String> {
+        let installed = self.installed.lock();
+        *self.region.lock() = view.clone();
+        if let Some((rules, version)) = installed.as_ref() {
+            let set = RuleSet::compile_for(
+                &rules.native,
+                &rules.envoy,
+                *version,
+                &self.metrics,
+                view.as_ref(),
+            )?;
+            self.swap(set, *version);
+            tracing::info!(version, ?view, "rules recompiled for the regions' state");
+        }
+        drop(installed);
+        Ok(())
+    }
+
+    fn swap(&self, set: RuleSet, version: u64) {
+        let count = set.rules().len();
+        self.metrics.record_shares(&set);
+        self.current.store(Arc::new(set));
+        self.active_version.store(version, Ordering::Release);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.metrics.rules_version.set(version as i64);
+        self.metrics.rules_loaded.set(count as i64);
     }
 
     /// The set requests are matched against right now.
@@ -65,13 +116,19 @@ impl ActiveRules {
 
     /// Like [`ActiveRules::install`], with the version given (a rule store's revision).
     pub fn install_at(&self, rules: &LoadedRules, version: u64) -> Result<u64, String> {
+        let mut installed = self.installed.lock();
         self.next_version.fetch_max(version + 1, Ordering::Relaxed);
-        let set = RuleSet::compile(&rules.native, &rules.envoy, version, &self.metrics)?;
+        let view = self.region.lock().clone();
+        let set = RuleSet::compile_for(
+            &rules.native,
+            &rules.envoy,
+            version,
+            &self.metrics,
+            view.as_ref(),
+        )?;
         let count = set.rules().len();
-        self.current.store(Arc::new(set));
-        self.active_version.store(version, Ordering::Release);
-        self.metrics.rules_version.set(version as i64);
-        self.metrics.rules_loaded.set(count as i64);
+        self.swap(set, version);
+        *installed = Some((rules.clone(), version));
         tracing::info!(version, rules = count, "rule set installed");
         Ok(version)
     }

@@ -33,6 +33,8 @@ use crate::runtime::request::{Matching, Request, RequestError};
 use crate::runtime::shared::{RuntimeConfig, Shared};
 use crate::runtime::supervisor::{KeySupervisor, SupervisorMsg};
 use crate::runtime::verdict::{HeldSlot, RuleStatus, Verdict};
+use tollgate_regionsync::RegionSync;
+use tollgate_regionsync::messages::{ForwardReply, ForwardRequest};
 
 thread_local! {
     /// The registry key of the bucket being looked up: built here, so a lookup allocates nothing.
@@ -53,6 +55,8 @@ struct Inner {
     overrides: DashMap<(String, u32, u64), Arc<CompiledRule>>,
     /// LOCAL fallback buckets of keys decided without an actor (bounded like the actors).
     fallbacks: DashMap<Vec<u8>, Arc<LocalBucket>>,
+    /// Region sync, when the node runs in one of two regions.
+    region: std::sync::OnceLock<Arc<RegionSync>>,
     stopping: AtomicBool,
     /// How long the decision path waits for an actor: the store budget plus a margin.
     actor_wait: Duration,
@@ -119,9 +123,57 @@ impl Node {
                 supervisor,
                 overrides: DashMap::new(),
                 fallbacks: DashMap::new(),
+                region: std::sync::OnceLock::new(),
                 stopping: AtomicBool::new(false),
                 actor_wait: store_timeout + Duration::from_millis(20),
             }),
+        })
+    }
+
+    /// Attaches region sync: consumption of ASYNC_SYNC rules is recorded for the peer and
+    /// HOME_REGION decisions are forwarded. Once per node.
+    pub fn attach_region(&self, region: Arc<RegionSync>) -> Result<(), Arc<RegionSync>> {
+        self.inner.region.set(region)
+    }
+
+    /// Region sync, if attached.
+    pub fn region(&self) -> Option<&Arc<RegionSync>> {
+        self.inner.region.get()
+    }
+
+    /// Records units admitted under a rule that syncs with the peer region.
+    pub(crate) fn record_consumption(
+        &self,
+        rule: &CompiledRule,
+        identity: &[u8],
+        cost: u64,
+        now: u64,
+    ) {
+        if let (Some(region), Some(limit)) = (self.inner.region.get(), rule.limit()) {
+            region.record(&rule.id, identity, &limit, cost, now);
+        }
+    }
+
+    /// Decides one rule for one identity, as the home region of a HOME_REGION rule does for
+    /// the peer. None when the rule is unknown here or is not held here.
+    pub async fn check_rule(&self, rule_id: &str, identity: &[u8], cost: u64) -> Option<Verdict> {
+        let rule = self.inner.rules.load().rule(rule_id)?.clone();
+        if rule.forwarded() || rule.limit().is_none() {
+            return None;
+        }
+        let hit = Hit {
+            descriptor: 0,
+            rule,
+            identity: identity.to_vec(),
+            cost,
+        };
+        Some(self.decide(vec![hit]).await)
+    }
+
+    /// A handle region sync calls back into (holding the node weakly).
+    pub fn region_host(&self) -> Arc<dyn tollgate_regionsync::RegionHost> {
+        Arc::new(RegionHostOf {
+            node: Arc::downgrade(&self.inner),
         })
     }
 
@@ -171,7 +223,7 @@ impl Node {
     pub(crate) async fn leased_buckets(
         &self,
         request: &Request,
-    ) -> Option<Vec<(Arc<Bucket>, u64)>> {
+    ) -> Option<Vec<(Arc<Bucket>, u64, Vec<u8>)>> {
         let rules = self.inner.rules.load();
         let hits = self.hits(&rules, request);
         if hits.is_empty()
@@ -184,7 +236,11 @@ impl Node {
         let mut out = Vec::with_capacity(hits.len());
         for hit in &hits {
             let limit = hit.rule.limit()?;
-            out.push((self.bucket(hit, limit).await?, hit.cost));
+            out.push((
+                self.bucket(hit, limit).await?,
+                hit.cost,
+                hit.identity.clone(),
+            ));
         }
         Some(out)
     }
@@ -427,7 +483,7 @@ impl Node {
                 })
             })
             .collect();
-        for s in &statuses {
+        for (s, hit) in statuses.iter().zip(&hits) {
             let counted = match s.outcome {
                 // Rules that admitted a request another rule denied are not counted as allowing.
                 Some(Outcome::Allowed) if !allowed => None,
@@ -435,6 +491,9 @@ impl Node {
             };
             if let Some(outcome) = counted {
                 s.rule.counters.get(outcome).inc();
+            }
+            if allowed && counted == Some(Outcome::Allowed) && s.rule.synced() {
+                self.record_consumption(&s.rule, &hit.identity, hit.cost, now);
             }
         }
         let retry_after = if allowed {
@@ -457,8 +516,65 @@ impl Node {
     }
 
     /// Reserves every hit in `indices`, or returns false having filled the status of the hit
-    /// that denied (what was reserved stays in `undo` for the caller to give back).
+    /// that denied (what was reserved stays in `undo` for the caller to give back). Hits of
+    /// HOME_REGION rules homed in the peer region are decided there, after the local ones
+    /// (what the home region admits cannot be given back); when it cannot answer, here.
     async fn reserve(
+        &self,
+        hits: &[Hit],
+        indices: &[usize],
+        statuses: &mut [Option<RuleStatus>],
+        undo: &mut Undo,
+        failed_closed: &mut bool,
+        now: u64,
+    ) -> bool {
+        let Some(region) = self.inner.region.get() else {
+            return self
+                .reserve_local(hits, indices, statuses, undo, failed_closed, now)
+                .await;
+        };
+        let (forwarded, local): (Vec<usize>, Vec<usize>) = indices
+            .iter()
+            .partition(|&&i| hits[i].rule.forwarded() && hits[i].cost > 0);
+        if !self
+            .reserve_local(hits, &local, statuses, undo, failed_closed, now)
+            .await
+        {
+            return false;
+        }
+        let mut unanswered = vec![];
+        for i in forwarded {
+            let hit = &hits[i];
+            match region.forward(&hit.rule.id, &hit.identity, hit.cost).await {
+                Some(reply) => {
+                    let (outcome, retry) = if reply.allowed {
+                        (Outcome::Allowed, Duration::ZERO)
+                    } else {
+                        (Outcome::Denied, Duration::from_micros(reply.retry_after_us))
+                    };
+                    statuses[i] = Some(status(
+                        hit,
+                        reply.allowed,
+                        reply.remaining,
+                        retry,
+                        Duration::from_micros(reply.reset_after_us),
+                        outcome,
+                    ));
+                    if !reply.allowed {
+                        return false;
+                    }
+                }
+                None => unanswered.push(i),
+            }
+        }
+        unanswered.is_empty()
+            || self
+                .reserve_local(hits, &unanswered, statuses, undo, failed_closed, now)
+                .await
+    }
+
+    /// [`Node::reserve`] for hits decided on this region's store.
+    async fn reserve_local(
         &self,
         hits: &[Hit],
         indices: &[usize],
@@ -955,4 +1071,39 @@ fn group_by_identity(hits: &[Hit], indices: &[usize]) -> Vec<Vec<usize>> {
         }
     }
     groups
+}
+
+/// What region sync calls back into: the node's rules and decisions.
+struct RegionHostOf {
+    node: std::sync::Weak<Inner>,
+}
+
+impl tollgate_regionsync::RegionHost for RegionHostOf {
+    fn synced_limit(&self, rule: &str) -> Option<Limit> {
+        let inner = self.node.upgrade()?;
+        let rules = inner.rules.load();
+        let rule = rules.rule(rule)?;
+        if rule.synced() { rule.limit() } else { None }
+    }
+
+    fn decide_forwarded(
+        &self,
+        request: ForwardRequest,
+    ) -> futures::future::BoxFuture<'static, Result<ForwardReply, String>> {
+        let node = self.node.upgrade().map(|inner| Node { inner });
+        Box::pin(async move {
+            let node = node.ok_or("the node is stopping")?;
+            let verdict = node
+                .check_rule(&request.rule, &request.identity, request.cost)
+                .await
+                .ok_or_else(|| format!("rule {:?} is not held in this region", request.rule))?;
+            let status = verdict.statuses.first().ok_or("no decision")?;
+            Ok(ForwardReply {
+                allowed: verdict.allowed,
+                remaining: status.remaining,
+                retry_after_us: verdict.retry_after.as_micros() as u64,
+                reset_after_us: status.reset_after.as_micros() as u64,
+            })
+        })
+    }
 }

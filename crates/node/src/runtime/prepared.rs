@@ -29,6 +29,7 @@ pub enum Decision {
 struct Part {
     bucket: Arc<Bucket>,
     cost: u64,
+    identity: Vec<u8>,
 }
 
 /// A resolved request. Create it with [`Node::prepare`].
@@ -36,6 +37,7 @@ struct Part {
 pub struct Prepared {
     node: Node,
     request: Request,
+    /// The rule set's generation the buckets were resolved against.
     version: u64,
     /// The leased buckets, when every matched rule is an ENFORCE rule decided by a lease;
     /// otherwise empty and every decision takes the full path.
@@ -56,7 +58,7 @@ impl Prepared {
     }
 
     async fn resolve(&mut self) {
-        self.version = self.node.rules().version();
+        self.version = self.node.rules().generation();
         self.parts = self
             .node
             .leased_buckets(&self.request)
@@ -64,7 +66,11 @@ impl Prepared {
             .map(|parts| {
                 parts
                     .into_iter()
-                    .map(|(bucket, cost)| Part { bucket, cost })
+                    .map(|(bucket, cost, identity)| Part {
+                        bucket,
+                        cost,
+                        identity,
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -79,7 +85,7 @@ impl Prepared {
     /// the cost (or the store recently refused it); `None` when the store is needed — then
     /// call [`Prepared::check`]. Never waits.
     pub fn try_check(&self) -> Option<Decision> {
-        if self.parts.is_empty() || self.node.rules().version() != self.version {
+        if self.parts.is_empty() || self.node.rules().generation() != self.version {
             return None;
         }
         let shared = self.node.shared();
@@ -119,6 +125,10 @@ impl Prepared {
         }
         for part in &self.parts {
             part.bucket.rule.counters.allowed.inc();
+            if part.bucket.rule.synced() {
+                self.node
+                    .record_consumption(&part.bucket.rule, &part.identity, part.cost, now);
+            }
             if part.bucket.should_queue_refill(|granted, left| {
                 shared.config.lease.should_refill(granted, left)
             }) {
@@ -158,5 +168,6 @@ impl Prepared {
 pub(crate) fn leasable(rule: &crate::rules::CompiledRule, cost: u64) -> bool {
     rule.mode == Mode::Enforce
         && cost > 0
+        && !rule.forwarded()
         && matches!(rule.kind, RuleKind::Limited(l) if l.algorithm() != tollgate_lease::Algorithm::Concurrency && cost <= l.capacity())
 }

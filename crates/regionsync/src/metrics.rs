@@ -62,6 +62,16 @@ pub struct RegionMetrics {
 }
 
 impl RegionMetrics {
+    /// HOME_REGION decisions sent to the home region with this outcome (allowed, denied,
+    /// fallback).
+    pub fn forwarded_count(&self, outcome: &str) -> u64 {
+        self.forwarded
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.into(),
+            })
+            .get()
+    }
+
     /// Registers every metric in `registry`.
     pub fn register(&self, registry: &mut Registry) {
         let r = registry;

@@ -11,13 +11,16 @@
 //! - [`http`]: a minimal HTTP client.
 //! - [`postgres`]: real PostgreSQL servers.
 //! - [`process`]: free ports, waiting, and finding binaries.
+//! - [`proxy`]: a TCP proxy a test can cut and restore.
 
 pub mod envoy;
 pub mod http;
 pub mod postgres;
 pub mod process;
+pub mod proxy;
 pub mod redis;
 
 pub use envoy::Envoy;
 pub use postgres::PostgresServer;
+pub use proxy::TcpProxy;
 pub use redis::{RedisCluster, RedisServer};

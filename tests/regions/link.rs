@@ -1,0 +1,202 @@
+//! The region link under hostile delivery: duplicated, reordered, dropped and corrupted
+//! batches, a forged peer, a wrong secret, and a peer restarting with its counters reset.
+//! One real region (eu: Redis and a node); the test plays region us.
+
+use std::time::Duration;
+
+use tollgate_lease::{BucketKey, CheckRequest, LeaseStore, Limit, RedisConfig, RedisStore};
+use tollgate_proto::tollgate::regionsync::v1::Frame;
+use tollgate_proto::tollgate::regionsync::v1::region_sync_client::RegionSyncClient;
+use tollgate_regionsync::codec;
+use tollgate_regionsync::consumption::epoch_until;
+use tollgate_regionsync::link::PeerClient;
+use tollgate_regionsync::messages::{Batch, Entry, Origin};
+use tollgate_testkit::RedisServer;
+
+use crate::support::{Running, SECRET};
+
+const RULES: &str = "domain: api\nrules:\n  - {id: synced, match: {api_key: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1h, regional: {policy: ASYNC_SYNC}}\n  - {id: local, match: {user: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1h}\n";
+
+fn now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as u64
+}
+
+fn limit() -> Limit {
+    Limit::fixed_window(1000, Duration::from_secs(3600)).expect("limit")
+}
+
+fn batch(origin: &Origin, seq: u64, entries: &[(&str, &str, u64)]) -> Batch {
+    let now = now_us();
+    Batch {
+        origin: origin.clone(),
+        seq,
+        sent_at: now,
+        entries: entries
+            .iter()
+            .map(|(rule, key, total)| Entry {
+                rule: (*rule).into(),
+                identity: key.as_bytes().to_vec(),
+                until: epoch_until(&limit(), now),
+                total: *total,
+                at: now,
+            })
+            .collect(),
+    }
+}
+
+/// What eu's store says has been spent on `rule` for `key`.
+async fn spent(store: &RedisStore, rule: &str, key: &str) -> u64 {
+    let key = BucketKey::new(key.as_bytes(), rule).expect("key");
+    let peek = CheckRequest::single(key, limit(), 0).expect("peek");
+    1000 - store.check(&peek).await.expect("check").buckets[0].remaining
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_link_applies_each_total_once_and_refuses_what_it_should() {
+    let redis = tokio::task::spawn_blocking(|| RedisServer::start().expect("redis"))
+        .await
+        .expect("join");
+    let settings = tollgate_node::config::Settings {
+        redis_url: Some(vec![redis.url()]),
+        region: Some("eu".into()),
+        peer_region: Some("us".into()),
+        // Nobody answers there: this test is the peer, calling in.
+        peer_url: Some("http://127.0.0.1:9".into()),
+        region_secret: Some(SECRET.into()),
+        ..Default::default()
+    };
+    let mut eu = Running::start(settings, RULES).await;
+    let store = RedisStore::open(&RedisConfig {
+        urls: vec![redis.url()],
+        ..RedisConfig::default()
+    })
+    .expect("store");
+    let url = format!("http://{}", eu.region_addr);
+    let us = PeerClient::new(&url, "us", SECRET).expect("client");
+    let timeout = Duration::from_secs(5);
+    let node_a = Origin {
+        region: "us".into(),
+        incarnation: 1,
+    };
+    let send = |b: Batch| {
+        let us = us.clone();
+        async move { us.exchange(&b, timeout).await }
+    };
+
+    // Totals 5 then 9 for key a, delivered reordered and duplicated: 9 applied in all.
+    let (b1, b2) = (
+        batch(&node_a, 1, &[("synced", "a", 5)]),
+        batch(&node_a, 2, &[("synced", "a", 9)]),
+    );
+    assert_eq!(send(b2.clone()).await.expect("b2").0.applied_units, 9);
+    assert_eq!(send(b1.clone()).await.expect("b1 late").0.applied_units, 0);
+    assert_eq!(send(b2.clone()).await.expect("b2 again").0.applied_units, 0);
+    assert_eq!(spent(&store, "synced", "a").await, 9);
+    // A dropped batch (total 12, never delivered) is covered by the next (15).
+    let _dropped = batch(&node_a, 3, &[("synced", "a", 12)]);
+    assert_eq!(
+        send(batch(&node_a, 4, &[("synced", "a", 15)]))
+            .await
+            .expect("b4")
+            .0
+            .applied_units,
+        6
+    );
+    assert_eq!(spent(&store, "synced", "a").await, 15);
+    // The peer node restarts: a new incarnation, totals from zero, counted on top.
+    let restarted = Origin {
+        region: "us".into(),
+        incarnation: 2,
+    };
+    assert_eq!(
+        send(batch(&restarted, 1, &[("synced", "a", 3)]))
+            .await
+            .expect("after restart")
+            .0
+            .applied_units,
+        3
+    );
+    assert_eq!(spent(&store, "synced", "a").await, 18);
+    // A rule that does not sync here is skipped, not debited.
+    let (ack, _) = send(batch(&node_a, 5, &[("local", "u", 7)]))
+        .await
+        .expect("b5");
+    assert_eq!((ack.applied_units, ack.skipped), (0, 1));
+    assert_eq!(spent(&store, "local", "u").await, 0);
+
+    // A batch with one malformed entry is refused whole: its valid entry is not applied.
+    let mut mixed = batch(&node_a, 6, &[("synced", "b", 4), ("synced", "c", 4)]);
+    mixed.entries[1].rule = String::new();
+    let refused = send(mixed).await.expect_err("malformed entry");
+    assert!(refused.to_string().contains("InvalidArgument"), "{refused}");
+    assert_eq!(spent(&store, "synced", "b").await, 0);
+
+    // Raw frames: corrupted bytes, a forged region, a wrong secret.
+    let mut raw = RegionSyncClient::connect(url.clone())
+        .await
+        .expect("connect");
+    let call = |region: &'static str, secret: String, body: Vec<u8>| {
+        let mut request = tonic::Request::new(Frame { body });
+        request
+            .metadata_mut()
+            .insert("x-tollgate-region", region.parse().expect("ascii"));
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {secret}").parse().expect("ascii"),
+        );
+        request
+    };
+    let good = codec::encode(&batch(&node_a, 7, &[("synced", "a", 100)])).expect("encode");
+    let mut corrupted = good.clone();
+    corrupted.truncate(good.len() - 3);
+    let status = raw
+        .exchange(call("us", SECRET.into(), corrupted))
+        .await
+        .expect_err("corrupted");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let status = raw
+        .exchange(call("us", SECRET.into(), vec![0xff; 64]))
+        .await
+        .expect_err("garbage");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let status = raw
+        .exchange(call("mars", SECRET.into(), good.clone()))
+        .await
+        .expect_err("forged peer");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    let status = raw
+        .exchange(call("us", "not-the-secret-at-all".into(), good.clone()))
+        .await
+        .expect_err("wrong secret");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    // A batch claiming another origin region inside a valid envelope.
+    let forged = codec::encode(&batch(
+        &Origin {
+            region: "mars".into(),
+            incarnation: 1,
+        },
+        1,
+        &[("synced", "a", 100)],
+    ))
+    .expect("encode");
+    let status = raw
+        .exchange(call("us", SECRET.into(), forged))
+        .await
+        .expect_err("forged origin");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    // None of that changed anything.
+    assert_eq!(spent(&store, "synced", "a").await, 18);
+    let rejected = &eu.node.metrics().region.batches_rejected;
+    assert!(
+        rejected
+            .get_or_create(&tollgate_regionsync::metrics::ReasonLabel {
+                reason: "malformed".into()
+            })
+            .get()
+            >= 2
+    );
+    eu.stop().await;
+}

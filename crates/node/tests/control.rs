@@ -185,6 +185,18 @@ async fn invalid_rules_get_problem_details_naming_the_field() {
             "window",
         ),
         (
+            "regional shares over 1",
+            r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","regional":{"policy":"SPLIT","shares":{"us":0.8,"eu":0.8}}}"#.into(),
+            400,
+            "regional.shares",
+        ),
+        (
+            "unknown regional field",
+            r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","regional":{"policy":"SPLIT","share":0.5}}"#.into(),
+            400,
+            "share",
+        ),
+        (
             "id mismatch",
             r#"{"id":"other","algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#.into(),
             400,
@@ -386,6 +398,19 @@ async fn hostile_input_gets_problem_details_and_writes_nothing() {
     );
     let list = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules", &[], None).await);
     assert_eq!(list["items"].as_array().map(Vec::len), Some(2), "{list}");
+    // A regional policy is stored (in its own column) and read back as written.
+    let regional = r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","regional":{"policy":"HOME_REGION","homeRegion":"eu","fallbackShare":0.2}}"#;
+    assert_eq!(
+        call(admin, "PUT", &rule_path("homed"), &[], Some(regional))
+            .await
+            .status,
+        201
+    );
+    let stored = json_of(&call(admin, "GET", &rule_path("homed"), &[], None).await);
+    assert_eq!(
+        stored["regional"],
+        json!({"policy": "HOME_REGION", "homeRegion": "eu", "fallbackShare": 0.2})
+    );
     node.stop().await;
 }
 

@@ -92,6 +92,7 @@ impl SyncParts {
                     self.log.acknowledge(chunk);
                     self.metrics.batches_sent.inc();
                     self.metrics.bytes_sent.inc_by(bytes as u64);
+                    self.metrics.entries_sent.inc_by(chunk.len() as u64);
                     self.peer.success(self.clock.now_micros());
                 }
                 Err(e) => {

@@ -37,6 +37,8 @@ pub struct RegionMetrics {
     pub units_sent: Counter,
     /// Bytes of acknowledged batches.
     pub bytes_sent: Counter,
+    /// Entries (bucket totals) in acknowledged batches.
+    pub entries_sent: Counter,
     /// Batches that could not be delivered (their totals go with the next one).
     pub batches_failed: Counter,
     /// Batches received and applied.
@@ -89,6 +91,11 @@ impl RegionMetrics {
             "region_bytes_sent",
             "Bytes of consumption batches shipped",
             self.bytes_sent.clone(),
+        );
+        r.register(
+            "region_entries_sent",
+            "Bucket totals in consumption batches shipped",
+            self.entries_sent.clone(),
         );
         r.register(
             "region_batches_failed",

@@ -344,6 +344,8 @@ impl RuleDoc {
             algorithm: rule.limit.algorithm().to_string(),
             mode: Some(rule.mode.to_string()),
             fail_mode: Some(rule.fail_mode.to_string()),
+            regional: (rule.regional != tollgate_regionsync::RegionalPolicy::default())
+                .then(|| rule.regional.to_doc()),
             ..RuleDoc::default()
         };
         match rule.limit.spec() {

@@ -206,6 +206,22 @@ mod tests {
 
     const FILE: &str = "rules.yaml";
 
+    #[test]
+    fn the_deploy_examples_load() {
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+        for file in [
+            "rules/example.yaml",
+            "rules/envoy/config.yaml",
+            "regions/rules.yaml",
+        ] {
+            let loaded = load(&[deploy.join(file)]).unwrap_or_else(|e| panic!("{file}: {e}"));
+            assert!(
+                !loaded.native.is_empty() || !loaded.envoy.is_empty(),
+                "{file}"
+            );
+        }
+    }
+
     fn err(text: &str) -> RulesError {
         parse(text, Path::new(FILE)).expect_err("invalid")
     }

@@ -434,6 +434,20 @@ impl KeyState {
         let metrics = &self.shared.metrics;
         metrics.leases_acquired.inc();
         metrics.lease_units_acquired.inc_by(grant.units);
+        // A lease is consumption as far as this region's store is concerned: the peer region
+        // learns of it now, not as the units are spent (units returned unspent stay counted
+        // there until the window ends: under-admission, never over).
+        if bucket.rule.synced()
+            && let Some(region) = self.shared.region.get()
+        {
+            region.record(
+                &bucket.rule.id,
+                &self.identity,
+                &bucket.limit,
+                grant.units,
+                now,
+            );
+        }
         let expires_at = now + valid;
         let held = self.hold(bucket);
         held.demand.on_grant(now, grant.units);

@@ -55,8 +55,6 @@ struct Inner {
     overrides: DashMap<(String, u32, u64), Arc<CompiledRule>>,
     /// LOCAL fallback buckets of keys decided without an actor (bounded like the actors).
     fallbacks: DashMap<Vec<u8>, Arc<LocalBucket>>,
-    /// Region sync, when the node runs in one of two regions.
-    region: std::sync::OnceLock<Arc<RegionSync>>,
     stopping: AtomicBool,
     /// How long the decision path waits for an actor: the store budget plus a margin.
     actor_wait: Duration,
@@ -102,6 +100,7 @@ impl Node {
             clock,
             metrics,
             config,
+            region: std::sync::OnceLock::new(),
         });
         let (supervisor, _) = Actor::spawn(None, KeySupervisor, shared.clone()).await?;
         if let Store::Memory(memory) = shared.store.inner() {
@@ -123,7 +122,6 @@ impl Node {
                 supervisor,
                 overrides: DashMap::new(),
                 fallbacks: DashMap::new(),
-                region: std::sync::OnceLock::new(),
                 stopping: AtomicBool::new(false),
                 actor_wait: store_timeout + Duration::from_millis(20),
             }),
@@ -133,15 +131,16 @@ impl Node {
     /// Attaches region sync: consumption of ASYNC_SYNC rules is recorded for the peer and
     /// HOME_REGION decisions are forwarded. Once per node.
     pub fn attach_region(&self, region: Arc<RegionSync>) -> Result<(), Arc<RegionSync>> {
-        self.inner.region.set(region)
+        self.inner.shared.region.set(region)
     }
 
     /// Region sync, if attached.
     pub fn region(&self) -> Option<&Arc<RegionSync>> {
-        self.inner.region.get()
+        self.inner.shared.region.get()
     }
 
-    /// Records units admitted under a rule that syncs with the peer region.
+    /// Records units this region's store handed out under a rule that syncs with the peer
+    /// region (a lease granted, or a request admitted by a direct store check).
     pub(crate) fn record_consumption(
         &self,
         rule: &CompiledRule,
@@ -149,7 +148,7 @@ impl Node {
         cost: u64,
         now: u64,
     ) {
-        if let (Some(region), Some(limit)) = (self.inner.region.get(), rule.limit()) {
+        if let (Some(region), Some(limit)) = (self.inner.shared.region.get(), rule.limit()) {
             region.record(&rule.id, identity, &limit, cost, now);
         }
     }
@@ -223,7 +222,7 @@ impl Node {
     pub(crate) async fn leased_buckets(
         &self,
         request: &Request,
-    ) -> Option<Vec<(Arc<Bucket>, u64, Vec<u8>)>> {
+    ) -> Option<Vec<(Arc<Bucket>, u64)>> {
         let rules = self.inner.rules.load();
         let hits = self.hits(&rules, request);
         if hits.is_empty()
@@ -236,11 +235,7 @@ impl Node {
         let mut out = Vec::with_capacity(hits.len());
         for hit in &hits {
             let limit = hit.rule.limit()?;
-            out.push((
-                self.bucket(hit, limit).await?,
-                hit.cost,
-                hit.identity.clone(),
-            ));
+            out.push((self.bucket(hit, limit).await?, hit.cost));
         }
         Some(out)
     }
@@ -483,7 +478,7 @@ impl Node {
                 })
             })
             .collect();
-        for (s, hit) in statuses.iter().zip(&hits) {
+        for s in &statuses {
             let counted = match s.outcome {
                 // Rules that admitted a request another rule denied are not counted as allowing.
                 Some(Outcome::Allowed) if !allowed => None,
@@ -491,9 +486,6 @@ impl Node {
             };
             if let Some(outcome) = counted {
                 s.rule.counters.get(outcome).inc();
-            }
-            if allowed && counted == Some(Outcome::Allowed) && s.rule.synced() {
-                self.record_consumption(&s.rule, &hit.identity, hit.cost, now);
             }
         }
         let retry_after = if allowed {
@@ -528,7 +520,7 @@ impl Node {
         failed_closed: &mut bool,
         now: u64,
     ) -> bool {
-        let Some(region) = self.inner.region.get() else {
+        let Some(region) = self.inner.shared.region.get() else {
             return self
                 .reserve_local(hits, indices, statuses, undo, failed_closed, now)
                 .await;
@@ -867,6 +859,18 @@ impl Node {
                     ));
                 }
                 if allowed {
+                    // What the store admitted directly is this region's consumption.
+                    let now = self.now();
+                    for &i in group {
+                        if hits[i].rule.synced() {
+                            self.record_consumption(
+                                &hits[i].rule,
+                                &hits[i].identity,
+                                hits[i].cost,
+                                now,
+                            );
+                        }
+                    }
                     for (item, b) in items.iter().zip(outcome.buckets) {
                         if let Some(slot) = b.slot {
                             undo.slots.push(HeldSlot {

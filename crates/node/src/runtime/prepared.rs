@@ -29,7 +29,6 @@ pub enum Decision {
 struct Part {
     bucket: Arc<Bucket>,
     cost: u64,
-    identity: Vec<u8>,
 }
 
 /// A resolved request. Create it with [`Node::prepare`].
@@ -66,11 +65,7 @@ impl Prepared {
             .map(|parts| {
                 parts
                     .into_iter()
-                    .map(|(bucket, cost, identity)| Part {
-                        bucket,
-                        cost,
-                        identity,
-                    })
+                    .map(|(bucket, cost)| Part { bucket, cost })
                     .collect()
             })
             .unwrap_or_default();
@@ -125,10 +120,6 @@ impl Prepared {
         }
         for part in &self.parts {
             part.bucket.rule.counters.allowed.inc();
-            if part.bucket.rule.synced() {
-                self.node
-                    .record_consumption(&part.bucket.rule, &part.identity, part.cost, now);
-            }
             if part.bucket.should_queue_refill(|granted, left| {
                 shared.config.lease.should_refill(granted, left)
             }) {

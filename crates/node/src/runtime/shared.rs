@@ -57,4 +57,6 @@ pub struct Shared {
     pub metrics: Arc<Metrics>,
     /// Settings.
     pub config: RuntimeConfig,
+    /// Region sync, when the node runs in one of two regions.
+    pub region: std::sync::OnceLock<Arc<tollgate_regionsync::RegionSync>>,
 }

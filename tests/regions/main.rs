@@ -72,8 +72,18 @@ async fn split_shares_fail_over_and_back() {
     let rules = "domain: api\nrules:\n  - {id: split, match: {api_key: '*'}, algorithm: FIXED_WINDOW, limit: 100, window: 1h, regional: {policy: SPLIT, shares: {us: 0.6, eu: 0.4}, failoverShare: 1.0}}\n";
     let regions = TwoRegions::start(rules, Duration::from_secs(1)).await;
     let key = request("k");
-    assert_eq!(admitted(&regions.us.nodes, &key, 100).await, 60, "us share");
-    assert_eq!(admitted(&regions.eu.nodes, &key, 100).await, 40, "eu share");
+    assert_eq!(
+        admitted(&regions.us.nodes, &key, 100).await,
+        60,
+        "us share: {}",
+        regions.diagnose()
+    );
+    assert_eq!(
+        admitted(&regions.eu.nodes, &key, 100).await,
+        40,
+        "eu share: {}",
+        regions.diagnose()
+    );
     let cut = tokio::time::Instant::now();
     regions.cut();
     regions.until_peer_state(PeerState::Down).await;

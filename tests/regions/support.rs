@@ -31,7 +31,9 @@ impl Running {
             region_listen: Some("127.0.0.1:0".parse().expect("addr")),
             rules: Some(vec![file]),
             prelimit_factor: Some(0.0),
-            store_timeout_ms: Some(50),
+            // Generous: these tests are about regions, not about a Redis slowed by a busy machine
+            // (a call past its budget fails open and would admit beyond the limit).
+            store_timeout_ms: Some(2000),
             ..Settings::default()
         };
         let config = Config::try_from(settings.or(base)).expect("config");
@@ -155,7 +157,7 @@ impl TwoRegions {
         }
         us_to_eu.set_target(eu_nodes[0].region_addr);
         eu_to_us.set_target(us_nodes[0].region_addr);
-        TwoRegions {
+        let regions = TwoRegions {
             us: Region {
                 _redis: us_redis,
                 nodes: us_nodes,
@@ -166,7 +168,36 @@ impl TwoRegions {
                 nodes: eu_nodes,
                 to_peer: eu_to_us,
             },
-        }
+        };
+        // Nodes that started before the link was set up (more than the failover time on a
+        // busy machine) saw the peer down: wait until every node sees it up.
+        regions.until_peer_state(PeerState::Up).await;
+        regions
+    }
+
+    /// What each node has been through, for failure messages.
+    pub(crate) fn diagnose(&self) -> String {
+        let describe = |name: &str, nodes: &[Running]| {
+            nodes
+                .iter()
+                .map(|n| {
+                    let m = n.node.metrics();
+                    format!(
+                        "{name}: peer {:?}, breaker opened {}, rules generation {}, region {:?}",
+                        n.node.region().map(|r| r.peer_state()),
+                        m.breaker_opened.get(),
+                        n.node.rules().generation(),
+                        n.node.region().map(|r| r.status()),
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        format!(
+            "{}; {}",
+            describe("us", &self.us.nodes),
+            describe("eu", &self.eu.nodes)
+        )
     }
 
     /// Cuts the link both ways.

@@ -399,8 +399,8 @@ impl LeaseStore for MemoryStore {
                                 now,
                             );
                             if excess > 0 {
-                                let expires_at =
-                                    once_marks::last_until(&marks) + EXPIRY_MARGIN_MS * 1000;
+                                let expires_at = once_marks::last_until(&marks)
+                                    .saturating_add(EXPIRY_MARGIN_MS * 1000);
                                 keys.put(&remote, Value::Marks(marks), expires_at);
                             }
                             excess

@@ -564,6 +564,28 @@ mod tests {
         assert_eq!(err(&["--store-timeout-ms", "0"]), "store_timeout_ms");
         assert_eq!(err(&["--log-format", "xml"]), "log_format");
         assert_eq!(err(&["--prelimit-factor=-1"]), "prelimit_factor");
+        assert_eq!(err(&["--region", "us"]), "peer_region");
+        assert_eq!(err(&["--region", "us", "--peer-region", "eu"]), "peer_url");
+        let region = [
+            "--region",
+            "us",
+            "--peer-region",
+            "eu",
+            "--peer-url",
+            "http://eu:8083",
+        ];
+        assert_eq!(err(&region), "region_secret");
+        let with = |extra: &[&str]| {
+            let mut args = region.to_vec();
+            args.extend(["--region-secret", "0123456789abcdef"]);
+            args.extend(extra);
+            err(&args)
+        };
+        assert_eq!(with(&["--region-share", "1.5"]), "region_share");
+        assert_eq!(
+            with(&["--region-sync-interval-ms", "0"]),
+            "region_sync_interval_ms"
+        );
         let unknown = yaml_serde::from_str::<Settings>("lease_max_unit: 3\n").expect_err("unknown");
         assert!(unknown.to_string().contains("lease_max_unit"), "{unknown}");
     }

@@ -11,7 +11,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::consumption::ConsumptionLog;
 use crate::link::PeerClient;
-use crate::messages::{Batch, Origin, Ping};
+use crate::messages::{Batch, Entry, Origin, Ping};
 use crate::metrics::RegionMetrics;
 use crate::peer::PeerTracker;
 use crate::policy::PeerState;
@@ -71,12 +71,15 @@ pub struct SyncState {
 }
 
 impl SyncParts {
-    /// Ships every pending total, in batches; true if all were acknowledged.
+    /// Ships every pending total, in batches; true if all were acknowledged. A batch the peer
+    /// refuses does not hold back the others; an unreachable peer stops the flush (the next
+    /// tick sends newer totals).
     async fn flush(&self, seq: &std::sync::atomic::AtomicU64) -> bool {
         let now = self.clock.now_micros();
         let pending = self.log.pending(now);
         self.metrics.pending_keys.set(pending.entries.len() as i64);
-        for chunk in pending.entries.chunks(MAX_ENTRIES_PER_BATCH) {
+        let mut all = true;
+        for chunk in batches(&pending.entries) {
             let batch = Batch {
                 origin: self.origin.clone(),
                 seq: seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
@@ -98,13 +101,18 @@ impl SyncParts {
                 Err(e) => {
                     tracing::debug!(error = %e, "consumption batch not delivered; resent with the next");
                     self.metrics.batches_failed.inc();
-                    self.peer.failure(self.clock.now_micros());
-                    return false;
+                    all = false;
+                    if e.is_link_failure() {
+                        self.peer.failure(self.clock.now_micros());
+                        break;
+                    }
                 }
             }
         }
-        self.metrics.units_sent.inc_by(pending.units);
-        true
+        if all {
+            self.metrics.units_sent.inc_by(pending.units);
+        }
+        all
     }
 
     fn observe(&self) {
@@ -120,6 +128,29 @@ impl SyncParts {
                 .set((now.saturating_sub(newest) / 1000) as i64);
         }
     }
+}
+
+/// The most bytes of entries put in one batch (well under the link's message limit, whatever
+/// the identities' lengths).
+const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// Splits entries into batches of at most [`MAX_ENTRIES_PER_BATCH`] entries and about
+/// [`MAX_BATCH_BYTES`] bytes.
+fn batches(entries: &[Entry]) -> Vec<&[Entry]> {
+    let mut out = vec![];
+    let (mut start, mut bytes) = (0, 0);
+    for (i, e) in entries.iter().enumerate() {
+        let size = e.rule.len() + e.identity.len() + 48;
+        if i > start && (i - start == MAX_ENTRIES_PER_BATCH || bytes + size > MAX_BATCH_BYTES) {
+            out.push(&entries[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += size;
+    }
+    if start < entries.len() {
+        out.push(&entries[start..]);
+    }
+    out
 }
 
 impl Actor for SyncActor {
@@ -201,5 +232,46 @@ impl Actor for SyncActor {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(identity_len: usize) -> Entry {
+        Entry {
+            rule: "r".into(),
+            identity: vec![b'k'; identity_len],
+            until: 1,
+            total: 1,
+            at: 1,
+        }
+    }
+
+    #[test]
+    fn batches_are_bounded_by_count_and_by_bytes() {
+        let small: Vec<Entry> = (0..10_000).map(|_| entry(8)).collect();
+        let sizes: Vec<usize> = batches(&small).iter().map(|b| b.len()).collect();
+        assert_eq!(sizes, [4096, 4096, 1808]);
+        let large: Vec<Entry> = (0..4096).map(|_| entry(4096)).collect();
+        let split = batches(&large);
+        assert!(split.len() > 1);
+        for batch in &split {
+            let bytes = crate::codec::encode(&Batch {
+                origin: Origin {
+                    region: "us".into(),
+                    incarnation: 1,
+                },
+                seq: 1,
+                sent_at: 1,
+                entries: batch.to_vec(),
+            })
+            .expect("encodes under the limit")
+            .len();
+            assert!(bytes <= MAX_BATCH_BYTES + 64 * 1024, "{bytes}");
+        }
+        assert_eq!(split.iter().map(|b| b.len()).sum::<usize>(), 4096);
+        assert!(batches(&[]).is_empty());
     }
 }

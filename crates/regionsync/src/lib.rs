@@ -38,7 +38,7 @@ use tollgate_lease::{Limit, Micros, SharedClock, Store};
 
 use crate::actor::{SyncActor, SyncMsg, SyncParts};
 use crate::consumption::ConsumptionLog;
-use crate::link::{LinkError, LinkService, PeerClient};
+use crate::link::{LinkService, PeerClient};
 use crate::messages::{ForwardReply, ForwardRequest, Origin};
 use crate::metrics::{OutcomeLabel, RegionMetrics};
 use crate::peer::{Liveness, PeerTracker};
@@ -195,6 +195,7 @@ impl RegionSync {
             metrics.clone(),
             origin.clone(),
             config.peer_region.clone(),
+            clock.clone(),
         ));
         metrics.peer_up.set(1);
         let parts = SyncParts {
@@ -306,7 +307,7 @@ impl RegionSync {
             }
             Err(e) => {
                 tracing::debug!(error = %e, rule, "forwarding failed; deciding locally");
-                if matches!(e, LinkError::Timeout(_)) {
+                if e.is_link_failure() {
                     self.peer.failure(self.clock.now_micros());
                 }
                 outcome("fallback");
@@ -372,4 +373,44 @@ pub struct RegionStatus {
     pub since_change_ms: u64,
     /// Age of the newest applied batch from the peer (None: none yet).
     pub lag_ms: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_region_settings_name_their_field() {
+        let field = |c: RegionConfig| match check_config(&c) {
+            Err(StartError::Config { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        let good = RegionConfig::new("us", "eu", "http://eu:8083", "0123456789abcdef");
+        assert!(check_config(&good).is_ok());
+        assert_eq!(
+            field(RegionConfig::new(
+                "US",
+                "eu",
+                "http://eu",
+                "0123456789abcdef"
+            )),
+            "region"
+        );
+        assert_eq!(
+            field(RegionConfig::new(
+                "us",
+                "us",
+                "http://eu",
+                "0123456789abcdef"
+            )),
+            "peer_region"
+        );
+        assert_eq!(
+            field(RegionConfig::new("us", "eu", "http://eu", "short")),
+            "region_secret"
+        );
+        let mut share = good.clone();
+        share.default_share = 0.0;
+        assert_eq!(field(share), "region_share");
+    }
 }

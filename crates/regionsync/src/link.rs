@@ -16,6 +16,8 @@ use tollgate_proto::tollgate::regionsync::v1::region_sync_server::{
     RegionSync as RegionSyncService, RegionSyncServer,
 };
 use tonic::metadata::{AsciiMetadataValue, MetadataMap};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
 
@@ -49,6 +51,25 @@ pub enum LinkError {
     /// A message could not be encoded or decoded.
     #[error("{0}")]
     Codec(#[from] codec::CodecError),
+}
+
+impl LinkError {
+    /// Whether the failure says the peer region is unreachable (no answer, a broken or refused
+    /// connection), as opposed to an answer the peer gave (its store failed, it refused a
+    /// batch): only the former counts against the peer's liveness.
+    pub fn is_link_failure(&self) -> bool {
+        match self {
+            LinkError::Timeout(_) => true,
+            LinkError::Status { code, .. } => matches!(
+                code,
+                tonic::Code::Unavailable
+                    | tonic::Code::Unknown
+                    | tonic::Code::Cancelled
+                    | tonic::Code::DeadlineExceeded
+            ),
+            _ => false,
+        }
+    }
 }
 
 /// A client of the peer region's link service.
@@ -162,6 +183,7 @@ impl LinkService {
         }
     }
 
+    /// Checks a call's credentials (before its body is read: see [`Authorizer`]).
     fn authorize(&self, metadata: &MetadataMap) -> Result<(), Status> {
         let presented = metadata
             .get("authorization")
@@ -193,11 +215,16 @@ impl LinkService {
         })
     }
 
-    /// The service, with its message size limits, to add to a tonic server.
-    pub fn into_server(self) -> RegionSyncServer<LinkService> {
-        RegionSyncServer::new(self)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES + 64)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES + 64)
+    /// The service, with its message size limits and credentials checked before any body is
+    /// read, to add to a tonic server.
+    pub fn into_server(self) -> InterceptedService<RegionSyncServer<LinkService>, Authorizer> {
+        let authorizer = Authorizer(self.clone());
+        InterceptedService::new(
+            RegionSyncServer::new(self)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES + 64)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES + 64),
+            authorizer,
+        )
     }
 
     /// Serves the link on `listener` until `shutdown`.
@@ -217,6 +244,17 @@ impl LinkService {
     }
 }
 
+/// Refuses a call without the peer's region and secret before its body is decoded.
+#[derive(Debug, Clone)]
+pub struct Authorizer(LinkService);
+
+impl Interceptor for Authorizer {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        self.0.authorize(request.metadata())?;
+        Ok(request)
+    }
+}
+
 fn frame<T: Serialize>(message: &T) -> Result<Response<Frame>, Status> {
     let body = codec::encode(message).map_err(|e| Status::internal(e.to_string()))?;
     Ok(Response::new(Frame { body }))
@@ -225,20 +263,17 @@ fn frame<T: Serialize>(message: &T) -> Result<Response<Frame>, Status> {
 #[tonic::async_trait]
 impl RegionSyncService for LinkService {
     async fn exchange(&self, request: Request<Frame>) -> Result<Response<Frame>, Status> {
-        self.authorize(request.metadata())?;
         let batch: Batch = self.decode(request.into_inner())?;
         let ack = self.receiver.apply(batch).await?;
         frame(&ack)
     }
 
     async fn heartbeat(&self, request: Request<Frame>) -> Result<Response<Frame>, Status> {
-        self.authorize(request.metadata())?;
         let ping: Ping = self.decode(request.into_inner())?;
         frame(&self.receiver.pong(&ping)?)
     }
 
     async fn forward(&self, request: Request<Frame>) -> Result<Response<Frame>, Status> {
-        self.authorize(request.metadata())?;
         let forwarded: ForwardRequest = self.decode(request.into_inner())?;
         frame(&self.receiver.decide(forwarded).await?)
     }

@@ -294,8 +294,18 @@ pub fn place(policy: &RegionalPolicy, view: Option<&RegionView>) -> Placement {
     let Some(view) = view else {
         return Placement::LOCAL;
     };
+    // This region's share: as named; else what the peer's named share leaves; else the
+    // node's default.
     let split_share = |shares: &BTreeMap<String, f64>| {
-        shares.get(&view.own).copied().unwrap_or(view.default_share)
+        shares
+            .get(&view.own)
+            .copied()
+            .or_else(|| {
+                shares
+                    .get(&view.peer)
+                    .map(|p| (1.0 - p).max(f64::MIN_POSITIVE))
+            })
+            .unwrap_or(view.default_share)
     };
     match policy {
         RegionalPolicy::Split {
@@ -369,8 +379,21 @@ pub fn scale(limit: Limit, share: f64) -> Limit {
             slot_ttl,
         },
     };
-    // A scaled valid limit is valid, except a rate scaled below the smallest allowed.
-    spec.validate().unwrap_or(limit)
+    // A scaled valid limit is valid, except a token bucket whose scaled rate would take longer
+    // than the longest period to refill: then the slowest allowed rate (still below the
+    // unscaled one).
+    match spec.validate() {
+        Ok(scaled) => scaled,
+        Err(_) => match spec {
+            LimitSpec::TokenBucket { capacity, .. } => LimitSpec::TokenBucket {
+                capacity,
+                refill_per_second: capacity / tollgate_lease::limit::MAX_PERIOD.as_secs_f64(),
+            }
+            .validate()
+            .unwrap_or(limit),
+            _ => limit,
+        },
+    }
 }
 
 #[cfg(test)]
@@ -408,6 +431,13 @@ mod tests {
             place(&RegionalPolicy::default(), Some(&view(PeerState::Up))).share,
             0.5
         );
+        // Only the peer named: this region gets the rest, never more than the whole.
+        let peer_only = RegionalPolicy::Split {
+            shares: [("eu".into(), 0.7)].into(),
+            failover_share: 1.0,
+        };
+        let share = place(&peer_only, Some(&view(PeerState::Up))).share;
+        assert!((share - 0.3).abs() < 1e-9, "{share}");
         assert_eq!(policy.to_doc().validate(Algorithm::FixedWindow), Ok(policy));
     }
 

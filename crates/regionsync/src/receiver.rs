@@ -10,9 +10,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use futures::StreamExt;
-use tollgate_lease::limit::MAX_UNITS;
+use tollgate_lease::limit::{MAX_PERIOD, MAX_UNITS};
 use tollgate_lease::{
-    BucketKey, DebitItem, DebitOnce, DebitRequest, LeaseStore, MAX_BUCKETS_PER_CALL, Store,
+    BucketKey, DebitItem, DebitOnce, DebitRequest, LeaseStore, MAX_BUCKETS_PER_CALL, SharedClock,
+    Store,
 };
 use tonic::Status;
 
@@ -33,6 +34,7 @@ pub struct Receiver {
     metrics: RegionMetrics,
     own: Origin,
     peer_region: String,
+    clock: SharedClock,
     /// When the newest applied batch was sent (peer's clock), for the lag metric.
     newest_applied: AtomicU64,
 }
@@ -54,6 +56,7 @@ impl Receiver {
         metrics: RegionMetrics,
         own: Origin,
         peer_region: String,
+        clock: SharedClock,
     ) -> Self {
         Self {
             store,
@@ -61,6 +64,7 @@ impl Receiver {
             metrics,
             own,
             peer_region,
+            clock,
             newest_applied: AtomicU64::new(0),
         }
     }
@@ -102,6 +106,9 @@ impl Receiver {
             )));
         }
         let origin = batch.origin.name();
+        let now = self.clock.now_micros();
+        // No epoch ends further out than two of the longest windows.
+        let latest_until = now + 2 * MAX_PERIOD.as_micros() as u64;
         let mut by_identity: HashMap<String, Vec<DebitItem>> = HashMap::new();
         let mut skipped = 0u32;
         let mut checked = Vec::with_capacity(batch.entries.len());
@@ -110,6 +117,12 @@ impl Receiver {
                 .map_err(|e| self.invalid(format!("entry {i}: {e}")))?;
             if entry.until == 0 || entry.at == 0 {
                 return Err(self.invalid(format!("entry {i}: no epoch or time")));
+            }
+            if entry.until > latest_until {
+                return Err(self.invalid(format!(
+                    "entry {i}: an epoch ending at {} µs, beyond any window",
+                    entry.until
+                )));
             }
             if entry.total > MAX_UNITS {
                 return Err(self.invalid(format!(
@@ -166,14 +179,13 @@ impl Receiver {
         }
         self.metrics.units_applied.inc_by(applied);
         if let Some(e) = failure {
-            // What was applied stays applied; the sender resends and the rest lands then.
-            return Err(Status::unavailable(format!(
-                "this region's store failed: {e}"
-            )));
+            // What was applied stays applied; the sender resends and the rest lands then. Not
+            // a link failure: the sender keeps the peer Up.
+            return Err(Status::aborted(format!("this region's store failed: {e}")));
         }
         self.metrics.batches_applied.inc();
         self.newest_applied
-            .fetch_max(batch.sent_at, Ordering::Relaxed);
+            .fetch_max(batch.sent_at.min(now), Ordering::Relaxed);
         Ok(BatchAck {
             applied_units: applied,
             skipped,

@@ -45,7 +45,7 @@ impl RegionHost for Host {
 
 fn receiver() -> (Receiver, MemoryStore) {
     let clock = Arc::new(ManualClock::new(NOW));
-    let store = MemoryStore::with_clock(clock, MemoryConfig::default());
+    let store = MemoryStore::with_clock(clock.clone(), MemoryConfig::default());
     let receiver = Receiver::new(
         Store::Memory(store.clone()),
         Arc::new(Host),
@@ -55,6 +55,7 @@ fn receiver() -> (Receiver, MemoryStore) {
             incarnation: 99,
         },
         "us".into(),
+        clock,
     );
     (receiver, store)
 }

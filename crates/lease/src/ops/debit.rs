@@ -39,6 +39,9 @@ pub struct DebitOnce {
 /// The longest origin name.
 pub const MAX_ORIGIN_BYTES: usize = 64;
 
+/// Epoch ends must be below this (2^53 µs, about year 2255): exact in Lua's doubles.
+pub const MAX_UNTIL: Micros = 1 << 53;
+
 /// A validated debit of one identity's buckets.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DebitRequest {
@@ -61,6 +64,14 @@ impl DebitRequest {
                 if !valid {
                     return Err(InvalidInput::BadOrigin {
                         origin: once.origin.chars().take(80).collect(),
+                    });
+                }
+                // Times stay exact as Lua numbers (doubles).
+                if once.until >= MAX_UNTIL {
+                    return Err(InvalidInput::TooLarge {
+                        what: "debit-once until",
+                        value: once.until,
+                        max: MAX_UNTIL - 1,
                     });
                 }
             }

@@ -64,6 +64,8 @@ pub enum KeyMsg {
         asks: Vec<Arc<Bucket>>,
         /// Minimum units per ask.
         mins: Vec<u64>,
+        /// Units wanted per ask.
+        wants: Vec<u64>,
         /// The store's answer.
         result: Result<Vec<LeaseGrant>, StoreError>,
     },
@@ -181,7 +183,12 @@ impl Actor for KeyActor {
                     state.send_request(&myself, vec![(bucket, 1, want)]);
                 }
             }
-            KeyMsg::Granted { asks, mins, result } => {
+            KeyMsg::Granted {
+                asks,
+                mins,
+                wants,
+                result,
+            } => {
                 state.in_flight = false;
                 match result {
                     Ok(grants) => {
@@ -192,6 +199,13 @@ impl Actor for KeyActor {
                         state.request_for_waiters(&myself, now);
                     }
                     Err(e) => {
+                        if matches!(e, StoreError::Timeout { .. }) {
+                            // The store may have granted the lease after all: for the peer
+                            // region, count what was asked (under-admission, never over).
+                            for (bucket, want) in asks.iter().zip(&wants) {
+                                state.record_for_peer(bucket, *want, now);
+                            }
+                        }
                         for bucket in &asks {
                             bucket.lease_failed();
                         }
@@ -258,6 +272,17 @@ impl Actor for KeyActor {
 }
 
 impl KeyState {
+    /// A lease is consumption as far as this region's store is concerned: under a rule that
+    /// syncs, the peer region learns of it now, not as the units are spent (units returned
+    /// unspent stay counted there until the window ends: under-admission, never over).
+    fn record_for_peer(&self, bucket: &Bucket, units: u64, now: Micros) {
+        if bucket.rule.synced()
+            && let Some(region) = self.shared.region.get()
+        {
+            region.record(&bucket.rule.id, &self.identity, &bucket.limit, units, now);
+        }
+    }
+
     /// The leases of `bucket`, keyed by rule definition and key: when a rule changes, the old
     /// definition's leases are kept apart, never spent again, and returned when they end.
     fn hold(&mut self, bucket: &Arc<Bucket>) -> &mut Held {
@@ -394,6 +419,7 @@ impl KeyState {
         let shared = self.shared.clone();
         let myself = myself.clone();
         let mins = asks.iter().map(|(_, m, _)| *m).collect();
+        let wants = asks.iter().map(|(_, _, w)| *w).collect();
         let buckets: Vec<Arc<Bucket>> = asks.into_iter().map(|(b, _, _)| b).collect();
         tokio::spawn(async move {
             let result = match request {
@@ -403,6 +429,7 @@ impl KeyState {
             let _ = myself.cast(KeyMsg::Granted {
                 asks: buckets,
                 mins,
+                wants,
                 result,
             });
         });
@@ -434,20 +461,7 @@ impl KeyState {
         let metrics = &self.shared.metrics;
         metrics.leases_acquired.inc();
         metrics.lease_units_acquired.inc_by(grant.units);
-        // A lease is consumption as far as this region's store is concerned: the peer region
-        // learns of it now, not as the units are spent (units returned unspent stay counted
-        // there until the window ends: under-admission, never over).
-        if bucket.rule.synced()
-            && let Some(region) = self.shared.region.get()
-        {
-            region.record(
-                &bucket.rule.id,
-                &self.identity,
-                &bucket.limit,
-                grant.units,
-                now,
-            );
-        }
+        self.record_for_peer(bucket, grant.units, now);
         let expires_at = now + valid;
         let held = self.hold(bucket);
         held.demand.on_grant(now, grant.units);

@@ -1102,8 +1102,10 @@ impl tollgate_regionsync::RegionHost for RegionHostOf {
                 .await
                 .ok_or_else(|| format!("rule {:?} is not held in this region", request.rule))?;
             let status = verdict.statuses.first().ok_or("no decision")?;
+            // The rule's own answer: a SHADOW rule that would deny says so (the asking
+            // region's decision path then counts it without blocking).
             Ok(ForwardReply {
-                allowed: verdict.allowed,
+                allowed: status.allowed,
                 remaining: status.remaining,
                 retry_after_us: verdict.retry_after.as_micros() as u64,
                 reset_after_us: status.reset_after.as_micros() as u64,

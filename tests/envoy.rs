@@ -104,10 +104,7 @@ async fn envoy_enforces_tollgate_decisions_and_its_own_failure_modes() {
     .expect("config");
     let app = App::start(config).await.expect("node");
     let grpc_port = app.grpc_addr.port();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let node = tokio::spawn(app.run(async move {
-        let _ = stopped.await;
-    }));
+    let mut node = app.spawn();
 
     // Envoy, with one fail-open and one fail-closed listener.
     let (open_port, closed_port, admin_port) = (
@@ -175,8 +172,7 @@ async fn envoy_enforces_tollgate_decisions_and_its_own_failure_modes() {
     );
 
     // The node goes down: Envoy fails open on one listener, closed on the other.
-    let _ = stop.send(());
-    node.await.expect("node stopped");
+    node.stop().await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (open, closed) = tokio::task::spawn_blocking(move || {
         (request(open_port, "key-3"), request(closed_port, "key-3"))

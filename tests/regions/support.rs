@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tollgate_node::app::App;
+use tollgate_node::app::{App, Serving};
 use tollgate_node::config::{Config, Settings};
 use tollgate_node::{Node, Request};
 use tollgate_regionsync::policy::PeerState;
@@ -15,8 +15,7 @@ pub(crate) const SECRET: &str = "a-shared-secret-for-tests";
 pub(crate) struct Running {
     pub(crate) node: Node,
     pub(crate) region_addr: std::net::SocketAddr,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<()>>,
+    serving: Serving,
     _dir: tempfile::TempDir,
 }
 
@@ -38,27 +37,17 @@ impl Running {
         };
         let config = Config::try_from(settings.or(base)).expect("config");
         let app = App::start(config).await.expect("node starts");
-        let (node, region_addr) = (app.node.clone(), app.region_addr.expect("region link"));
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(app.run(async move {
-            let _ = rx.await;
-        }));
+        let serving = app.spawn();
         Running {
-            node,
-            region_addr,
-            stop: Some(tx),
-            task: Some(task),
+            node: serving.node.clone(),
+            region_addr: serving.region_addr.expect("region link"),
+            serving,
             _dir: dir,
         }
     }
 
     pub(crate) async fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
+        self.serving.stop().await;
     }
 }
 

@@ -25,8 +25,7 @@ use tollgate_testkit::PostgresServer;
 struct Running {
     node: Node,
     admin: u16,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    serving: tollgate_node::app::Serving,
     _dir: tempfile::TempDir,
 }
 
@@ -49,25 +48,17 @@ impl Running {
         let app = App::start(Config::try_from(settings).expect("config"))
             .await
             .expect("node starts");
-        let (node, admin) = (app.node.clone(), app.admin_addr.expect("admin API").port());
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(app.run(async move {
-            let _ = rx.await;
-        }));
+        let serving = app.spawn();
         Running {
-            node,
-            admin,
-            stop: Some(tx),
-            task,
+            node: serving.node.clone(),
+            admin: serving.admin_addr.expect("admin API").port(),
+            serving,
             _dir: dir,
         }
     }
 
     async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        let _ = self.task.await;
+        self.serving.stop().await;
     }
 }
 

@@ -202,6 +202,31 @@ impl App {
         })
     }
 
+    /// Serves in a background task until [`Serving::stop`] (tests, benchmarks, a process that
+    /// embeds a node).
+    pub fn spawn(self) -> Serving {
+        let (node, grpc_addr, http_addr, admin_addr, region_addr) = (
+            self.node.clone(),
+            self.grpc_addr,
+            self.http_addr,
+            self.admin_addr,
+            self.region_addr,
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(self.run(async move {
+            let _ = stopped.await;
+        }));
+        Serving {
+            node,
+            grpc_addr,
+            http_addr,
+            admin_addr,
+            region_addr,
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
     /// Serves until `shutdown`, then returns the node's unspent leases.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) {
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -277,5 +302,38 @@ impl App {
             let _ = tokio::join!(link, follow);
         }
         self.node.shutdown().await;
+    }
+}
+
+/// A node serving in a background task ([`App::spawn`]).
+#[derive(Debug)]
+pub struct Serving {
+    /// The decision runtime.
+    pub node: Node,
+    /// Where gRPC listens.
+    pub grpc_addr: SocketAddr,
+    /// Where HTTP listens.
+    pub http_addr: SocketAddr,
+    /// Where the admin API listens, when a rule store is configured.
+    pub admin_addr: Option<SocketAddr>,
+    /// Where the region link listens, when the node runs in one of two regions.
+    pub region_addr: Option<SocketAddr>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Serving {
+    /// Stops serving and waits until the node has returned its leases. Stopping twice is a
+    /// no-op; a panic in the serving task is raised here.
+    pub async fn stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take()
+            && let Err(e) = task.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
     }
 }

@@ -60,6 +60,11 @@ async fn call_raw(
     .expect("join")
 }
 
+/// A GET on the admin API, its body as JSON.
+async fn get_json(port: u16, path: &str) -> Value {
+    json_of(&call(port, "GET", path, &[], None).await)
+}
+
 fn json_of(r: &Response) -> Value {
     serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("not JSON ({e}): {r:?}"))
 }
@@ -268,7 +273,7 @@ async fn invalid_rules_get_problem_details_naming_the_field() {
         404
     );
     // Nothing invalid was stored.
-    let list = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules", &[], None).await);
+    let list = get_json(admin, "/admin/v1/rate-limit-rules").await;
     assert_eq!(list["items"], json!([]));
     node.stop().await;
 }
@@ -374,7 +379,7 @@ async fn hostile_input_gets_problem_details_and_writes_nothing() {
         );
     }
     // The one valid write (for the PATCH) is all there is, unchanged by the bad PATCH.
-    let list = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules", &[], None).await);
+    let list = get_json(admin, "/admin/v1/rate-limit-rules").await;
     assert_eq!(list["items"].as_array().map(Vec::len), Some(1), "{list}");
     assert_eq!(
         (
@@ -391,12 +396,12 @@ async fn hostile_input_gets_problem_details_and_writes_nothing() {
             .status,
         201
     );
-    let stored = json_of(&call(admin, "GET", &rule_path("sneaky"), &[], None).await);
+    let stored = get_json(admin, &rule_path("sneaky")).await;
     assert_eq!(
         stored["match"]["plan"],
         json!("gold'); DELETE FROM rate_limit_rules; --")
     );
-    let list = json_of(&call(admin, "GET", "/admin/v1/rate-limit-rules", &[], None).await);
+    let list = get_json(admin, "/admin/v1/rate-limit-rules").await;
     assert_eq!(list["items"].as_array().map(Vec::len), Some(2), "{list}");
     // A regional policy is stored (in its own column) and read back as written.
     let regional = r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","regional":{"policy":"HOME_REGION","homeRegion":"eu","fallbackShare":0.2}}"#;
@@ -406,7 +411,7 @@ async fn hostile_input_gets_problem_details_and_writes_nothing() {
             .status,
         201
     );
-    let stored = json_of(&call(admin, "GET", &rule_path("homed"), &[], None).await);
+    let stored = get_json(admin, &rule_path("homed")).await;
     assert_eq!(
         stored["regional"],
         json!({"policy": "HOME_REGION", "homeRegion": "eu", "fallbackShare": 0.2})
@@ -609,7 +614,7 @@ async fn versions_guard_every_write_and_concurrent_writers_lose_nothing() {
     };
     let (a, b) = tokio::join!(tokio::spawn(writer(admin)), tokio::spawn(writer(admin)));
     let retries = a.expect("writer") + b.expect("writer");
-    let last = json_of(&call(admin, "GET", &rule_path("counter"), &[], None).await);
+    let last = get_json(admin, &rule_path("counter")).await;
     assert_eq!(
         last["limit"],
         json!(21),
@@ -790,38 +795,11 @@ async fn lists_filter_by_domain_and_mode_and_page() {
             .map(|r| r["id"].as_str().expect("id").to_owned())
             .collect::<Vec<_>>()
     };
-    let a = json_of(
-        &call(
-            admin,
-            "GET",
-            "/admin/v1/rate-limit-rules?domain=a",
-            &[],
-            None,
-        )
-        .await,
-    );
+    let a = get_json(admin, "/admin/v1/rate-limit-rules?domain=a").await;
     assert_eq!(ids(&a), ["rule-0", "rule-2", "rule-4", "rule-6"]);
-    let shadow = json_of(
-        &call(
-            admin,
-            "GET",
-            "/admin/v1/rate-limit-rules?mode=SHADOW",
-            &[],
-            None,
-        )
-        .await,
-    );
+    let shadow = get_json(admin, "/admin/v1/rate-limit-rules?mode=SHADOW").await;
     assert_eq!(ids(&shadow), ["rule-1", "rule-3", "rule-5"]);
-    let first = json_of(
-        &call(
-            admin,
-            "GET",
-            "/admin/v1/rate-limit-rules?limit=3",
-            &[],
-            None,
-        )
-        .await,
-    );
+    let first = get_json(admin, "/admin/v1/rate-limit-rules?limit=3").await;
     assert_eq!(
         (ids(&first), first["next"].clone()),
         (
@@ -829,27 +807,9 @@ async fn lists_filter_by_domain_and_mode_and_page() {
             json!("rule-2")
         )
     );
-    let second = json_of(
-        &call(
-            admin,
-            "GET",
-            "/admin/v1/rate-limit-rules?limit=3&after=rule-2",
-            &[],
-            None,
-        )
-        .await,
-    );
+    let second = get_json(admin, "/admin/v1/rate-limit-rules?limit=3&after=rule-2").await;
     assert_eq!(ids(&second), ["rule-3", "rule-4", "rule-5"]);
-    let last = json_of(
-        &call(
-            admin,
-            "GET",
-            "/admin/v1/rate-limit-rules?limit=3&after=rule-5",
-            &[],
-            None,
-        )
-        .await,
-    );
+    let last = get_json(admin, "/admin/v1/rate-limit-rules?limit=3&after=rule-5").await;
     assert_eq!(
         (ids(&last), last["next"].clone()),
         (vec!["rule-6".to_owned()], Value::Null)

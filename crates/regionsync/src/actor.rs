@@ -115,12 +115,11 @@ impl SyncParts {
         all
     }
 
+    /// Lets time alone move the peer's state (the state metric follows its changes), and
+    /// updates the lag.
     fn observe(&self) {
         let now = self.clock.now_micros();
         self.peer.tick(now);
-        self.metrics
-            .peer_up
-            .set(i64::from(self.peer.state() == PeerState::Up));
         let newest = self.receiver.newest_applied();
         if newest > 0 {
             self.metrics

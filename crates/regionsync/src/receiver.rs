@@ -137,14 +137,11 @@ impl Receiver {
             checked.push((key, once, entry));
         }
         for (key, once, entry) in checked {
+            // Only ASYNC_SYNC rules (never concurrency limits: refused at validation).
             let Some(limit) = self.host.synced_limit(&entry.rule) else {
                 skipped += 1;
                 continue;
             };
-            if limit.algorithm() == tollgate_lease::Algorithm::Concurrency {
-                skipped += 1;
-                continue;
-            }
             by_identity
                 .entry(key.identity_prefix().to_owned())
                 .or_default()

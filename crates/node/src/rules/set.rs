@@ -64,7 +64,7 @@ impl CompiledRule {
         self.placement.role == Role::Synced
     }
 
-    /// The home region deciding it, when that is the peer (HOME_REGION elsewhere).
+    /// Whether the peer region decides it (a HOME_REGION rule homed there).
     pub fn forwarded(&self) -> bool {
         matches!(self.placement.role, Role::Forwarded { .. })
     }

@@ -77,15 +77,14 @@ pub async fn check(node: &Node, request: &Request) -> Verdict {
 }
 
 /// A whole node process (memory store unless `redis` is given) serving on ephemeral ports, with
-/// its rules in a temporary file. Dropping the returned sender stops it.
+/// its rules in a temporary file.
 pub struct Served {
     pub grpc: std::net::SocketAddr,
     pub http: std::net::SocketAddr,
     pub admin: Option<std::net::SocketAddr>,
     pub node: Node,
     pub rules_file: std::path::PathBuf,
-    pub stop: Option<tokio::sync::oneshot::Sender<()>>,
-    pub task: Option<tokio::task::JoinHandle<()>>,
+    serving: tollgate_node::app::Serving,
     _dir: tempfile::TempDir,
 }
 
@@ -106,36 +105,21 @@ impl Served {
         let app = tollgate_node::app::App::start(config)
             .await
             .expect("app starts");
-        let (grpc, http, admin, node) = (
-            app.grpc_addr,
-            app.http_addr,
-            app.admin_addr,
-            app.node.clone(),
-        );
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(app.run(async move {
-            let _ = rx.await;
-        }));
+        let serving = app.spawn();
         Served {
-            grpc,
-            http,
-            admin,
-            node,
+            grpc: serving.grpc_addr,
+            http: serving.http_addr,
+            admin: serving.admin_addr,
+            node: serving.node.clone(),
             rules_file,
-            stop: Some(tx),
-            task: Some(task),
+            serving,
             _dir: dir,
         }
     }
 
     /// Stops the node and waits until it has returned its leases.
     pub async fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
+        self.serving.stop().await;
     }
 
     pub async fn rls(&self) -> tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>{

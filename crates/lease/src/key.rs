@@ -16,7 +16,7 @@ use std::sync::Arc;
 pub const MAX_IDENTITY_BYTES: usize = 4096;
 
 /// The longest rule id accepted, in bytes, before escaping.
-pub const MAX_RULE_BYTES: usize = 256;
+pub const MAX_RULE_BYTES: usize = 1024;
 
 /// Why a key cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

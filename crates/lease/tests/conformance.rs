@@ -314,6 +314,32 @@ async fn fixed_window_of_a_day(b: &Backend) {
     );
 }
 
+/// Limits whose limit × window in microseconds does not fit 64 bits (a million a year, 300
+/// million a day) count exactly like small ones: they were once refused as an overflow, and
+/// envoyproxy/ratelimit rules with them silently became deny-everything.
+async fn large_window_limits_count_exactly(b: &Backend) {
+    let year = Duration::from_secs(365 * 86_400);
+    let day = Duration::from_secs(86_400);
+    let cases = [
+        Limit::fixed_window(1_000_000, year).expect("a million a year is a valid limit"),
+        Limit::sliding_window(300_000_000, day).expect("300 million a day is a valid limit"),
+        Limit::sliding_window_log(1_000_000, year).expect("a million a year, exact"),
+    ];
+    b.room_in_window(day, Duration::from_secs(10)).await;
+    for limit in cases {
+        let key = b.fresh_key("large");
+        let capacity = limit.capacity();
+        assert_eq!(remaining(b, &key, limit).await, capacity, "{limit:?}");
+        assert!(check(b, &key, limit, 3).await.allowed(), "{limit:?}");
+        let grant = lease(b, &key, limit, 50, 1, 0.5, ms(1000)).await;
+        assert_eq!(grant.units, 50, "{limit:?}");
+        assert_eq!(remaining(b, &key, limit).await, capacity - 53, "{limit:?}");
+        let out = check(b, &key, limit, capacity).await;
+        assert!(!out.allowed(), "more than is left is denied: {limit:?}");
+        assert!(out.buckets[0].retry_after > Duration::ZERO, "{limit:?}");
+    }
+}
+
 async fn sliding_window_weights_the_previous_window(b: &Backend) {
     let key = b.fresh_key("sliding");
     let w = Duration::from_secs(2);
@@ -774,6 +800,7 @@ conformance!(
     changing_algorithm_starts_fresh,
     fixed_window_counts_and_resets,
     fixed_window_of_a_day,
+    large_window_limits_count_exactly,
     sliding_window_weights_the_previous_window,
     sliding_log_is_exact,
     concurrency_slots_are_held_and_released,

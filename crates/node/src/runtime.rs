@@ -27,7 +27,7 @@ pub mod sizing;
 pub mod supervisor;
 pub mod verdict;
 
-pub use node::Node;
+pub use node::{MAX_OVERRIDE_RULES, Node};
 pub use prepared::{Decision, Prepared};
 pub use request::{Descriptor, LimitOverride, Matching, Request, RequestError};
 pub use shared::RuntimeConfig;

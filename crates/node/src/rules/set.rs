@@ -34,8 +34,13 @@ pub enum RuleKind {
 pub struct CompiledRule {
     /// Changes whenever anything about the rule changes; keys the node's per-bucket state.
     pub uid: u64,
-    /// The rule id (the rule part of its Redis keys).
+    /// The rule id, as operators and clients see it (metrics, headers, `matchedRule`).
     pub id: String,
+    /// The rule part of its counters' store keys, unique across every source of rules: a
+    /// Tollgate rule's id (ids are `[A-Za-z0-9._-]`), `envoy:` + the envoyproxy/ratelimit
+    /// domain and descriptor path as length-prefixed pieces, `override:` + a request's limit.
+    /// No two sources can produce the same key, so no two rules ever share a counter.
+    pub key: String,
     /// Its domain.
     pub domain: String,
     /// The policy name in headers.
@@ -77,14 +82,33 @@ impl CompiledRule {
         }
     }
 
-    /// A rule made at request time (an Envoy descriptor's `limit` override).
-    pub fn dynamic(domain: &str, id: String, limit: Limit, counters: RuleCounters) -> Self {
-        CompiledRule {
-            uid: uid_of(&(&id, domain, format!("{limit:?}"))),
-            name: id.clone(),
-            id,
-            domain: domain.to_owned(),
-            kind: RuleKind::Limited(limit),
+    /// A rule made at request time from an Envoy descriptor's `limit` override: `requests`
+    /// per `unit` (0 blocks, as envoyproxy/ratelimit does). Every override of one limit is
+    /// one rule; its counters are keyed by the request's domain and entries (the identity).
+    pub fn for_override(
+        requests: u32,
+        unit: Duration,
+        counters: RuleCounters,
+    ) -> Result<Self, tollgate_lease::LimitError> {
+        let key = format!("override:{requests}/{}s", unit.as_secs());
+        let kind = if requests == 0 {
+            RuleKind::Block(unit)
+        } else {
+            RuleKind::Limited(
+                LimitSpec::FixedWindow {
+                    limit: f64::from(requests),
+                    window: unit,
+                }
+                .validate()?,
+            )
+        };
+        Ok(CompiledRule {
+            uid: uid_of(&(&key, format!("{kind:?}"))),
+            id: format!("override.{requests}-per-{}s", unit.as_secs()),
+            name: format!("override-{requests}-per-{}s", unit.as_secs()),
+            key,
+            domain: override_labels().domain,
+            kind,
             mode: Mode::Enforce,
             fail_mode: FailMode::Open,
             replaces: vec![],
@@ -92,8 +116,30 @@ impl CompiledRule {
             counters,
             origin: "request override".into(),
             placement: Placement::LOCAL,
-        }
+        })
     }
+}
+
+/// The one label set every override's decisions are counted under: labels never come from
+/// request content (a client could otherwise add series at will).
+pub fn override_labels() -> RuleLabels {
+    RuleLabels {
+        domain: "*".into(),
+        rule: "override".into(),
+    }
+}
+
+/// The identity of a descriptor that carries its own limit: its domain and every entry, as
+/// length-prefixed pieces (injective: `[("a", "b=c")]` and `[("a=b", "c")]` differ, and so do
+/// the same entries in two domains).
+pub fn override_identity(domain: &str, entries: &[(String, String)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(domain.len() + 8 + entries.len() * 16);
+    push_piece(&mut out, domain);
+    for (k, v) in entries {
+        push_piece(&mut out, k);
+        push_piece(&mut out, v);
+    }
+    out
 }
 
 fn uid_of(value: &impl Hash) -> u64 {
@@ -159,7 +205,7 @@ pub struct RuleSet {
     version: u64,
     domains: HashMap<String, DomainRules>,
     rules: Vec<Arc<CompiledRule>>,
-    by_id: HashMap<String, Arc<CompiledRule>>,
+    by_key: HashMap<String, Arc<CompiledRule>>,
 }
 
 /// An envoyproxy/ratelimit domain, validated.
@@ -223,6 +269,7 @@ impl RuleSet {
                     &rule.identity,
                 )),
                 id: rule.id.clone(),
+                key: rule.id.clone(),
                 domain: rule.domain.clone(),
                 name: rule.name.clone(),
                 kind: RuleKind::Limited(limit),
@@ -267,31 +314,36 @@ impl RuleSet {
                     config.origin, config.domain
                 ));
             }
-            let mut tree = EnvoyDomain::default();
-            let mut rules = vec![];
-            tree.root = compile_level(
-                &config.nodes,
-                &config.domain,
-                &config.origin,
+            let mut compiler = EnvoyCompiler {
+                domain: &config.domain,
+                origin: &config.origin,
                 metrics,
-                &mut tree.nodes,
-                &mut rules,
-                view,
-            );
-            domain.envoy = Some(tree);
-            set.rules.extend(rules);
+                // envoyproxy/ratelimit configurations name no regional policy: the default.
+                placement: place(&RegionalPolicy::default(), view),
+                nodes: vec![],
+                rules: vec![],
+            };
+            let mut root_key = b"envoy:".to_vec();
+            push_piece(&mut root_key, &config.domain);
+            let root_key = String::from_utf8(root_key).map_err(|_| "not UTF-8".to_owned())?;
+            let root = compiler.level(&config.nodes, &root_key)?;
+            domain.envoy = Some(EnvoyDomain {
+                nodes: compiler.nodes,
+                root,
+            });
+            set.rules.extend(compiler.rules);
         }
-        set.by_id = set
+        set.by_key = set
             .rules
             .iter()
-            .map(|r| (r.id.clone(), r.clone()))
+            .map(|r| (r.key.clone(), r.clone()))
             .collect();
         Ok(set)
     }
 
-    /// The rule with this id (envoyproxy/ratelimit limits are named by their descriptor path).
-    pub fn rule(&self, id: &str) -> Option<&Arc<CompiledRule>> {
-        self.by_id.get(id)
+    /// The rule whose counters are keyed by `key` ([`CompiledRule::key`]).
+    pub fn rule(&self, key: &str) -> Option<&Arc<CompiledRule>> {
+        self.by_key.get(key)
     }
 
     /// The set's version (increases with every successful reload).
@@ -387,107 +439,148 @@ impl RuleSet {
     }
 }
 
-fn compile_level(
-    nodes: &[ValidNode],
-    domain: &str,
-    origin: &str,
-    metrics: &Metrics,
-    arena: &mut Vec<EnvoyNode>,
-    rules: &mut Vec<Arc<CompiledRule>>,
-    view: Option<&RegionView>,
-) -> EnvoyLevel {
-    // envoyproxy/ratelimit configurations name no regional policy: the default (SPLIT).
-    let placement = place(&RegionalPolicy::default(), view);
-    let mut level = EnvoyLevel::default();
-    for node in nodes {
-        let rule = node.limit.as_ref().map(|limit| {
-            let (kind, name, replaces) = match limit {
-                NodeLimit::Unlimited => (RuleKind::Unlimited, None, vec![]),
-                NodeLimit::Limited {
-                    requests: 0,
-                    unit,
-                    name,
-                    replaces,
-                } => (RuleKind::Block(*unit), name.clone(), replaces.clone()),
-                NodeLimit::Limited {
-                    requests,
-                    unit,
-                    name,
-                    replaces,
-                } => {
-                    let spec = LimitSpec::FixedWindow {
-                        limit: f64::from(*requests),
-                        window: *unit,
-                    };
-                    // Validated: at least 1 request per a whole-second unit.
-                    let limit = spec.validate().map_or(RuleKind::Block(*unit), |l| {
-                        RuleKind::Limited(scale(l, placement.share))
-                    });
-                    (limit, name.clone(), replaces.clone())
+/// Compiles one envoyproxy/ratelimit domain's tree into `nodes` (the arena) and `rules`.
+struct EnvoyCompiler<'a> {
+    domain: &'a str,
+    origin: &'a str,
+    metrics: &'a Metrics,
+    placement: Placement,
+    nodes: Vec<EnvoyNode>,
+    rules: Vec<Arc<CompiledRule>>,
+}
+
+impl EnvoyCompiler<'_> {
+    /// One level of the tree; `parent_key` is the counter key of the path above it.
+    fn level(&mut self, nodes: &[ValidNode], parent_key: &str) -> Result<EnvoyLevel, String> {
+        let mut level = EnvoyLevel::default();
+        for node in nodes {
+            // The counter key: `envoy:` and the domain, then each entry's key and value as
+            // length-prefixed pieces (a dotted path is ambiguous; these are not).
+            let mut key = parent_key.as_bytes().to_vec();
+            push_piece(&mut key, &node.key);
+            match &node.value {
+                Some(v) => {
+                    key.push(b'=');
+                    push_piece(&mut key, v);
                 }
+                None => key.push(b'.'),
+            }
+            let key = String::from_utf8(key).map_err(|_| "not UTF-8".to_owned())?;
+            let rule = match &node.limit {
+                Some(limit) => Some(self.rule(node, limit, &key)?),
+                None => None,
             };
-            let id = node.path.clone();
-            let compiled = Arc::new(CompiledRule {
-                uid: uid_of(&(
-                    &id,
-                    domain,
-                    format!("{kind:?}"),
-                    &name,
-                    &replaces,
-                    node.shadow,
-                    node.share_threshold,
-                    format!("{placement:?}"),
-                )),
-                placement: placement.clone(),
-                name: name.clone().unwrap_or_else(|| id.clone()),
-                domain: domain.to_owned(),
-                kind,
-                mode: if node.shadow {
-                    Mode::Shadow
+            let children = self.level(&node.children, &key)?;
+            let index = self.nodes.len();
+            self.nodes.push(EnvoyNode {
+                rule,
+                share_pattern: if node.share_threshold {
+                    node.value.clone()
                 } else {
-                    Mode::Enforce
+                    None
                 },
-                fail_mode: FailMode::Open,
-                replaces,
-                replace_name: name,
-                counters: metrics.rule_counters(&RuleLabels {
-                    domain: domain.to_owned(),
-                    rule: id.clone(),
-                }),
-                origin: origin.to_owned(),
-                id,
+                children,
             });
-            rules.push(compiled.clone());
-            compiled
-        });
-        let children = compile_level(&node.children, domain, origin, metrics, arena, rules, view);
-        let index = arena.len();
-        arena.push(EnvoyNode {
-            rule,
-            share_pattern: if node.share_threshold {
-                node.value.clone()
-            } else {
-                None
-            },
-            children,
-        });
-        match &node.value {
-            None => {
-                level.key_only.insert(node.key.clone(), index);
-            }
-            Some(v) if v.contains('*') => {
-                level.wildcards.push((node.key.clone(), v.clone(), index))
-            }
-            Some(v) => {
-                level
-                    .exact
-                    .entry(node.key.clone())
-                    .or_default()
-                    .insert(v.clone(), index);
+            match &node.value {
+                None => {
+                    level.key_only.insert(node.key.clone(), index);
+                }
+                Some(v) if v.contains('*') => {
+                    level.wildcards.push((node.key.clone(), v.clone(), index))
+                }
+                Some(v) => {
+                    level
+                        .exact
+                        .entry(node.key.clone())
+                        .or_default()
+                        .insert(v.clone(), index);
+                }
             }
         }
+        Ok(level)
     }
-    level
+
+    fn rule(
+        &mut self,
+        node: &ValidNode,
+        limit: &NodeLimit,
+        key: &str,
+    ) -> Result<Arc<CompiledRule>, String> {
+        let (kind, name, replaces) = match limit {
+            NodeLimit::Unlimited => (RuleKind::Unlimited, None, vec![]),
+            NodeLimit::Limited {
+                requests: 0,
+                unit,
+                name,
+                replaces,
+            } => (RuleKind::Block(*unit), name.clone(), replaces.clone()),
+            NodeLimit::Limited {
+                requests,
+                unit,
+                name,
+                replaces,
+            } => {
+                let limit = LimitSpec::FixedWindow {
+                    limit: f64::from(*requests),
+                    window: *unit,
+                }
+                .validate()
+                .map_err(|e| {
+                    format!(
+                        "{}: descriptor {}: rate_limit cannot be held: {e}",
+                        self.origin, node.path
+                    )
+                })?;
+                (
+                    RuleKind::Limited(scale(limit, self.placement.share)),
+                    name.clone(),
+                    replaces.clone(),
+                )
+            }
+        };
+        if key.len() > tollgate_lease::key::MAX_RULE_BYTES {
+            return Err(format!(
+                "{}: descriptor {}: the path is too long to key a counter ({} bytes, at most {})",
+                self.origin,
+                node.path,
+                key.len(),
+                tollgate_lease::key::MAX_RULE_BYTES
+            ));
+        }
+        let id = node.path.clone();
+        let compiled = Arc::new(CompiledRule {
+            uid: uid_of(&(
+                key,
+                format!("{kind:?}"),
+                &name,
+                &replaces,
+                node.shadow,
+                node.share_threshold,
+                format!("{:?}", self.placement),
+            )),
+            placement: self.placement.clone(),
+            name: name.clone().unwrap_or_else(|| id.clone()),
+            domain: self.domain.to_owned(),
+            key: key.to_owned(),
+            kind,
+            mode: if node.shadow {
+                Mode::Shadow
+            } else {
+                Mode::Enforce
+            },
+            fail_mode: FailMode::Open,
+            replaces,
+            replace_name: name,
+            counters: self.metrics.rule_counters(&RuleLabels {
+                domain: self.domain.to_owned(),
+                rule: id.clone(),
+            }),
+            origin: self.origin.to_owned(),
+            id,
+        });
+        self.rules.push(compiled.clone());
+        Ok(compiled)
+    }
 }
 
 /// Length-prefixed pieces: injective whatever bytes the pieces hold.

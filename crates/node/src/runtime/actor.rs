@@ -279,7 +279,7 @@ impl KeyState {
         if bucket.rule.synced()
             && let Some(region) = self.shared.region.get()
         {
-            region.record(&bucket.rule.id, &self.identity, &bucket.limit, units, now);
+            region.record(&bucket.rule.key, &self.identity, &bucket.limit, units, now);
         }
     }
 

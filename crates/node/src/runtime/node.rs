@@ -16,11 +16,11 @@ use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tollgate_lease::{
-    Algorithm, BucketKey, CheckItem, CheckRequest, Limit, LimitSpec, SharedClock, SlotRelease,
-    Store, StoreError,
+    Algorithm, BucketKey, CheckItem, CheckRequest, Limit, SharedClock, SlotRelease, Store,
+    StoreError,
 };
 
-use crate::metrics::{Metrics, Outcome, RuleLabels};
+use crate::metrics::{Metrics, Outcome};
 use crate::rules::watch::ActiveRules;
 use crate::rules::{CompiledRule, FailMode, Mode, RuleKind, RuleSet};
 use crate::runtime::actor::{AcquireOutcome, KeyMsg, Want};
@@ -41,6 +41,9 @@ thread_local! {
     static LOOKUP: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// The most rules made from descriptor limit overrides that a node keeps for reuse.
+pub const MAX_OVERRIDE_RULES: usize = 1024;
+
 /// A running node. Cheap to clone; every clone is the same node.
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -52,7 +55,14 @@ struct Inner {
     shared: Arc<Shared>,
     rules: Arc<ActiveRules>,
     supervisor: ActorRef<SupervisorMsg>,
-    overrides: DashMap<(String, u32, u64), Arc<CompiledRule>>,
+    /// Rules made from descriptor limit overrides, by (requests, unit seconds); bounded by
+    /// [`MAX_OVERRIDE_RULES`] (a rule's uid is derived from its limit, so one built outside
+    /// the cache still finds the same buckets).
+    overrides: DashMap<(u32, u64), Arc<CompiledRule>>,
+    /// The counters every override's decisions share.
+    override_counters: crate::metrics::RuleCounters,
+    /// When the override cache was last swept of rules no bucket holds (node clock, µs).
+    overrides_swept: std::sync::atomic::AtomicU64,
     /// LOCAL fallback buckets of keys decided without an actor (bounded like the actors).
     fallbacks: DashMap<Vec<u8>, Arc<LocalBucket>>,
     stopping: AtomicBool,
@@ -115,12 +125,17 @@ impl Node {
                 }
             });
         }
+        let override_counters = shared
+            .metrics
+            .rule_counters(&crate::rules::set::override_labels());
         Ok(Node {
             inner: Arc::new(Inner {
                 shared,
                 rules,
                 supervisor,
                 overrides: DashMap::new(),
+                override_counters,
+                overrides_swept: std::sync::atomic::AtomicU64::new(0),
                 fallbacks: DashMap::new(),
                 stopping: AtomicBool::new(false),
                 actor_wait: store_timeout + Duration::from_millis(20),
@@ -149,14 +164,14 @@ impl Node {
         now: u64,
     ) {
         if let (Some(region), Some(limit)) = (self.inner.shared.region.get(), rule.limit()) {
-            region.record(&rule.id, identity, &limit, cost, now);
+            region.record(&rule.key, identity, &limit, cost, now);
         }
     }
 
     /// Decides one rule for one identity, as the home region of a HOME_REGION rule does for
     /// the peer. None when the rule is unknown here or is not held here.
-    pub async fn check_rule(&self, rule_id: &str, identity: &[u8], cost: u64) -> Option<Verdict> {
-        let rule = self.inner.rules.load().rule(rule_id)?.clone();
+    pub async fn check_rule(&self, rule_key: &str, identity: &[u8], cost: u64) -> Option<Verdict> {
+        let rule = self.inner.rules.load().rule(rule_key)?.clone();
         if rule.forwarded() || rule.limit().is_none() {
             return None;
         }
@@ -196,6 +211,11 @@ impl Node {
         self.inner.shared.store.inner()
     }
 
+    /// Rules made from descriptor limit overrides, held for reuse.
+    pub fn override_rules(&self) -> usize {
+        self.inner.overrides.len()
+    }
+
     /// Key actors alive and buckets held.
     pub fn held(&self) -> (usize, usize) {
         let registry = &self.inner.shared.registry;
@@ -206,7 +226,7 @@ impl Node {
     pub async fn check(&self, request: &Request) -> Result<Verdict, RequestError> {
         request.validate()?;
         let rules = self.inner.rules.load();
-        let hits = self.hits(&rules, request);
+        let hits = self.hits(&rules, request)?;
         Ok(self.decide(hits).await)
     }
 
@@ -224,7 +244,7 @@ impl Node {
         request: &Request,
     ) -> Option<Vec<(Arc<Bucket>, u64)>> {
         let rules = self.inner.rules.load();
-        let hits = self.hits(&rules, request);
+        let hits = self.hits(&rules, request).ok()?;
         if hits.is_empty()
             || !hits
                 .iter()
@@ -289,7 +309,7 @@ impl Node {
     }
 
     /// Every rule the request matches, with the identity and cost of its bucket.
-    fn hits(&self, rules: &RuleSet, request: &Request) -> Vec<Hit> {
+    fn hits(&self, rules: &RuleSet, request: &Request) -> Result<Vec<Hit>, RequestError> {
         let mut hits = vec![];
         let mut push = |descriptor: usize, matched: crate::rules::Matched, cost: u64| {
             hits.push(Hit {
@@ -318,20 +338,15 @@ impl Node {
                 for (i, d) in request.descriptors.iter().enumerate() {
                     let cost = request.cost_of(i);
                     if let Some(o) = d.limit {
-                        let rule = self.override_rule(&request.domain, o.requests, o.unit);
-                        let identity = d
-                            .entries
-                            .iter()
-                            .flat_map(|(k, v)| [k.as_str(), "=", v.as_str(), "\u{1f}"])
-                            .collect::<String>();
-                        push(
-                            i,
-                            crate::rules::Matched {
-                                rule,
-                                identity: identity.into_bytes(),
-                            },
-                            cost,
-                        );
+                        let rule = self.override_rule(o.requests, o.unit).map_err(|e| {
+                            RequestError::BadOverride {
+                                index: i,
+                                reason: e.to_string(),
+                            }
+                        })?;
+                        let identity =
+                            crate::rules::set::override_identity(&request.domain, &d.entries);
+                        push(i, crate::rules::Matched { rule, identity }, cost);
                         continue;
                     }
                     if let Some(m) = rules.match_envoy(&request.domain, &d.entries) {
@@ -355,40 +370,43 @@ impl Node {
                     .is_some_and(|n| replaced.contains(n))
             });
         }
-        hits
+        Ok(hits)
     }
 
-    fn override_rule(&self, domain: &str, requests: u32, unit: Duration) -> Arc<CompiledRule> {
-        let key = (domain.to_owned(), requests, unit.as_secs());
-        self.inner
-            .overrides
-            .entry(key)
-            .or_insert_with(|| {
-                let id = format!("override.{requests}-per-{}s", unit.as_secs());
-                let counters = self.inner.shared.metrics.rule_counters(&RuleLabels {
-                    domain: domain.into(),
-                    rule: id.clone(),
-                });
-                match (LimitSpec::FixedWindow {
-                    limit: f64::from(requests),
-                    window: unit,
-                })
-                .validate()
-                {
-                    Ok(limit) => Arc::new(CompiledRule::dynamic(domain, id, limit, counters)),
-                    Err(_) => {
-                        let mut rule = CompiledRule::dynamic(
-                            domain,
-                            id,
-                            Limit::fixed_window(1, unit).unwrap_or_else(|_| fallback_limit()),
-                            counters,
-                        );
-                        rule.kind = RuleKind::Block(unit);
-                        Arc::new(rule)
-                    }
-                }
-            })
-            .clone()
+    /// The rule of a descriptor's limit override: cached up to [`MAX_OVERRIDE_RULES`]. When
+    /// the cache is full it is swept (at most once a second) of rules no bucket holds any
+    /// more; a rule that still finds no room is built for this request alone.
+    fn override_rule(
+        &self,
+        requests: u32,
+        unit: Duration,
+    ) -> Result<Arc<CompiledRule>, tollgate_lease::LimitError> {
+        let inner = &self.inner;
+        let key = (requests, unit.as_secs());
+        if let Some(rule) = inner.overrides.get(&key) {
+            return Ok(rule.clone());
+        }
+        let rule = Arc::new(CompiledRule::for_override(
+            requests,
+            unit,
+            inner.override_counters.clone(),
+        )?);
+        if inner.overrides.len() >= MAX_OVERRIDE_RULES {
+            let now = self.now();
+            let last = inner.overrides_swept.load(Ordering::Relaxed);
+            if now.saturating_sub(last) >= 1_000_000
+                && inner
+                    .overrides_swept
+                    .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                inner.overrides.retain(|_, r| Arc::strong_count(r) > 1);
+            }
+            if inner.overrides.len() >= MAX_OVERRIDE_RULES {
+                return Ok(rule);
+            }
+        }
+        Ok(inner.overrides.entry(key).or_insert(rule).clone())
     }
 
     async fn decide(&self, hits: Vec<Hit>) -> Verdict {
@@ -537,7 +555,7 @@ impl Node {
         let mut unanswered = vec![];
         for i in forwarded {
             let hit = &hits[i];
-            match region.forward(&hit.rule.id, &hit.identity, hit.cost).await {
+            match region.forward(&hit.rule.key, &hit.identity, hit.cost).await {
                 Some(reply) => {
                     let (outcome, retry) = if reply.allowed {
                         (Outcome::Allowed, Duration::ZERO)
@@ -802,7 +820,7 @@ impl Node {
             let hit = &hits[i];
             let (Some(limit), Ok(key)) = (
                 hit.rule.limit(),
-                BucketKey::new(&hit.identity, &hit.rule.id),
+                BucketKey::new(&hit.identity, &hit.rule.key),
             ) else {
                 item_of.push(None);
                 continue;
@@ -940,7 +958,7 @@ impl Node {
             return Some(bucket);
         }
         let key = bucket_key(hit.rule.uid, &hit.identity);
-        let store_key = BucketKey::new(&hit.identity, &hit.rule.id).ok()?;
+        let store_key = BucketKey::new(&hit.identity, &hit.rule.key).ok()?;
         let actor = match shared.registry.actor(&hit.identity) {
             Some(actor) => actor,
             None => {
@@ -1024,12 +1042,6 @@ impl Node {
             });
         }
     }
-}
-
-fn fallback_limit() -> Limit {
-    // A valid limit always exists; this is only reached if one second is somehow invalid.
-    Limit::fixed_window(1, Duration::from_secs(1))
-        .unwrap_or_else(|_| unreachable!("1 per second is a valid limit"))
 }
 
 /// How long a bucket takes to go from empty to full.

@@ -11,6 +11,12 @@ pub const MAX_ENTRIES: usize = 32;
 /// The most bytes of keys and values one descriptor may carry (its counter's identity must fit
 /// a store key).
 pub const MAX_DESCRIPTOR_BYTES: usize = 3072;
+/// The longest domain, in bytes.
+pub const MAX_DOMAIN_BYTES: usize = 256;
+/// The longest descriptor entry key, in bytes.
+pub const MAX_KEY_BYTES: usize = 256;
+/// The longest descriptor entry value, in bytes.
+pub const MAX_VALUE_BYTES: usize = 2048;
 
 /// How rules see a request's descriptors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +119,11 @@ impl Request {
         if self.domain.is_empty() {
             return Err(RequestError::EmptyDomain);
         }
+        if self.domain.len() > MAX_DOMAIN_BYTES {
+            return Err(RequestError::DomainTooLong {
+                bytes: self.domain.len(),
+            });
+        }
         if self.descriptors.is_empty() {
             return Err(RequestError::NoDescriptors);
         }
@@ -134,8 +145,22 @@ impl Request {
                     count: d.entries.len(),
                 });
             }
-            if d.entries.iter().any(|(k, _)| k.is_empty()) {
-                return Err(RequestError::EmptyKey { index });
+            for (k, v) in &d.entries {
+                if k.is_empty() {
+                    return Err(RequestError::EmptyKey { index });
+                }
+                if k.len() > MAX_KEY_BYTES {
+                    return Err(RequestError::KeyTooLong {
+                        index,
+                        bytes: k.len(),
+                    });
+                }
+                if v.len() > MAX_VALUE_BYTES {
+                    return Err(RequestError::ValueTooLong {
+                        index,
+                        bytes: v.len(),
+                    });
+                }
             }
             let bytes: usize = d.entries.iter().map(|(k, v)| k.len() + v.len()).sum();
             if bytes > MAX_DESCRIPTOR_BYTES {
@@ -144,10 +169,25 @@ impl Request {
             if let Some(cost) = d.cost.filter(|c| *c > MAX_UNITS) {
                 return Err(RequestError::CostTooLarge { cost });
             }
-            if let Some(o) = d.limit
-                && (o.unit.is_zero() || o.unit.subsec_nanos() != 0)
-            {
-                return Err(RequestError::BadOverride { index });
+            if let Some(o) = d.limit {
+                if o.unit.is_zero() || o.unit.subsec_nanos() != 0 {
+                    return Err(RequestError::BadOverride {
+                        index,
+                        reason: "the unit must be a whole number of seconds".into(),
+                    });
+                }
+                if o.requests > 0
+                    && let Err(e) = (tollgate_lease::LimitSpec::FixedWindow {
+                        limit: f64::from(o.requests),
+                        window: o.unit,
+                    })
+                    .validate()
+                {
+                    return Err(RequestError::BadOverride {
+                        index,
+                        reason: e.to_string(),
+                    });
+                }
             }
         }
         Ok(())
@@ -160,6 +200,12 @@ pub enum RequestError {
     /// No domain.
     #[error("`domain` must not be empty")]
     EmptyDomain,
+    /// A domain too long to be one.
+    #[error("`domain` is {bytes} bytes long; at most {MAX_DOMAIN_BYTES} are allowed")]
+    DomainTooLong {
+        /// Its length.
+        bytes: usize,
+    },
     /// No descriptors.
     #[error("at least one descriptor is required")]
     NoDescriptors,
@@ -189,6 +235,24 @@ pub enum RequestError {
         /// Which.
         index: usize,
     },
+    /// An entry key too long to be one.
+    #[error("descriptors[{index}] has a key of {bytes} bytes; at most {MAX_KEY_BYTES} are allowed")]
+    KeyTooLong {
+        /// Which descriptor.
+        index: usize,
+        /// The key's length.
+        bytes: usize,
+    },
+    /// An entry value too long to be one.
+    #[error(
+        "descriptors[{index}] has a value of {bytes} bytes; at most {MAX_VALUE_BYTES} are allowed"
+    )]
+    ValueTooLong {
+        /// Which descriptor.
+        index: usize,
+        /// The value's length.
+        bytes: usize,
+    },
     /// A descriptor too large to key a counter.
     #[error(
         "descriptors[{index}] holds {bytes} bytes of keys and values; at most {MAX_DESCRIPTOR_BYTES} are allowed"
@@ -205,10 +269,12 @@ pub enum RequestError {
         /// The cost.
         cost: u64,
     },
-    /// A limit override with an unknown unit.
-    #[error("descriptors[{index}].limit has an invalid unit")]
+    /// A limit override that cannot be held.
+    #[error("descriptors[{index}].limit: {reason}")]
     BadOverride {
         /// Which.
         index: usize,
+        /// Why.
+        reason: String,
     },
 }

@@ -389,6 +389,36 @@ impl Limit {
         }
     }
 
+    /// The store said `denied` units do not fit for `retry_after`: how long until `cost`
+    /// units (at least `denied`, at most the capacity) fit, when the algorithm alone says
+    /// (fewer than `denied` may fit sooner: None).
+    /// A token bucket refills at its rate, so `(cost − denied) / rate` more; a fixed window
+    /// admits anything up to its limit when it turns, which is when `denied` fits too.
+    /// Sliding windows depend on the counts in them: None (ask the store).
+    pub fn retry_for_more(
+        &self,
+        denied: u64,
+        retry_after: Duration,
+        cost: u64,
+    ) -> Option<Duration> {
+        if cost < denied {
+            return None;
+        }
+        if cost == denied {
+            return Some(retry_after);
+        }
+        match self.kind {
+            Kind::TokenBucket {
+                refill_per_second, ..
+            } => {
+                let more_us = ((cost - denied) as f64 * 1e6 / refill_per_second).ceil();
+                Some(retry_after + Duration::from_micros(more_us as u64))
+            }
+            Kind::FixedWindow { .. } => Some(retry_after),
+            _ => None,
+        }
+    }
+
     /// The refill rate for token buckets; `None` otherwise.
     pub fn refill_per_second(&self) -> Option<f64> {
         match self.kind {

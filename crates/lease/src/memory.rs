@@ -196,7 +196,7 @@ impl LeaseStore for MemoryStore {
             let all = admits.iter().all(|a| *a);
             let mut out = Vec::with_capacity(items.len());
             for ((item, (k, mut b)), allowed) in items.iter().zip(buckets).zip(admits) {
-                let consume = all && item.cost > 0;
+                let consume = all && item.cost > 0 && !req.is_peek();
                 let entry = if consume {
                     b.consume(&item.limit, now, item.cost, &slot_nonce)
                 } else {

@@ -132,8 +132,9 @@ impl LeaseStore for RedisStore {
             .iter()
             .map(|i| state_key(&i.key, &i.limit).into_owned())
             .collect();
-        let mut args = Vec::with_capacity(1 + 4 * items.len());
+        let mut args = Vec::with_capacity(2 + 4 * items.len());
         args.push(nonce());
+        args.push(if req.is_peek() { "1" } else { "0" }.to_owned());
         for item in items {
             limit_args(&item.limit, &mut args);
             args.push(item.cost.to_string());

@@ -227,6 +227,52 @@ async fn cost_zero_peeks(b: &Backend) {
     assert_eq!(remaining(b, &key, limit).await, 6);
 }
 
+/// A peek is judged as a check (whether the cost fits; if not, when) and consumes nothing.
+async fn peek_tells_when_a_cost_fits_without_spending(b: &Backend) {
+    let key = b.fresh_key("peek");
+    let limit = Limit::token_bucket(5, 10.0).expect("l");
+    let peek = |cost| {
+        CheckRequest::single(key.clone(), limit, cost)
+            .expect("r")
+            .peek()
+    };
+    let out = b.store.check(&peek(5)).await.expect("peek");
+    assert!(out.allowed(), "5 fit a full bucket of 5");
+    assert_eq!(remaining(b, &key, limit).await, 5, "a peek spends nothing");
+    assert!(check(b, &key, limit, 4).await.allowed());
+    let out = b.store.check(&peek(3)).await.expect("peek");
+    assert!(!out.allowed());
+    let retry = out.buckets[0].retry_after;
+    assert!(
+        retry > ms(150) && retry <= ms(200),
+        "two more tokens at 10/s: {retry:?}"
+    );
+    assert_eq!(
+        remaining(b, &key, limit).await,
+        1,
+        "a denied peek spends nothing"
+    );
+    let slots = Limit::concurrency(1, ms(60_000)).expect("l");
+    let slot_key = b.fresh_key("peek-slots");
+    let out = b
+        .store
+        .check(
+            &CheckRequest::single(slot_key.clone(), slots, 1)
+                .expect("r")
+                .peek(),
+        )
+        .await
+        .expect("peek");
+    assert!(
+        out.allowed() && out.buckets[0].slot.is_none(),
+        "a peek takes no slot"
+    );
+    assert!(
+        check(b, &slot_key, slots, 1).await.allowed(),
+        "the slot is still free"
+    );
+}
+
 async fn token_bucket_refills_over_time(b: &Backend) {
     let key = b.fresh_key("refill");
     let limit = Limit::token_bucket(2, 10.0).expect("l"); // one token per 100 ms
@@ -794,6 +840,7 @@ conformance!(
     all_rules_or_none,
     denied_request_spends_nothing,
     cost_zero_peeks,
+    peek_tells_when_a_cost_fits_without_spending,
     token_bucket_refills_over_time,
     token_bucket_retry_is_exact_for_a_large_cost,
     lowered_capacity_applies_at_once,

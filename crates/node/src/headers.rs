@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use tollgate_lease::Algorithm;
+use tollgate_lease::{Algorithm, Limit};
 
 use crate::rules::{CompiledRule, RuleKind};
 use crate::runtime::{RuleStatus, Verdict};
@@ -37,16 +37,27 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// per minute when that is a whole number (the seed's `q=600;w=60` for 10 per second), else
 /// per second, else as its burst over its refill time.
 pub fn policy(rule: &CompiledRule) -> Option<Policy> {
+    policy_for(rule, rule.limit())
+}
+
+/// The quota policy of a decision: the rule's, stated with the limit that decided it (the
+/// home region's whole limit for a forwarded decision, this region's share otherwise).
+pub fn status_policy(status: &RuleStatus) -> Option<Policy> {
+    policy_for(&status.rule, status.limit)
+}
+
+fn policy_for(rule: &CompiledRule, limit: Option<Limit>) -> Option<Policy> {
     let name = rule.name.clone();
-    match rule.kind {
-        RuleKind::Unlimited => None,
-        RuleKind::Block(window) => Some(Policy {
+    match (rule.kind, limit) {
+        (RuleKind::Unlimited, _) => None,
+        (RuleKind::Block(window), _) => Some(Policy {
             name,
             quota: 0,
             window: Some(ceil_secs(window).max(1)),
             unit: None,
         }),
-        RuleKind::Limited(limit) => Some(match limit.algorithm() {
+        (RuleKind::Limited(_), None) => None,
+        (RuleKind::Limited(_), Some(limit)) => Some(match limit.algorithm() {
             Algorithm::TokenBucket => {
                 let rate = limit.refill_per_second().unwrap_or(1.0);
                 let per_minute = rate * 60.0;
@@ -129,17 +140,22 @@ fn t_of(s: &RuleStatus) -> u64 {
     })
 }
 
-/// The headers for a decision over `statuses` (all of a verdict's, or one descriptor's).
-pub fn headers(verdict: &Verdict, statuses: &[&RuleStatus]) -> Vec<(&'static str, String)> {
+/// The header saying why a request was denied (beside Retry-After, which is absent when no
+/// wait can help): `over-limit`, `store-unavailable`, `cost-exceeds-limit`, `blocked`.
+pub const REASON_HEADER: &str = "tollgate-reason";
+
+/// The headers for a decision. Only ENFORCE rules appear: SHADOW rules show in metrics and
+/// logs, never to clients.
+pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
     let mut seen = vec![];
     let mut policies = vec![];
     let mut limits = vec![];
-    for s in statuses.iter().filter(|s| s.outcome.is_some()) {
-        let Some(p) = policy(&s.rule) else { continue };
-        if seen.contains(&s.rule.id) {
+    for s in verdict.statuses.iter().filter(|s| s.shown()) {
+        let Some(p) = status_policy(s) else { continue };
+        if seen.contains(&&s.rule.key) {
             continue;
         }
-        seen.push(s.rule.id.clone());
+        seen.push(&s.rule.key);
         let remaining = if s.allowed { s.remaining } else { 0 };
         let t = t_of(s);
         let mut item = format!("{};r={remaining}", sf_string(&p.name));
@@ -150,6 +166,15 @@ pub fn headers(verdict: &Verdict, statuses: &[&RuleStatus]) -> Vec<(&'static str
         policies.push(policy_item(&p));
     }
     let mut out = vec![];
+    if let Some(denial) = verdict.denial() {
+        out.push((REASON_HEADER, denial.as_str().to_owned()));
+        if denial.retryable() {
+            out.push((
+                "retry-after",
+                ceil_secs(verdict.retry_after).max(1).to_string(),
+            ));
+        }
+    }
     if policies.is_empty() {
         return out;
     }
@@ -180,12 +205,6 @@ pub fn headers(verdict: &Verdict, statuses: &[&RuleStatus]) -> Vec<(&'static str
     out.push(("x-ratelimit-limit", limit_header));
     out.push(("x-ratelimit-remaining", decisive.2.to_string()));
     out.push(("x-ratelimit-reset", decisive.3.to_string()));
-    if !verdict.allowed {
-        out.push((
-            "retry-after",
-            ceil_secs(verdict.retry_after).max(1).to_string(),
-        ));
-    }
     out
 }
 
@@ -211,21 +230,23 @@ mod tests {
         );
         let status = RuleStatus {
             descriptor: 0,
+            also: vec![],
+            limit: r.limit(),
             rule: r,
             allowed: false,
             remaining: 0,
             retry_after: Duration::from_millis(1500),
             reset_after: Duration::from_secs(10),
+            denial: Some(crate::runtime::verdict::Denial::OverLimit),
             outcome: Some(Outcome::Denied),
         };
         let verdict = Verdict {
             allowed: false,
             retry_after: Duration::from_millis(1500),
-            statuses: vec![status.clone()],
-            failed_closed: false,
+            statuses: vec![status],
             slots: vec![],
         };
-        let h = headers(&verdict, &[&status]);
+        let h = headers(&verdict);
         let get = |name| h.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str());
         assert_eq!(get("ratelimit-policy"), Some("\"gold-orders\";q=600;w=60"));
         assert_eq!(get("ratelimit"), Some("\"gold-orders\";r=0;t=2"));

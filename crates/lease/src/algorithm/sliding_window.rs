@@ -3,6 +3,7 @@
 //!
 //! Mirrors `redis/scripts/lib.lua` (`sw_*`).
 
+use crate::algorithm::token_bucket::EPSILON;
 use crate::algorithm::window_start;
 use crate::clock::Micros;
 
@@ -44,12 +45,14 @@ impl SlidingWindow {
         self.prev as f64 * (w - e) / w + self.cur as f64
     }
 
+    /// Whether `cost` fits (an estimate within [`EPSILON`] of the room counts as room: the
+    /// weighting is done in doubles, and a retry at the retry-after given must fit).
     pub(crate) fn admits(&self, limit: u64, window_us: u64, now: Micros, cost: u64) -> bool {
-        self.estimate(window_us, now) + cost as f64 <= limit as f64
+        self.estimate(window_us, now) + cost as f64 <= limit as f64 + EPSILON
     }
 
     pub(crate) fn available(&self, limit: u64, window_us: u64, now: Micros) -> u64 {
-        let left = (limit as f64 - self.estimate(window_us, now)).floor();
+        let left = (limit as f64 - self.estimate(window_us, now) + EPSILON).floor();
         if left <= 0.0 { 0 } else { left as u64 }
     }
 

@@ -4,6 +4,12 @@
 
 use crate::clock::Micros;
 
+/// Tokens this close below a whole number count as it: refill accumulates in doubles (and
+/// Redis keeps 17 significant digits), so a bucket that should hold exactly 3 tokens may hold
+/// 2.9999999999999996, and a client retrying at the retry-after it was given must not be
+/// told to wait another microsecond.
+pub(crate) const EPSILON: f64 = 1e-9;
+
 /// A token bucket's state at a moment. Tokens may be negative after a debit (a debt that
 /// refill repays), never below `-capacity`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,16 +41,13 @@ impl TokenBucket {
     }
 
     pub(crate) fn admits(&self, cost: u64) -> bool {
-        self.tokens >= cost as f64
+        self.tokens + EPSILON >= cost as f64
     }
 
     /// Whole tokens available.
     pub(crate) fn available(&self) -> u64 {
-        if self.tokens <= 0.0 {
-            0
-        } else {
-            self.tokens.floor() as u64
-        }
+        let tokens = (self.tokens + EPSILON).floor();
+        if tokens <= 0.0 { 0 } else { tokens as u64 }
     }
 
     pub(crate) fn take(&mut self, units: u64) {
@@ -64,7 +67,7 @@ impl TokenBucket {
 
     /// Microseconds until `cost` tokens exist.
     pub(crate) fn retry_after(&self, cost: u64, rate: f64) -> u64 {
-        let us = ((cost as f64 - self.tokens) * 1e6 / rate).ceil();
+        let us = ((cost as f64 - self.tokens - EPSILON) * 1e6 / rate).ceil();
         if us <= 0.0 { 0 } else { us as u64 }
     }
 

@@ -23,6 +23,7 @@ pub struct CheckItem {
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckRequest {
     items: Vec<CheckItem>,
+    peek: bool,
 }
 
 impl CheckRequest {
@@ -40,7 +41,20 @@ impl CheckRequest {
                 });
             }
         }
-        Ok(Self { items })
+        Ok(Self { items, peek: false })
+    }
+
+    /// This request as a peek: judged exactly as a check (allowed, remaining, and when denied
+    /// the retry-after for the cost) but consuming nothing, so a node can learn when a cost
+    /// will fit without spending it.
+    pub fn peek(mut self) -> Self {
+        self.peek = true;
+        self
+    }
+
+    /// Whether it is a peek.
+    pub fn is_peek(&self) -> bool {
+        self.peek
     }
 
     /// A check of a single bucket.

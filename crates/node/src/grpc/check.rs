@@ -2,17 +2,19 @@
 //! `{decision, remaining, retryAfterMs, matchedRule}`, and `ReleaseSlots` for concurrency
 //! rules. Descriptors are merged into one set of request attributes (a rule may match `plan`
 //! from one descriptor and `route` from another). A store failure never becomes a gRPC error:
-//! each rule's fail mode decides, and `rules[].failed_with` says so.
+//! each rule's fail mode decides, and `rules[].failed_with` says so. SHADOW rules are never
+//! answered (they are counted in metrics and logged); `reason` says why a request was denied.
 
 use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiter;
 use tollgate_proto::tollgate::ratelimit::v1::{
-    CheckRateLimitRequest, CheckRateLimitResponse, Decision, ReleaseSlotsRequest,
+    CheckRateLimitRequest, CheckRateLimitResponse, Decision, DenyReason, ReleaseSlotsRequest,
     ReleaseSlotsResponse, RuleStatus,
 };
 use tonic::{Request, Response, Status};
 
 use crate::grpc::invalid;
 use crate::metrics::Outcome;
+use crate::runtime::verdict::Denial;
 use crate::runtime::{Descriptor, HeldSlot, Matching, Node};
 
 /// The service.
@@ -30,6 +32,16 @@ impl Check {
 
 fn millis(d: std::time::Duration) -> u64 {
     d.as_micros().div_ceil(1000) as u64
+}
+
+fn reason(denial: Option<Denial>) -> i32 {
+    (match denial {
+        None => DenyReason::Unspecified,
+        Some(Denial::OverLimit) => DenyReason::OverLimit,
+        Some(Denial::StoreUnavailable) => DenyReason::StoreUnavailable,
+        Some(Denial::CostExceedsLimit) => DenyReason::CostExceedsLimit,
+        Some(Denial::Blocked) => DenyReason::Blocked,
+    }) as i32
 }
 
 fn decision(allowed: bool) -> i32 {
@@ -65,12 +77,12 @@ impl RateLimiter for Check {
         let rules = verdict
             .statuses
             .iter()
-            .filter(|s| s.outcome.is_some())
+            .filter(|s| s.shown())
             .map(|s| RuleStatus {
                 rule: s.rule.id.clone(),
                 decision: decision(s.allowed),
-                limit: s.rule.limit().map_or(0, |l| l.capacity()),
-                remaining: s.remaining,
+                limit: s.limit.map_or(0, |l| l.capacity()),
+                remaining: if s.allowed { s.remaining } else { 0 },
                 retry_after_ms: millis(s.retry_after),
                 reset_after_ms: millis(s.reset_after),
                 mode: s.rule.mode.to_string(),
@@ -80,6 +92,7 @@ impl RateLimiter for Check {
                     Some(Outcome::LocalFallback) => "LOCAL".into(),
                     _ => String::new(),
                 },
+                reason: reason(s.denial),
             })
             .collect();
         Ok(Response::new(CheckRateLimitResponse {
@@ -89,6 +102,7 @@ impl RateLimiter for Check {
             matched_rule: decisive.map(|s| s.rule.id.clone()).unwrap_or_default(),
             rules,
             slots: verdict.slots.iter().map(HeldSlot::token).collect(),
+            reason: reason(verdict.denial()),
         }))
     }
 

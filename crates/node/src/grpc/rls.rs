@@ -1,7 +1,9 @@
 //! Envoy's rate limit service, v3: every descriptor gets a status (one per request descriptor,
 //! in order), `overall_code` is never UNKNOWN, and the response carries the rate-limit headers
-//! for Envoy to add. A store failure becomes UNAVAILABLE only where a rule's fail mode says to
-//! deny; otherwise the fail modes decide and the answer is OK or OVER_LIMIT as usual.
+//! for Envoy to add. A store failure is never an RPC error: each rule's fail mode decides, and
+//! a rule that fails closed answers OVER_LIMIT (with Retry-After and `tollgate-reason:
+//! store-unavailable`), so it denies whatever Envoy's `failure_mode_deny` says. Only a request
+//! Tollgate cannot read is an RPC error (INVALID_ARGUMENT).
 
 use std::time::Duration;
 
@@ -16,8 +18,8 @@ use tollgate_proto::envoy::r#type::v3::RateLimitUnit;
 use tonic::{Request, Response, Status};
 
 use crate::grpc::invalid;
-use crate::headers::{ceil_secs, headers, policy};
-use crate::rules::{Mode, RuleKind};
+use crate::headers::{headers, status_policy};
+use crate::rules::RuleKind;
 use crate::runtime::{Descriptor, LimitOverride, Matching, Node, RuleStatus, Verdict};
 
 /// The service.
@@ -80,7 +82,7 @@ pub fn to_request(req: RateLimitRequest) -> Result<crate::runtime::Request, Stat
 
 /// How a status's limit reads in Envoy's terms: requests per unit.
 fn current_limit(s: &RuleStatus) -> Option<RateLimit> {
-    let p = policy(&s.rule)?;
+    let p = status_policy(s)?;
     let (requests, unit) = match p.window {
         None => (p.quota, Unit::Unknown),
         Some(1) => (p.quota, Unit::Second),
@@ -111,22 +113,21 @@ fn duration(d: Duration) -> prost_types::Duration {
 pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
     let mut statuses = Vec::with_capacity(descriptors);
     for i in 0..descriptors {
+        // SHADOW rules never show: they are counted in metrics and logged, nothing else.
         let mine: Vec<&RuleStatus> = verdict
             .statuses
             .iter()
-            .filter(|s| s.descriptor == i && s.outcome.is_some())
+            .filter(|s| s.covers(i) && s.shown())
             .collect();
-        let over = mine
-            .iter()
-            .any(|s| !s.allowed && s.rule.mode == Mode::Enforce);
+        let over = mine.iter().any(|s| s.denies());
         let code = if over { Code::OverLimit } else { Code::Ok };
         let shown = if over {
             mine.iter()
-                .filter(|s| !s.allowed && s.rule.mode == Mode::Enforce)
+                .filter(|s| s.denies())
                 .max_by_key(|s| s.retry_after)
         } else {
             mine.iter()
-                .filter(|s| policy(&s.rule).is_some())
+                .filter(|s| status_policy(s).is_some())
                 .min_by_key(|s| s.remaining)
         };
         let status = match shown {
@@ -138,11 +139,13 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
                 } else {
                     0
                 },
-                duration_until_reset: Some(duration(if s.allowed {
-                    s.reset_after
-                } else {
-                    s.retry_after
-                })),
+                duration_until_reset: Some(duration(
+                    if s.allowed || !s.denial.is_some_and(|d| d.retryable()) {
+                        s.reset_after
+                    } else {
+                        s.retry_after
+                    },
+                )),
                 quota: None,
             },
             None if mine
@@ -167,8 +170,7 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
         };
         statuses.push(status);
     }
-    let all: Vec<&RuleStatus> = verdict.statuses.iter().collect();
-    let response_headers_to_add = headers(verdict, &all)
+    let response_headers_to_add = headers(verdict)
         .into_iter()
         .map(|(key, value)| HeaderValue {
             key: key.into(),
@@ -197,17 +199,6 @@ impl RateLimitService for Rls {
         let request = to_request(request.into_inner())?;
         let descriptors = request.descriptors.len();
         let verdict = self.node.check(&request).await.map_err(invalid)?;
-        if verdict.failed_closed {
-            let rule = verdict
-                .statuses
-                .iter()
-                .find(|s| !s.allowed)
-                .map_or("", |s| s.rule.id.as_str());
-            return Err(Status::unavailable(format!(
-                "the rate limit store is unavailable and rule {rule:?} fails closed; retry in {} s",
-                ceil_secs(verdict.retry_after).max(1)
-            )));
-        }
         Ok(Response::new(to_response(&verdict, descriptors)))
     }
 }

@@ -45,8 +45,11 @@ pub struct CompiledRule {
     pub domain: String,
     /// The policy name in headers.
     pub name: String,
-    /// What it does.
+    /// What it does (a limit here is this region's share of it).
     pub kind: RuleKind,
+    /// The limit before this region's share: what the home region enforces when it decides a
+    /// forwarded HOME_REGION request (None: no limit).
+    pub whole: Option<Limit>,
     /// ENFORCE or SHADOW (DISABLED rules are not compiled).
     pub mode: Mode,
     /// What happens when the store fails.
@@ -108,6 +111,10 @@ impl CompiledRule {
             name: format!("override-{requests}-per-{}s", unit.as_secs()),
             key,
             domain: override_labels().domain,
+            whole: match kind {
+                RuleKind::Limited(l) => Some(l),
+                _ => None,
+            },
             kind,
             mode: Mode::Enforce,
             fail_mode: FailMode::Open,
@@ -273,6 +280,7 @@ impl RuleSet {
                 domain: rule.domain.clone(),
                 name: rule.name.clone(),
                 kind: RuleKind::Limited(limit),
+                whole: Some(rule.limit),
                 placement,
                 mode: rule.mode,
                 fail_mode: rule.fail_mode,
@@ -506,14 +514,14 @@ impl EnvoyCompiler<'_> {
         limit: &NodeLimit,
         key: &str,
     ) -> Result<Arc<CompiledRule>, String> {
-        let (kind, name, replaces) = match limit {
-            NodeLimit::Unlimited => (RuleKind::Unlimited, None, vec![]),
+        let (kind, whole, name, replaces) = match limit {
+            NodeLimit::Unlimited => (RuleKind::Unlimited, None, None, vec![]),
             NodeLimit::Limited {
                 requests: 0,
                 unit,
                 name,
                 replaces,
-            } => (RuleKind::Block(*unit), name.clone(), replaces.clone()),
+            } => (RuleKind::Block(*unit), None, name.clone(), replaces.clone()),
             NodeLimit::Limited {
                 requests,
                 unit,
@@ -533,6 +541,7 @@ impl EnvoyCompiler<'_> {
                 })?;
                 (
                     RuleKind::Limited(scale(limit, self.placement.share)),
+                    Some(limit),
                     name.clone(),
                     replaces.clone(),
                 )
@@ -563,6 +572,7 @@ impl EnvoyCompiler<'_> {
             domain: self.domain.to_owned(),
             key: key.to_owned(),
             kind,
+            whole,
             mode: if node.shadow {
                 Mode::Shadow
             } else {

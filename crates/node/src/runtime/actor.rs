@@ -30,6 +30,19 @@ pub struct Want {
     pub cost: u64,
 }
 
+/// One bucket's part in a lease call.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    /// The bucket.
+    pub bucket: Arc<Bucket>,
+    /// Fewest units worth taking (what the first waiting request lacks).
+    pub min: u64,
+    /// Units wanted (sized by demand).
+    pub want: u64,
+    /// Units this node held and gave back before asking (see [`KeyState::consolidate`]).
+    pub returned: u64,
+}
+
 /// What the actor did for a request.
 #[derive(Debug)]
 pub enum AcquireOutcome {
@@ -56,17 +69,19 @@ pub enum KeyMsg {
         /// Where the outcome goes.
         reply: RpcReplyPort<AcquireOutcome>,
     },
-    /// The decision path saw a lease running low: refill it ahead.
-    Refill(Arc<Bucket>),
+    /// The decision path saw a lease running low, or requests wait on it: refill it with at
+    /// least `min` units (what a waiting request lacks; 1 to refill ahead).
+    Refill {
+        /// The bucket.
+        bucket: Arc<Bucket>,
+        /// Fewest units worth taking.
+        min: u64,
+    },
     /// A store call finished.
     Granted {
         /// What was asked.
-        asks: Vec<Arc<Bucket>>,
-        /// Minimum units per ask.
-        mins: Vec<u64>,
-        /// Units wanted per ask.
-        wants: Vec<u64>,
-        /// The store's answer.
+        asks: Vec<Ask>,
+        /// The store's answer, one grant per ask.
         result: Result<Vec<LeaseGrant>, StoreError>,
     },
     /// Time to look at lease expiries and idleness.
@@ -116,6 +131,8 @@ pub struct KeyState {
     held: HashMap<String, Held>,
     waiters: VecDeque<Waiter>,
     in_flight: bool,
+    /// Refills asked for while a store call was out: sent when it lands (bucket, min).
+    refills: Vec<(Arc<Bucket>, u64)>,
     last_active: Micros,
     next_tick: Option<Micros>,
     /// A shutdown waiting for the lease call in flight, whose units must be returned too.
@@ -140,6 +157,7 @@ impl Actor for KeyActor {
             held: HashMap::new(),
             waiters: VecDeque::new(),
             in_flight: false,
+            refills: vec![],
             last_active: now,
             next_tick: None,
             stopping: None,
@@ -167,46 +185,67 @@ impl Actor for KeyActor {
                 state.serve(now);
                 state.request_for_waiters(&myself, now);
             }
-            KeyMsg::Refill(bucket) => {
+            KeyMsg::Refill { bucket, min } => {
                 state.last_active = now;
                 state.settle_superseded(&bucket, now).await;
-                if state.in_flight {
-                    bucket.refill_done();
-                } else {
-                    let shared = state.shared.clone();
-                    let held = state.hold(&bucket);
-                    held.demand.on_refill(now);
-                    let want = shared
-                        .config
-                        .lease
-                        .want(&held.demand, 1, bucket.limit.capacity());
-                    state.send_request(&myself, vec![(bucket, 1, want)]);
+                match state
+                    .refills
+                    .iter_mut()
+                    .find(|(b, _)| Arc::ptr_eq(b, &bucket))
+                {
+                    Some(pending) => pending.1 = pending.1.max(min),
+                    None => state.refills.push((bucket, min)),
+                }
+                if !state.in_flight {
+                    state.send_refills(&myself, now);
                 }
             }
-            KeyMsg::Granted {
-                asks,
-                mins,
-                wants,
-                result,
-            } => {
+            KeyMsg::Granted { asks, result } => {
                 state.in_flight = false;
                 match result {
                     Ok(grants) => {
-                        for ((bucket, min), grant) in asks.iter().zip(mins).zip(grants) {
-                            state.install(&myself, bucket, min, grant, now);
+                        let mut again = vec![];
+                        let mut stale = vec![];
+                        for (ask, grant) in asks.into_iter().zip(grants) {
+                            if !state.is_current(&ask.bucket) {
+                                // Granted to a definition superseded while the call was out:
+                                // given back at once, before the new definition leases (a
+                                // credit under the old limit after that would add units).
+                                if let Some(id) = grant.lease.filter(|_| grant.units > 0) {
+                                    stale.push((ask.bucket.clone(), id, grant.units));
+                                }
+                                ask.bucket.refill_done();
+                            } else if grant.units == 0
+                                && ask.returned == 0
+                                && ask.bucket.units() > 0
+                            {
+                                again.push(ask);
+                            } else {
+                                state.install(&myself, &ask.bucket, ask.min, grant, now);
+                            }
                         }
-                        state.serve(now);
-                        state.request_for_waiters(&myself, now);
+                        state.send_returns(stale).await;
+                        if again.is_empty() {
+                            state.serve(now);
+                            state.request_for_waiters(&myself, now);
+                            state.send_refills(&myself, now);
+                        } else {
+                            let asks = state.consolidate(again, now).await;
+                            state.send_request(&myself, asks);
+                        }
                     }
                     Err(e) => {
                         if matches!(e, StoreError::Timeout { .. }) {
                             // The store may have granted the lease after all: for the peer
                             // region, count what was asked (under-admission, never over).
-                            for (bucket, want) in asks.iter().zip(&wants) {
-                                state.record_for_peer(bucket, *want, now);
+                            for ask in &asks {
+                                state.record_for_peer(&ask.bucket, ask.want, now);
                             }
                         }
-                        for bucket in &asks {
+                        // Refills asked for meanwhile would fail alike: the breaker decides
+                        // when the store is tried again, not a queue of refills.
+                        let pending = state.refills.drain(..).map(|(b, _)| b);
+                        for bucket in asks.into_iter().map(|a| a.bucket).chain(pending) {
                             bucket.lease_failed();
                         }
                         for waiter in state.waiters.drain(..) {
@@ -394,45 +433,110 @@ impl KeyState {
                 .lease
                 .want(&entry.demand, total - held, capacity)
                 .max(min);
-            asks.push((bucket, min, want));
+            asks.push(Ask {
+                bucket,
+                min,
+                want,
+                returned: 0,
+            });
         }
         if !asks.is_empty() {
             self.send_request(myself, asks);
         }
     }
 
-    /// Starts one lease call for `asks` (bucket, min, want); its result comes back as a message.
-    fn send_request(&mut self, myself: &ActorRef<KeyMsg>, asks: Vec<(Arc<Bucket>, u64, u64)>) {
+    /// Starts the refills asked for (one lease call for all of them), unless a call is out:
+    /// they wait for it to land.
+    fn send_refills(&mut self, myself: &ActorRef<KeyMsg>, now: Micros) {
+        if self.in_flight || self.refills.is_empty() {
+            return;
+        }
+        let shared = self.shared.clone();
+        let mut asks = vec![];
+        for (bucket, min) in std::mem::take(&mut self.refills) {
+            // A definition superseded (and settled) meanwhile leases nothing more: its units
+            // would be credited back under the old limit after the new one had leased.
+            if !self.is_current(&bucket) {
+                bucket.refill_done();
+                continue;
+            }
+            let capacity = bucket.limit.capacity();
+            let min = min.clamp(1, capacity);
+            let held = self.hold(&bucket);
+            held.demand.on_refill(now);
+            let want = shared.config.lease.want(&held.demand, min, capacity);
+            asks.push(Ask {
+                bucket,
+                min,
+                want,
+                returned: 0,
+            });
+        }
+        if !asks.is_empty() {
+            self.send_request(myself, asks);
+        }
+    }
+
+    /// Whether `bucket` is still the one the decision path finds (not superseded by a
+    /// changed rule and settled, nor dropped).
+    fn is_current(&self, bucket: &Arc<Bucket>) -> bool {
+        self.shared
+            .registry
+            .bucket(&crate::runtime::registry::bucket_key(
+                bucket.rule.uid,
+                &self.identity,
+            ))
+            .is_some_and(|b| Arc::ptr_eq(&b, bucket))
+    }
+
+    /// Starts one lease call for `asks`; its result comes back as a message.
+    fn send_request(&mut self, myself: &ActorRef<KeyMsg>, asks: Vec<Ask>) {
         self.in_flight = true;
         let policy = &self.shared.config.lease;
         let lease_asks = asks
             .iter()
-            .map(|(b, min, want)| LeaseAsk {
-                key: b.key.clone(),
-                limit: b.limit,
-                want: *want,
-                min: *min,
+            .map(|a| LeaseAsk {
+                key: a.bucket.key.clone(),
+                limit: a.bucket.limit,
+                want: a.want,
+                min: a.min,
                 max_share: policy.max_share,
             })
             .collect();
         let request = LeaseRequest::new(lease_asks, policy.ttl);
         let shared = self.shared.clone();
         let myself = myself.clone();
-        let mins = asks.iter().map(|(_, m, _)| *m).collect();
-        let wants = asks.iter().map(|(_, _, w)| *w).collect();
-        let buckets: Vec<Arc<Bucket>> = asks.into_iter().map(|(b, _, _)| b).collect();
         tokio::spawn(async move {
             let result = match request {
                 Ok(req) => shared.store.acquire_leases(&req).await,
                 Err(e) => Err(StoreError::Invalid(e)),
             };
-            let _ = myself.cast(KeyMsg::Granted {
-                asks: buckets,
-                mins,
-                wants,
-                result,
-            });
+            let _ = myself.cast(KeyMsg::Granted { asks, result });
         });
+    }
+
+    /// The store had no room for what a request lacked while this node held part of it: give
+    /// what this node holds back, and ask for all of it, so the store alone decides, from its
+    /// own count, whether the request fits and, if not, when it will. (Asking only for the
+    /// lacking part would be told a retry-after that assumes the held units survive, and a
+    /// window's units die with their window.)
+    async fn consolidate(&mut self, asks: Vec<Ask>, now: Micros) -> Vec<Ask> {
+        let mut returns = vec![];
+        let mut out = Vec::with_capacity(asks.len());
+        for mut ask in asks {
+            let held = self.hold(&ask.bucket);
+            let leases = std::mem::take(&mut held.leases);
+            let given: Vec<_> = unspent_returns(ask.bucket.clone(), leases, now);
+            let units: u64 = given.iter().map(|(_, _, u)| *u).sum();
+            returns.extend(given);
+            let capacity = ask.bucket.limit.capacity();
+            ask.min = (ask.min + units).min(capacity);
+            ask.want = ask.want.max(ask.min);
+            ask.returned = units.max(1);
+            out.push(ask);
+        }
+        self.send_returns(returns).await;
+        out
     }
 
     fn install(
@@ -474,23 +578,27 @@ impl KeyState {
         self.schedule_tick(myself, expires_at.saturating_sub(margin), now);
     }
 
-    /// Returns leases shortly before they end: the newest lease of a bucket takes back what
-    /// is unspent (older ones are spent first), and a window's units die with the window.
+    /// Returns leases shortly before they end (older ones are spent first, so what is unspent
+    /// belongs to the newest), and a window's units die with the window.
     async fn expire_leases(&mut self, now: Micros) {
         let margin = self.return_margin();
         let mut returns = vec![];
         for held in self.held.values_mut() {
+            // Units are spent oldest lease first, so what is unspent belongs to the newest
+            // leases: an ending lease's share is what the unspent units exceed the leases
+            // after it by, at most its grant. That share goes back under its id.
+            let mut after: u64 = held.leases.iter().map(|l| l.units).sum();
             while let Some(front) = held.leases.front() {
                 if front.expires_at > now + margin {
                     break;
                 }
                 let lease = held.leases.pop_front().expect("front exists");
-                if held.leases.is_empty() {
-                    let unspent = held.bucket.reclaim();
-                    let give = unspent.min(lease.units);
-                    if give > 0 && lease.expires_at > now {
-                        returns.push((held.bucket.clone(), lease.id, give));
-                    }
+                after -= lease.units;
+                let unspent = held.bucket.units().max(0) as u64;
+                let share = unspent.saturating_sub(after).min(lease.units);
+                let taken = held.bucket.reclaim_up_to(share);
+                if taken > 0 && lease.expires_at > now {
+                    returns.push((held.bucket.clone(), lease.id, taken));
                 }
             }
         }

@@ -43,8 +43,10 @@ pub struct Bucket {
     /// The store said no units for costs ≥ `denied_cost` until `denied_until`: answer locally.
     denied_until: AtomicU64,
     denied_cost: AtomicU64,
-    /// What the store said remains globally, and when the bucket would be full.
+    /// What the store said remains globally, when it said so, and when the bucket would be
+    /// full (node clock, µs).
     global_remaining: AtomicU64,
+    observed_at: AtomicU64,
     full_at: AtomicU64,
     /// The coarse per-node pre-limit (None: disabled).
     pub prelimit: Option<LocalBucket>,
@@ -56,6 +58,9 @@ pub struct Bucket {
     failed: AtomicBool,
     /// Units requests are waiting for (a refill asks for at least this many).
     waiting: AtomicU64,
+    /// The store had room for `room_need` units; trusted until `room_until`.
+    room_need: AtomicU64,
+    room_until: AtomicU64,
 }
 
 /// What waiting for a refill gave.
@@ -82,7 +87,7 @@ impl Bucket {
         cluster_nodes: u32,
     ) -> Self {
         Self {
-            prelimit: prelimit_factor.map(|f| LocalBucket::for_limit(&limit, f)),
+            prelimit: prelimit_factor.map(|f| LocalBucket::prelimit(&limit, f)),
             fallback: Arc::new(LocalBucket::for_limit(
                 &limit,
                 1.0 / f64::from(cluster_nodes.max(1)),
@@ -98,10 +103,13 @@ impl Bucket {
             denied_until: AtomicU64::new(0),
             denied_cost: AtomicU64::new(u64::MAX),
             global_remaining: AtomicU64::new(limit.capacity()),
+            observed_at: AtomicU64::new(0),
             full_at: AtomicU64::new(0),
             arrived: tokio::sync::Notify::new(),
             failed: AtomicBool::new(false),
             waiting: AtomicU64::new(0),
+            room_need: AtomicU64::new(0),
+            room_until: AtomicU64::new(0),
         }
     }
 
@@ -185,8 +193,18 @@ impl Bucket {
             if self.failed.load(Ordering::Acquire) && !self.refill_pending() {
                 break RefillOutcome::Failed;
             }
-            // Queue a refill unless one is on its way; it asks for every waiting unit.
-            if self.queue_refill() && self.actor.cast(KeyMsg::Refill(self.clone())).is_err() {
+            // Queue a refill unless one is on its way: at least what this request lacks, so a
+            // denial says when this request fits.
+            let need = cost.saturating_sub(self.units().max(0) as u64).max(1);
+            if self.queue_refill()
+                && self
+                    .actor
+                    .cast(KeyMsg::Refill {
+                        bucket: self.clone(),
+                        min: need,
+                    })
+                    .is_err()
+            {
                 self.refill_queued.store(false, Ordering::Release);
                 break RefillOutcome::Missed;
             }
@@ -207,16 +225,58 @@ impl Bucket {
         self.waiting.load(Ordering::Acquire)
     }
 
-    /// The store recently said there is no room for `cost`: until when.
-    pub fn denied_for(&self, cost: u64, now: Micros) -> Option<Duration> {
-        let until = self.denied_until.load(Ordering::Acquire);
-        (now < until && cost >= self.denied_cost.load(Ordering::Acquire))
-            .then(|| Duration::from_micros(until - now))
+    /// Leased units that can still be spent at `at` (a window's units die with it).
+    pub fn held_at(&self, at: Micros) -> u64 {
+        let spend_before = self.spend_before.load(Ordering::Acquire);
+        if spend_before != NO_DEADLINE && at >= spend_before {
+            return 0;
+        }
+        self.units().max(0) as u64
     }
 
-    /// Estimated units left globally: what the store last said plus what this node holds.
-    pub fn remaining(&self) -> u64 {
-        self.global_remaining.load(Ordering::Relaxed) + self.units().max(0) as u64
+    /// The store recently said it has no room for what `cost` needs beyond the units this
+    /// node holds: how long until it has, when that follows from what the store said (its
+    /// retry-after for the cost it was asked, and the algorithm). None: ask the store.
+    pub fn denied_for(&self, cost: u64, now: Micros) -> Option<Duration> {
+        self.store_denies(cost.saturating_sub(self.held_at(now)), now)
+    }
+
+    /// [`Bucket::denied_for`] for `need` units from the store.
+    pub fn store_denies(&self, need: u64, now: Micros) -> Option<Duration> {
+        let until = self.denied_until.load(Ordering::Acquire);
+        if now >= until || need == 0 {
+            return None;
+        }
+        let denied = self.denied_cost.load(Ordering::Acquire);
+        self.limit
+            .retry_for_more(denied, Duration::from_micros(until - now), need)
+    }
+
+    /// Whether the store was seen to have room for `need` recently enough (see
+    /// [`Bucket::saw_room`]).
+    pub fn room_seen(&self, need: u64, now: Micros) -> bool {
+        now < self.room_until.load(Ordering::Acquire)
+            && need <= self.room_need.load(Ordering::Acquire)
+    }
+
+    /// Records that the store had room for `need`, trusted until `until` (a pre-limit denial
+    /// asks the store once per wait, not once per denied request).
+    pub(crate) fn saw_room(&self, need: u64, until: Micros) {
+        self.room_need.store(need, Ordering::Release);
+        self.room_until.store(until, Ordering::Release);
+    }
+
+    /// Estimated units left globally at `now`: what the store last said (a token bucket
+    /// refilled since, at its rate) plus what this node holds, at most the capacity.
+    pub fn remaining(&self, now: Micros) -> u64 {
+        let mut store = self.global_remaining.load(Ordering::Relaxed);
+        if let Some(rate) = self.limit.refill_per_second() {
+            let since = now.saturating_sub(self.observed_at.load(Ordering::Relaxed));
+            store = store.saturating_add((rate * since as f64 / 1e6).floor() as u64);
+        }
+        store
+            .saturating_add(self.units().max(0) as u64)
+            .min(self.limit.capacity())
     }
 
     /// Estimated time until the bucket is full.
@@ -239,6 +299,18 @@ impl Bucket {
         self.arrived.notify_waiters();
     }
 
+    /// Takes up to `units` back (a lease's unspent share, to return it); how many it took.
+    pub(crate) fn reclaim_up_to(&self, units: u64) -> u64 {
+        let mut taken = 0;
+        let _ = self
+            .units
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                taken = (held.max(0) as u64).min(units);
+                Some(held - taken as i64)
+            });
+        taken
+    }
+
     /// Takes every unit back (to return them to the store, or because their window ended).
     pub(crate) fn reclaim(&self) -> u64 {
         self.units.swap(0, Ordering::AcqRel).max(0) as u64
@@ -247,6 +319,7 @@ impl Bucket {
     /// Records what the store said about the bucket.
     pub(crate) fn observe(&self, remaining: u64, reset_after: Duration, now: Micros) {
         self.global_remaining.store(remaining, Ordering::Relaxed);
+        self.observed_at.store(now, Ordering::Relaxed);
         self.full_at
             .store(now + reset_after.as_micros() as u64, Ordering::Relaxed);
     }

@@ -46,10 +46,33 @@ impl LocalBucket {
         Self::new(capacity, capacity / secs)
     }
 
-    /// Takes `cost` units at `now`, or says how long until they would fit.
+    /// The per-node pre-limit of `limit` at `factor`: at factor 1 it admits everything the
+    /// limit itself could admit from one node, so for a lone client it never denies what the
+    /// store would admit and its wait is never shorter than the store's. A token bucket is
+    /// itself; a window of L becomes a bucket of 2L refilled at L per window, the most any
+    /// window algorithm admits over any span (L in each window the span touches, and a span
+    /// shorter than a window can touch two). Slots are not pre-limited.
+    pub fn prelimit(limit: &Limit, factor: f64) -> Self {
+        match limit.algorithm() {
+            Algorithm::TokenBucket => Self::for_limit(limit, factor),
+            Algorithm::Concurrency => Self::for_limit(limit, factor),
+            _ => {
+                let capacity = limit.capacity() as f64 * factor;
+                let secs = limit
+                    .window()
+                    .unwrap_or(Duration::from_secs(1))
+                    .as_secs_f64();
+                Self::new(2.0 * capacity, capacity / secs)
+            }
+        }
+    }
+
+    /// Takes `cost` units at `now`, or says how long until they would fit. A cost larger than
+    /// the bucket fits when the bucket is full, and empties it: a bucket scaled below a rule's
+    /// capacity (a pre-limit under 1, a LOCAL share) never refuses a cost the rule admits.
     pub fn take(&self, cost: u64, now: Micros) -> Result<(), Duration> {
         let now_ns = now.saturating_mul(1000);
-        let increment = cost.saturating_mul(self.interval);
+        let increment = cost.saturating_mul(self.interval).min(self.tolerance);
         let mut tat = self.tat.load(Ordering::Acquire);
         loop {
             let next = tat.max(now_ns).saturating_add(increment);
@@ -69,7 +92,7 @@ impl LocalBucket {
 
     /// Gives back `cost` units taken for a request that was denied elsewhere.
     pub fn refund(&self, cost: u64) {
-        let decrement = cost.saturating_mul(self.interval);
+        let decrement = cost.saturating_mul(self.interval).min(self.tolerance);
         let _ = self
             .tat
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
@@ -96,12 +119,36 @@ mod tests {
     }
 
     #[test]
+    fn a_cost_above_the_burst_fits_a_full_bucket() {
+        let b = LocalBucket::new(2.0, 1.0);
+        b.take(5, 0)
+            .expect("a full bucket admits it, and is emptied");
+        assert_eq!(
+            b.take(5, 0),
+            Err(Duration::from_secs(2)),
+            "until full again"
+        );
+        b.take(5, 2_000_000).expect("full again");
+    }
+
+    #[test]
     fn refunds_give_units_back() {
         let b = LocalBucket::new(2.0, 1.0);
         b.take(2, 0).expect("burst");
         assert!(b.take(1, 0).is_err());
         b.refund(1);
         b.take(1, 0).expect("refunded");
+    }
+
+    #[test]
+    fn a_window_prelimit_admits_two_windows_worth_across_a_boundary() {
+        // FIXED_WINDOW 5/min admits 5 just before a boundary and 5 just after it.
+        let limit = Limit::fixed_window(5, Duration::from_secs(60)).expect("limit");
+        let b = LocalBucket::prelimit(&limit, 1.0);
+        for _ in 0..10 {
+            b.take(1, 59_900_000).expect("two windows' worth");
+        }
+        assert!(b.take(1, 59_900_000).is_err());
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::runtime::registry::{Registry, bucket_key};
 use crate::runtime::request::{Matching, Request, RequestError};
 use crate::runtime::shared::{RuntimeConfig, Shared};
 use crate::runtime::supervisor::{KeySupervisor, SupervisorMsg};
-use crate::runtime::verdict::{HeldSlot, RuleStatus, Verdict};
+use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict, reset_after};
 use tollgate_regionsync::RegionSync;
 use tollgate_regionsync::messages::{ForwardReply, ForwardRequest};
 
@@ -74,9 +74,77 @@ struct Inner {
 #[derive(Debug, Clone)]
 struct Hit {
     descriptor: usize,
+    /// Other descriptors that matched the same rule for the same identity (charged once).
+    also: Vec<usize>,
     rule: Arc<CompiledRule>,
     identity: Vec<u8>,
     cost: u64,
+}
+
+impl Hit {
+    /// A status measured against this region's limit of the rule; the reset follows from
+    /// `remaining` for a token bucket, and is the store's (`store_reset`) for windows.
+    fn status(
+        &self,
+        outcome: Outcome,
+        denial: Option<Denial>,
+        remaining: u64,
+        retry_after: Duration,
+        store_reset: Duration,
+    ) -> RuleStatus {
+        let limit = self.rule.limit();
+        RuleStatus {
+            descriptor: self.descriptor,
+            also: self.also.clone(),
+            rule: self.rule.clone(),
+            limit,
+            allowed: denial.is_none(),
+            remaining,
+            retry_after,
+            reset_after: limit.map_or(store_reset, |l| reset_after(&l, remaining, store_reset)),
+            denial,
+            outcome: Some(outcome),
+        }
+    }
+
+    fn admitted(&self, outcome: Outcome, remaining: u64, store_reset: Duration) -> RuleStatus {
+        self.status(outcome, None, remaining, Duration::ZERO, store_reset)
+    }
+
+    fn denied(
+        &self,
+        outcome: Outcome,
+        denial: Denial,
+        retry_after: Duration,
+        store_reset: Duration,
+    ) -> RuleStatus {
+        self.status(outcome, Some(denial), 0, retry_after, store_reset)
+    }
+
+    /// Over the limit: the request fits after `retry_after`.
+    fn over_limit(&self, retry_after: Duration, store_reset: Duration) -> RuleStatus {
+        self.denied(Outcome::Denied, Denial::OverLimit, retry_after, store_reset)
+    }
+
+    /// Admitted from `bucket`'s lease: what this node's view says remains.
+    fn leased(&self, bucket: &Bucket, now: u64) -> RuleStatus {
+        self.admitted(
+            Outcome::Allowed,
+            bucket.remaining(now),
+            bucket.reset_after(now),
+        )
+    }
+
+    /// Not evaluated (the request was decided before this rule was reached).
+    fn unevaluated(&self) -> RuleStatus {
+        let mut status = self.admitted(
+            Outcome::Allowed,
+            self.rule.limit().map_or(0, |l| l.capacity()),
+            Duration::ZERO,
+        );
+        status.outcome = None;
+        status
+    }
 }
 
 /// What to give back if the request ends up denied.
@@ -177,6 +245,7 @@ impl Node {
         }
         let hit = Hit {
             descriptor: 0,
+            also: vec![],
             rule,
             identity: identity.to_vec(),
             cost,
@@ -312,12 +381,26 @@ impl Node {
     fn hits(&self, rules: &RuleSet, request: &Request) -> Result<Vec<Hit>, RequestError> {
         let mut hits = vec![];
         let mut push = |descriptor: usize, matched: crate::rules::Matched, cost: u64| {
-            hits.push(Hit {
-                descriptor,
-                rule: matched.rule,
-                identity: matched.identity,
-                cost,
-            });
+            // A request charges a bucket once: a rule matched for the same identity by several
+            // descriptors (Envoy sends one per `rate_limits` entry) is one hit, at the largest
+            // of their costs, answering for each of them.
+            match hits.iter_mut().find(|h: &&mut Hit| {
+                h.rule.uid == matched.rule.uid && h.identity == matched.identity
+            }) {
+                Some(hit) => {
+                    hit.cost = hit.cost.max(cost);
+                    if hit.descriptor != descriptor && !hit.also.contains(&descriptor) {
+                        hit.also.push(descriptor);
+                    }
+                }
+                None => hits.push(Hit {
+                    descriptor,
+                    also: vec![],
+                    rule: matched.rule,
+                    identity: matched.identity,
+                    cost,
+                }),
+            }
         };
         let mut native = vec![];
         match request.matching {
@@ -417,14 +500,7 @@ impl Node {
         for (i, hit) in hits.iter().enumerate() {
             match hit.rule.kind {
                 RuleKind::Unlimited => {
-                    statuses[i] = Some(status(
-                        hit,
-                        true,
-                        u64::MAX,
-                        Duration::ZERO,
-                        Duration::ZERO,
-                        Outcome::Allowed,
-                    ))
+                    statuses[i] = Some(hit.admitted(Outcome::Allowed, u64::MAX, Duration::ZERO))
                 }
                 RuleKind::Block(window) => {
                     let shadowed = hit.rule.mode == Mode::Shadow;
@@ -434,24 +510,17 @@ impl Node {
                         Outcome::Denied
                     };
                     blocked |= !shadowed;
-                    statuses[i] = Some(status(hit, false, 0, window, window, outcome));
+                    statuses[i] =
+                        Some(hit.denied(outcome, Denial::Blocked, Duration::ZERO, window));
                 }
                 RuleKind::Limited(_) if hit.rule.mode == Mode::Shadow => shadow.push(i),
                 RuleKind::Limited(_) => enforce.push(i),
             }
         }
         let mut undo = Undo::default();
-        let mut failed_closed = false;
         let allowed = !blocked
             && self
-                .reserve(
-                    &hits,
-                    &enforce,
-                    &mut statuses,
-                    &mut undo,
-                    &mut failed_closed,
-                    now,
-                )
+                .reserve(&hits, &enforce, &mut statuses, &mut undo, now)
                 .await;
         let slots = if allowed {
             std::mem::take(&mut undo.slots)
@@ -462,16 +531,8 @@ impl Node {
         if allowed {
             for i in shadow {
                 let mut shadow_undo = Undo::default();
-                let mut ignored = false;
                 if !self
-                    .reserve(
-                        &hits,
-                        &[i],
-                        &mut statuses,
-                        &mut shadow_undo,
-                        &mut ignored,
-                        now,
-                    )
+                    .reserve(&hits, &[i], &mut statuses, &mut shadow_undo, now)
                     .await
                 {
                     self.rollback(shadow_undo);
@@ -484,17 +545,7 @@ impl Node {
         let statuses: Vec<RuleStatus> = statuses
             .into_iter()
             .zip(&hits)
-            .map(|(s, hit)| {
-                s.unwrap_or_else(|| RuleStatus {
-                    descriptor: hit.descriptor,
-                    rule: hit.rule.clone(),
-                    allowed: true,
-                    remaining: hit.rule.limit().map_or(0, |l| l.capacity()),
-                    retry_after: Duration::ZERO,
-                    reset_after: Duration::ZERO,
-                    outcome: None,
-                })
-            })
+            .map(|(s, hit)| s.unwrap_or_else(|| hit.unevaluated()))
             .collect();
         for s in &statuses {
             let counted = match s.outcome {
@@ -504,25 +555,28 @@ impl Node {
             };
             if let Some(outcome) = counted {
                 s.rule.counters.get(outcome).inc();
+                if outcome == Outcome::ShadowDenied {
+                    tracing::debug!(rule = %s.rule.id, "a SHADOW rule would have denied");
+                }
             }
         }
-        let retry_after = if allowed {
-            Duration::ZERO
-        } else {
-            statuses
+        let mut verdict = Verdict {
+            allowed,
+            retry_after: Duration::ZERO,
+            statuses,
+            slots,
+        };
+        if !allowed && verdict.denial().is_some_and(Denial::retryable) {
+            // The request fits when every denying rule has room: the longest wait.
+            verdict.retry_after = verdict
+                .statuses
                 .iter()
-                .filter(|s| !s.allowed && s.rule.mode == Mode::Enforce)
+                .filter(|s| s.denies())
                 .map(|s| s.retry_after)
                 .max()
-                .unwrap_or_default()
-        };
-        Verdict {
-            allowed,
-            retry_after,
-            statuses,
-            failed_closed,
-            slots,
+                .unwrap_or_default();
         }
+        verdict
     }
 
     /// Reserves every hit in `indices`, or returns false having filled the status of the hit
@@ -535,21 +589,15 @@ impl Node {
         indices: &[usize],
         statuses: &mut [Option<RuleStatus>],
         undo: &mut Undo,
-        failed_closed: &mut bool,
         now: u64,
     ) -> bool {
         let Some(region) = self.inner.shared.region.get() else {
-            return self
-                .reserve_local(hits, indices, statuses, undo, failed_closed, now)
-                .await;
+            return self.reserve_local(hits, indices, statuses, undo, now).await;
         };
         let (forwarded, local): (Vec<usize>, Vec<usize>) = indices
             .iter()
             .partition(|&&i| hits[i].rule.forwarded() && hits[i].cost > 0);
-        if !self
-            .reserve_local(hits, &local, statuses, undo, failed_closed, now)
-            .await
-        {
+        if !self.reserve_local(hits, &local, statuses, undo, now).await {
             return false;
         }
         let mut unanswered = vec![];
@@ -557,19 +605,21 @@ impl Node {
             let hit = &hits[i];
             match region.forward(&hit.rule.key, &hit.identity, hit.cost).await {
                 Some(reply) => {
-                    let (outcome, retry) = if reply.allowed {
-                        (Outcome::Allowed, Duration::ZERO)
+                    // The home region decided on the whole limit: the answer is measured
+                    // against it, not against this region's fallback share.
+                    let mut status = if reply.allowed {
+                        hit.admitted(Outcome::Allowed, reply.remaining, Duration::ZERO)
                     } else {
-                        (Outcome::Denied, Duration::from_micros(reply.retry_after_us))
+                        hit.denied(
+                            Outcome::Denied,
+                            Denial::OverLimit,
+                            Duration::from_micros(reply.retry_after_us),
+                            Duration::ZERO,
+                        )
                     };
-                    statuses[i] = Some(status(
-                        hit,
-                        reply.allowed,
-                        reply.remaining,
-                        retry,
-                        Duration::from_micros(reply.reset_after_us),
-                        outcome,
-                    ));
+                    status.limit = hit.rule.whole;
+                    status.reset_after = Duration::from_micros(reply.reset_after_us);
+                    statuses[i] = Some(status);
                     if !reply.allowed {
                         return false;
                     }
@@ -579,7 +629,7 @@ impl Node {
         }
         unanswered.is_empty()
             || self
-                .reserve_local(hits, &unanswered, statuses, undo, failed_closed, now)
+                .reserve_local(hits, &unanswered, statuses, undo, now)
                 .await
     }
 
@@ -590,7 +640,6 @@ impl Node {
         indices: &[usize],
         statuses: &mut [Option<RuleStatus>],
         undo: &mut Undo,
-        failed_closed: &mut bool,
         now: u64,
     ) -> bool {
         let shared = &self.inner.shared;
@@ -602,9 +651,13 @@ impl Node {
                 continue;
             };
             if hit.cost > limit.capacity() {
-                // Can never fit: deny without asking anyone.
-                let wait = full_period(&limit);
-                statuses[i] = Some(status(hit, false, 0, wait, wait, Outcome::Denied));
+                // Can never fit: refused as such, without asking anyone.
+                statuses[i] = Some(hit.denied(
+                    Outcome::Denied,
+                    Denial::CostExceedsLimit,
+                    Duration::ZERO,
+                    Duration::ZERO,
+                ));
                 return false;
             }
             // Peeks and concurrency slots are store checks; so is everything while stopping.
@@ -622,45 +675,28 @@ impl Node {
             if let Some(pre) = &bucket.prelimit {
                 if let Err(wait) = pre.take(hit.cost, now) {
                     shared.metrics.prelimit_denied.inc();
-                    statuses[i] = Some(status(
-                        hit,
-                        false,
-                        0,
-                        wait,
-                        bucket.reset_after(now),
-                        Outcome::Denied,
-                    ));
+                    let wait = wait.max(self.store_wait(&bucket, hit.cost, now, wait).await);
+                    statuses[i] = Some(hit.over_limit(wait, bucket.reset_after(now)));
                     return false;
                 }
                 undo.prelimits.push((bucket.clone(), hit.cost));
             }
-            if let Some(wait) = bucket.denied_for(hit.cost, now) {
-                statuses[i] = Some(status(
-                    hit,
-                    false,
-                    0,
-                    wait,
-                    bucket.reset_after(now),
-                    Outcome::Denied,
-                ));
-                return false;
-            }
             if bucket.try_take(hit.cost, || now) {
                 shared.metrics.lease_hits.inc();
                 undo.leases.push((bucket.clone(), hit.cost));
-                statuses[i] = Some(status(
-                    hit,
-                    true,
-                    bucket.remaining(),
-                    Duration::ZERO,
-                    bucket.reset_after(now),
-                    Outcome::Allowed,
-                ));
+                statuses[i] = Some(hit.leased(&bucket, now));
                 if bucket.should_queue_refill(|granted, left| {
                     shared.config.lease.should_refill(granted, left)
                 }) {
-                    let _ = bucket.actor.cast(KeyMsg::Refill(bucket.clone()));
+                    let _ = bucket.actor.cast(KeyMsg::Refill {
+                        bucket: bucket.clone(),
+                        min: 1,
+                    });
                 }
+            } else if let Some(wait) = bucket.denied_for(hit.cost, now) {
+                // The store said it has no room for what the lease lacks: answered here.
+                statuses[i] = Some(hit.over_limit(wait, bucket.reset_after(now)));
+                return false;
             } else {
                 shared.metrics.lease_waits.inc();
                 let clock = &shared.clock;
@@ -671,37 +707,15 @@ impl Node {
                     RefillOutcome::Took => {
                         shared.metrics.lease_hits.inc();
                         undo.leases.push((bucket.clone(), hit.cost));
-                        statuses[i] = Some(status(
-                            hit,
-                            true,
-                            bucket.remaining(),
-                            Duration::ZERO,
-                            bucket.reset_after(now),
-                            Outcome::Allowed,
-                        ));
+                        statuses[i] = Some(hit.leased(&bucket, now));
                     }
                     RefillOutcome::Denied(wait) => {
-                        statuses[i] = Some(status(
-                            hit,
-                            false,
-                            0,
-                            wait,
-                            bucket.reset_after(now),
-                            Outcome::Denied,
-                        ));
+                        statuses[i] = Some(hit.over_limit(wait, bucket.reset_after(now)));
                         return false;
                     }
                     RefillOutcome::Failed => {
                         let error = StoreError::Unavailable("the lease refill failed".into());
-                        if !self.fail_mode(
-                            i,
-                            hit,
-                            Some(&bucket),
-                            &error,
-                            statuses,
-                            undo,
-                            failed_closed,
-                        ) {
+                        if !self.fail_mode(i, hit, Some(&bucket), &error, statuses, undo) {
                             return false;
                         }
                     }
@@ -752,39 +766,18 @@ impl Node {
                     let now = self.now();
                     for (i, b) in &group {
                         undo.leases.push((b.clone(), hits[*i].cost));
-                        statuses[*i] = Some(status(
-                            &hits[*i],
-                            true,
-                            b.remaining(),
-                            Duration::ZERO,
-                            b.reset_after(now),
-                            Outcome::Allowed,
-                        ));
+                        statuses[*i] = Some(hits[*i].leased(b, now));
                     }
                 }
                 AcquireOutcome::Denied { index, retry_after } => {
                     let (i, b) = &group[index];
-                    statuses[*i] = Some(status(
-                        &hits[*i],
-                        false,
-                        0,
-                        retry_after,
-                        b.reset_after(self.now()),
-                        Outcome::Denied,
-                    ));
+                    statuses[*i] =
+                        Some(hits[*i].over_limit(retry_after, b.reset_after(self.now())));
                     return false;
                 }
                 AcquireOutcome::Failed(error) => {
                     for (i, b) in &group {
-                        if !self.fail_mode(
-                            *i,
-                            &hits[*i],
-                            Some(b),
-                            &error,
-                            statuses,
-                            undo,
-                            failed_closed,
-                        ) {
+                        if !self.fail_mode(*i, &hits[*i], Some(b), &error, statuses, undo) {
                             return false;
                         }
                     }
@@ -794,25 +787,21 @@ impl Node {
         // Peeks, slots, and buckets without an actor (cap reached, or shutting down): a direct
         // check per identity, all or nothing within it.
         for group in group_by_identity(hits, &direct) {
-            if !self
-                .check_directly(hits, &group, statuses, undo, failed_closed)
-                .await
-            {
+            if !self.check_directly(hits, &group, statuses, undo).await {
                 return false;
             }
         }
         true
     }
 
-    /// Decides hits by one store check (their buckets share an identity). Hits of the same
-    /// bucket are checked as one item of their summed cost.
+    /// Decides hits by one store check (their buckets share an identity; a request charges a
+    /// bucket once, so each bucket is one item).
     async fn check_directly(
         &self,
         hits: &[Hit],
         group: &[usize],
         statuses: &mut [Option<RuleStatus>],
         undo: &mut Undo,
-        failed_closed: &mut bool,
     ) -> bool {
         let mut items: Vec<CheckItem> = vec![];
         let mut item_of = Vec::with_capacity(group.len());
@@ -825,34 +814,24 @@ impl Node {
                 item_of.push(None);
                 continue;
             };
-            match items.iter().position(|it| it.key == key) {
-                Some(at) => {
-                    items[at].cost += hit.cost;
-                    item_of.push(Some(at));
-                }
-                None => {
-                    item_of.push(Some(items.len()));
-                    items.push(CheckItem {
-                        key,
-                        limit,
-                        cost: hit.cost,
-                    });
-                }
-            }
+            item_of.push(Some(items.len()));
+            items.push(CheckItem {
+                key,
+                limit,
+                cost: hit.cost,
+            });
         }
         let request = match CheckRequest::new(items.clone()) {
             Ok(r) => r,
             Err(e) => {
-                // Summed costs above a bucket's capacity: that request can never fit.
+                // Only a cost above a bucket's capacity is refused here: it can never fit.
                 tracing::debug!(error = %e, "a request cannot be admitted");
                 let i = group[0];
-                statuses[i] = Some(status(
-                    &hits[i],
-                    false,
-                    0,
-                    Duration::ZERO,
-                    Duration::ZERO,
+                statuses[i] = Some(hits[i].denied(
                     Outcome::Denied,
+                    Denial::CostExceedsLimit,
+                    Duration::ZERO,
+                    Duration::ZERO,
                 ));
                 return false;
             }
@@ -863,18 +842,11 @@ impl Node {
                 for (&i, at) in group.iter().zip(item_of) {
                     let Some(at) = at else { continue };
                     let b = &outcome.buckets[at];
-                    statuses[i] = Some(status(
-                        &hits[i],
-                        b.allowed,
-                        b.remaining,
-                        b.retry_after,
-                        b.reset_after,
-                        if b.allowed {
-                            Outcome::Allowed
-                        } else {
-                            Outcome::Denied
-                        },
-                    ));
+                    statuses[i] = Some(if b.allowed {
+                        hits[i].admitted(Outcome::Allowed, b.remaining, b.reset_after)
+                    } else {
+                        hits[i].over_limit(b.retry_after, b.reset_after)
+                    });
                 }
                 if allowed {
                     // What the store admitted directly is this region's consumption.
@@ -902,12 +874,79 @@ impl Node {
             }
             Err(error) => group
                 .iter()
-                .all(|&i| self.fail_mode(i, &hits[i], None, &error, statuses, undo, failed_closed)),
+                .all(|&i| self.fail_mode(i, &hits[i], None, &error, statuses, undo)),
         }
     }
 
+    /// When the store can admit `cost` of `bucket`, as far as a retry after `at_least` is
+    /// concerned: the retry of a request the pre-limit denied must find room in the store
+    /// too. Known from a recent denial, else asked with a peek for what the units held at
+    /// retry time leave; the answer is kept (a denial until it ends, room for the wait), so a
+    /// flood past the pre-limit stays off the store. Zero when the store has room or cannot
+    /// say.
+    async fn store_wait(
+        &self,
+        bucket: &Bucket,
+        cost: u64,
+        now: u64,
+        at_least: Duration,
+    ) -> Duration {
+        let after = |wait: Duration| now + wait.max(at_least).as_micros() as u64;
+        // What the store must provide at the retry: the cost less the units held then.
+        let need = cost.saturating_sub(bucket.held_at(after(Duration::ZERO)));
+        let wait = self
+            .store_wait_for(bucket, need, after(Duration::ZERO), now)
+            .await;
+        if need < cost && bucket.held_at(after(wait)) < cost - need {
+            // The held units die (with their window) before that retry: it needs all of it.
+            return self.store_wait_for(bucket, cost, after(wait), now).await;
+        }
+        wait
+    }
+
+    /// When the store has room for `need` of `bucket`: from a recent denial, else a peek
+    /// (whose answer is kept: a denial until it ends, room until `retry_at`).
+    async fn store_wait_for(
+        &self,
+        bucket: &Bucket,
+        need: u64,
+        retry_at: u64,
+        now: u64,
+    ) -> Duration {
+        if let Some(wait) = bucket.store_denies(need, now) {
+            return wait;
+        }
+        if need == 0 || bucket.room_seen(need, now) {
+            return Duration::ZERO;
+        }
+        let Ok(peek) = CheckRequest::single(bucket.key.clone(), bucket.limit, need) else {
+            return Duration::ZERO;
+        };
+        match self.inner.shared.store.check(&peek.peek()).await {
+            Ok(outcome) if outcome.allowed() => {
+                bucket.saw_room(need, retry_at);
+                Duration::ZERO
+            }
+            Ok(outcome) => {
+                let retry = outcome.buckets[0].retry_after;
+                bucket.deny_until(need, retry, now);
+                retry
+            }
+            Err(_) => Duration::ZERO,
+        }
+    }
+
+    /// How long a request that failed closed should wait: until the breaker lets the node try
+    /// the store again, and at least a second (headers carry whole seconds).
+    fn store_retry(&self, now: u64) -> Duration {
+        let probe = match self.breaker_state() {
+            BreakerState::Open { until } => Duration::from_micros(until.saturating_sub(now)),
+            _ => Duration::ZERO,
+        };
+        probe.max(Duration::from_secs(1))
+    }
+
     /// Applies a rule's fail mode after the store failed; false if it denies.
-    #[allow(clippy::too_many_arguments)]
     fn fail_mode(
         &self,
         index: usize,
@@ -916,15 +955,16 @@ impl Node {
         error: &StoreError,
         statuses: &mut [Option<RuleStatus>],
         undo: &mut Undo,
-        failed_closed: &mut bool,
     ) -> bool {
         let now = self.now();
-        let (allowed, outcome, retry) = match hit.rule.fail_mode {
-            FailMode::Open => (true, Outcome::FailedOpen, Duration::ZERO),
-            FailMode::Closed => {
-                *failed_closed = true;
-                (false, Outcome::FailedClosed, Duration::from_secs(1))
-            }
+        let status = match hit.rule.fail_mode {
+            FailMode::Open => hit.admitted(Outcome::FailedOpen, 0, Duration::ZERO),
+            FailMode::Closed => hit.denied(
+                Outcome::FailedClosed,
+                Denial::StoreUnavailable,
+                self.store_retry(now),
+                Duration::ZERO,
+            ),
             FailMode::Local => match bucket
                 .map(|b| b.fallback.clone())
                 .or_else(|| self.fallback_for(hit))
@@ -932,16 +972,22 @@ impl Node {
                 Some(local) => match local.take(hit.cost, now) {
                     Ok(()) => {
                         undo.fallbacks.push((local, hit.cost));
-                        (true, Outcome::LocalFallback, Duration::ZERO)
+                        hit.admitted(Outcome::LocalFallback, 0, Duration::ZERO)
                     }
-                    Err(wait) => (false, Outcome::LocalFallback, wait),
+                    Err(wait) => hit.denied(
+                        Outcome::LocalFallback,
+                        Denial::OverLimit,
+                        wait,
+                        Duration::ZERO,
+                    ),
                 },
                 // No room to remember another key: fail open rather than grow without bound.
-                None => (true, Outcome::FailedOpen, Duration::ZERO),
+                None => hit.admitted(Outcome::FailedOpen, 0, Duration::ZERO),
             },
         };
-        tracing::debug!(rule = %hit.rule.id, %error, ?outcome, "store failed; the rule's fail mode decided");
-        statuses[index] = Some(status(hit, allowed, 0, retry, Duration::ZERO, outcome));
+        tracing::debug!(rule = %hit.rule.id, %error, outcome = ?status.outcome, "store failed; the rule's fail mode decided");
+        let allowed = status.allowed;
+        statuses[index] = Some(status);
         allowed
     }
 
@@ -1041,36 +1087,6 @@ impl Node {
                 let _ = node.release_slots(&undo.slots).await;
             });
         }
-    }
-}
-
-/// How long a bucket takes to go from empty to full.
-fn full_period(limit: &Limit) -> Duration {
-    match limit.algorithm() {
-        Algorithm::TokenBucket => Duration::from_secs_f64(
-            limit.capacity() as f64 / limit.refill_per_second().unwrap_or(1.0),
-        ),
-        Algorithm::Concurrency => limit.slot_ttl().unwrap_or_default(),
-        _ => limit.window().unwrap_or_default(),
-    }
-}
-
-fn status(
-    hit: &Hit,
-    allowed: bool,
-    remaining: u64,
-    retry_after: Duration,
-    reset_after: Duration,
-    outcome: Outcome,
-) -> RuleStatus {
-    RuleStatus {
-        descriptor: hit.descriptor,
-        rule: hit.rule.clone(),
-        allowed,
-        remaining,
-        retry_after,
-        reset_after,
-        outcome: Some(outcome),
     }
 }
 

@@ -98,24 +98,24 @@ impl Prepared {
                 && let Err(wait) = pre.take(part.cost, now)
             {
                 undo(&self.parts[..i]);
+                // The retry must find room in the store too: when this node does not know
+                // when it will, the full path asks.
+                let store = part.bucket.denied_for(part.cost, now)?;
                 shared.metrics.prelimit_denied.inc();
                 part.bucket.rule.counters.denied.inc();
-                return Some(Decision::Limited { retry_after: wait });
-            }
-            if let Some(wait) = part.bucket.denied_for(part.cost, now) {
-                if let Some(pre) = &part.bucket.prelimit {
-                    pre.refund(part.cost);
-                }
-                undo(&self.parts[..i]);
-                part.bucket.rule.counters.denied.inc();
-                return Some(Decision::Limited { retry_after: wait });
+                return Some(Decision::Limited {
+                    retry_after: wait.max(store),
+                });
             }
             if !part.bucket.try_take(part.cost, || now) {
                 if let Some(pre) = &part.bucket.prelimit {
                     pre.refund(part.cost);
                 }
                 undo(&self.parts[..i]);
-                return None;
+                // The store said it has no room for what the lease lacks: answered here.
+                let wait = part.bucket.denied_for(part.cost, now)?;
+                part.bucket.rule.counters.denied.inc();
+                return Some(Decision::Limited { retry_after: wait });
             }
         }
         for part in &self.parts {
@@ -123,7 +123,10 @@ impl Prepared {
             if part.bucket.should_queue_refill(|granted, left| {
                 shared.config.lease.should_refill(granted, left)
             }) {
-                let _ = part.bucket.actor.cast(KeyMsg::Refill(part.bucket.clone()));
+                let _ = part.bucket.actor.cast(KeyMsg::Refill {
+                    bucket: part.bucket.clone(),
+                    min: 1,
+                });
             }
         }
         shared.metrics.lease_hits.inc_by(self.parts.len() as u64);

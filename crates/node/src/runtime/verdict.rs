@@ -1,32 +1,109 @@
 //! What the runtime decided for a request: overall, and per matched rule.
+//!
+//! Every answer a client sees (headers, Envoy's descriptor statuses, `CheckRateLimit`) is read
+//! from here, so limit, remaining, reset and retry-after come from one place: a
+//! [`RuleStatus`] carries the limit that decided it with the remaining and reset measured
+//! against that same limit.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_lease::{BucketKey, SlotId};
+use tollgate_lease::{Algorithm, BucketKey, Limit, SlotId};
 
 use crate::metrics::Outcome;
-use crate::rules::CompiledRule;
+use crate::rules::{CompiledRule, Mode};
+
+/// Why a rule denied a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denial {
+    /// Over the limit: the request fits again after `retry_after`.
+    OverLimit,
+    /// The store could not answer and the rule fails closed. `retry_after` is when the node
+    /// next tries the store.
+    StoreUnavailable,
+    /// The request's cost is more than the limit can ever admit: retrying cannot help.
+    CostExceedsLimit,
+    /// The rule admits nothing (envoyproxy/ratelimit `requests_per_unit: 0`): retrying
+    /// cannot help.
+    Blocked,
+}
+
+impl Denial {
+    /// Whether waiting can ever make the request fit.
+    pub fn retryable(self) -> bool {
+        matches!(self, Denial::OverLimit | Denial::StoreUnavailable)
+    }
+
+    /// The name APIs use (`tollgate-reason` header, `CheckRateLimit`'s `reason`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Denial::OverLimit => "over-limit",
+            Denial::StoreUnavailable => "store-unavailable",
+            Denial::CostExceedsLimit => "cost-exceeds-limit",
+            Denial::Blocked => "blocked",
+        }
+    }
+}
 
 /// One matched rule's part in a decision.
 #[derive(Debug, Clone)]
 pub struct RuleStatus {
     /// The request descriptor it matched (0 when descriptors are merged).
     pub descriptor: usize,
+    /// Other descriptors of the request that matched the same rule for the same identity: the
+    /// bucket is charged once per request, and this status answers for them too.
+    pub also: Vec<usize>,
     /// The rule.
     pub rule: Arc<CompiledRule>,
+    /// The limit `remaining` and `reset_after` are measured against: the rule's limit in this
+    /// region, or the home region's whole limit when the home region decided (None: the rule
+    /// has no limit, e.g. unlimited).
+    pub limit: Option<Limit>,
     /// Whether this rule admitted the request (a SHADOW rule that would deny says false
     /// without blocking).
     pub allowed: bool,
     /// Units left (an estimate from this node's view: the store's last answer plus what this
     /// node holds).
     pub remaining: u64,
-    /// When denied: how long until the request would fit.
+    /// When denied: how long until the request would fit (zero when it never will).
     pub retry_after: Duration,
     /// How long until the bucket is full again.
     pub reset_after: Duration,
+    /// Why it denied (None when it admitted).
+    pub denial: Option<Denial>,
     /// What was counted for the rule (None: not evaluated, the request was decided first).
     pub outcome: Option<Outcome>,
+}
+
+impl RuleStatus {
+    /// Whether this status answers for request descriptor `index`.
+    pub fn covers(&self, index: usize) -> bool {
+        self.descriptor == index || self.also.contains(&index)
+    }
+
+    /// Whether clients are told about it: evaluated, and not a SHADOW rule (shadow rules show
+    /// in metrics and logs only).
+    pub fn shown(&self) -> bool {
+        self.outcome.is_some() && self.rule.mode == Mode::Enforce
+    }
+
+    /// Whether it denied the request (an ENFORCE rule that did not admit).
+    pub fn denies(&self) -> bool {
+        self.shown() && !self.allowed
+    }
+}
+
+/// How long until a bucket with `remaining` of `limit` left is full again: a token bucket
+/// refills what is missing at its rate (units leased to nodes count as remaining, not spent);
+/// windows reset when the store says (`store_reset`).
+pub fn reset_after(limit: &Limit, remaining: u64, store_reset: Duration) -> Duration {
+    match (limit.algorithm(), limit.refill_per_second()) {
+        (Algorithm::TokenBucket, Some(rate)) => {
+            let missing = limit.capacity().saturating_sub(remaining);
+            Duration::from_secs_f64(missing as f64 / rate)
+        }
+        _ => store_reset,
+    }
 }
 
 /// A held concurrency slot: release it when the request completes.
@@ -59,33 +136,59 @@ impl HeldSlot {
 pub struct Verdict {
     /// Whether the request may proceed.
     pub allowed: bool,
-    /// When denied: the longest wait among the denying rules.
+    /// When denied: the longest wait among the denying rules, the time at which the request
+    /// can be admitted (zero when it never can: see [`Verdict::denial`]).
     pub retry_after: Duration,
     /// Per matched rule, in match order.
     pub statuses: Vec<RuleStatus>,
-    /// A CLOSED rule denied because the store could not answer (Envoy's API reports this as
-    /// UNAVAILABLE).
-    pub failed_closed: bool,
     /// Concurrency slots this admission holds.
     pub slots: Vec<HeldSlot>,
 }
 
 impl Verdict {
-    /// The rule that decided: the denying ENFORCE rule with the longest wait, else the rule
-    /// closest to its limit.
+    /// Why the request was denied (None when admitted): a denial no wait can help
+    /// outranks the others.
+    pub fn denial(&self) -> Option<Denial> {
+        self.decisive()
+            .filter(|s| !s.allowed)
+            .and_then(|s| s.denial)
+    }
+
+    /// The rule that decided: the denying ENFORCE rule no retry can help, else the one with
+    /// the longest wait; when admitted, the ENFORCE rule closest to its limit. SHADOW rules
+    /// never decide.
     pub fn decisive(&self) -> Option<&RuleStatus> {
-        let enforcing = |s: &&RuleStatus| s.rule.mode == crate::rules::Mode::Enforce;
         if !self.allowed {
             return self
                 .statuses
                 .iter()
-                .filter(enforcing)
-                .filter(|s| !s.allowed)
-                .max_by_key(|s| s.retry_after);
+                .filter(|s| s.denies())
+                .max_by_key(|s| (!s.denial.is_some_and(Denial::retryable), s.retry_after));
         }
         self.statuses
             .iter()
-            .filter(|s| s.rule.limit().is_some())
+            .filter(|s| s.shown() && s.limit.is_some())
             .min_by_key(|s| s.remaining)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_buckets_reset_refills_what_is_missing_at_its_rate() {
+        let limit = Limit::token_bucket(50, 10.0).expect("limit");
+        assert_eq!(
+            reset_after(&limit, 48, Duration::from_secs(5)),
+            Duration::from_millis(200),
+            "two units missing at 10/s, whatever the store said of leased units"
+        );
+        let window = Limit::fixed_window(5, Duration::from_secs(60)).expect("limit");
+        assert_eq!(
+            reset_after(&window, 3, Duration::from_secs(7)),
+            Duration::from_secs(7),
+            "a window resets when it ends"
+        );
     }
 }

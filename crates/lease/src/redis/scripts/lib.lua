@@ -19,10 +19,15 @@ Invariants:
   - every key expires once its state is neutral (bucket full, windows over, entries gone)
     plus MARGIN_MS, so idle keys vanish and an expiry is never observable;
   - counts are integers far below 2^53 (validated by the caller), so sums stay exact;
-  - a token bucket's debt is floored at -capacity.
+  - a token bucket's debt is floored at -capacity;
+  - tokens within EPSILON below a whole number count as it.
 ]]
 
 local MARGIN_MS = 1000
+-- Tokens (and sliding window room) this close below a whole number count as it
+-- (token_bucket.rs EPSILON): refill and weighting are done in doubles, and a retry at the
+-- retry-after given must fit.
+local EPSILON = 1e-9
 local TB, SW, LOG, FW, CONC = 1, 2, 3, 4, 5
 
 local function now_us()
@@ -103,21 +108,22 @@ local function sw_estimate(b, now)
 end
 
 local function admits(b, cost, now)
-  if b.alg == TB then return b.tokens >= cost end
+  if b.alg == TB then return b.tokens + EPSILON >= cost end
   if b.alg == FW then return b.count + cost <= b.p1 end
-  if b.alg == SW then return sw_estimate(b, now) + cost <= b.p1 end
+  if b.alg == SW then return sw_estimate(b, now) + cost <= b.p1 + EPSILON end
   return b.used + cost <= b.p1
 end
 
 -- Whole units available now.
 local function available(b, now)
   if b.alg == TB then
-    if b.tokens <= 0 then return 0 end
-    return math.floor(b.tokens)
+    local tokens = math.floor(b.tokens + EPSILON)
+    if tokens <= 0 then return 0 end
+    return tokens
   end
   if b.alg == FW then return pos(b.p1 - b.count) end
   if b.alg == SW then
-    local left = math.floor(b.p1 - sw_estimate(b, now))
+    local left = math.floor(b.p1 - sw_estimate(b, now) + EPSILON)
     if left <= 0 then return 0 end
     return left
   end
@@ -155,7 +161,7 @@ local function consume(b, units, now, nonce)
 end
 
 local function tb_retry(b, cost)
-  local us = math.ceil((cost - b.tokens) * 1000000 / b.p2)
+  local us = math.ceil((cost - b.tokens - EPSILON) * 1000000 / b.p2)
   if us <= 0 then return 0 end
   return us
 end

@@ -182,3 +182,191 @@ async fn envoy_enforces_tollgate_decisions_and_its_own_failure_modes() {
     assert_eq!(open.status, 200, "fail-open listener: {open:?}");
     assert_eq!(closed.status, 500, "fail-closed listener: {closed:?}");
 }
+
+/// A shipped Envoy configuration from `deploy/envoy/`, unchanged but for its ports.
+struct Shipped {
+    envoy: Envoy,
+    port: u16,
+}
+
+impl Shipped {
+    fn start(file: &str, upstream: u16, tollgate: u16) -> Shipped {
+        let path = format!("{}/../deploy/envoy/{file}", env!("CARGO_MANIFEST_DIR"));
+        let config = std::fs::read_to_string(&path).expect("shipped envoy config");
+        let (port, admin) = (
+            free_port(false).expect("port"),
+            free_port(false).expect("port"),
+        );
+        let mut rewritten = config.clone();
+        for (from, to) in [
+            (9901, admin),
+            (10000, port),
+            (8000, upstream),
+            (8081, tollgate),
+        ] {
+            let (from, to) = (format!("port_value: {from} "), format!("port_value: {to} "));
+            assert!(rewritten.contains(&from), "{path} names {from}");
+            rewritten = rewritten.replace(&from, &to);
+        }
+        let envoy = Envoy::start(&rewritten, admin).expect("envoy starts");
+        Shipped { envoy, port }
+    }
+
+    fn send(&self, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+        tollgate_testkit::http::request(self.port, method, path, headers, None)
+            .expect("request through envoy")
+    }
+}
+
+async fn upstream() -> u16 {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind upstream");
+    let port = upstream.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        let app = axum::Router::new().fallback(|| async { "hello from upstream\n" });
+        axum::serve(upstream, app).await.expect("upstream");
+    });
+    port
+}
+
+/// A node on a real Redis with the given rule files.
+async fn node_on_redis(
+    redis: &tollgate_testkit::RedisServer,
+    rules: Vec<std::path::PathBuf>,
+) -> tollgate_node::app::Serving {
+    let config = Config::try_from(Settings {
+        grpc_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        http_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        redis_url: Some(vec![redis.url()]),
+        rules: Some(rules),
+        ..Settings::default()
+    })
+    .expect("config");
+    App::start(config).await.expect("node").spawn()
+}
+
+fn deploy(path: &str) -> std::path::PathBuf {
+    format!("{}/../deploy/{path}", env!("CARGO_MANIFEST_DIR")).into()
+}
+
+/// The shipped deploy/envoy/envoy.yaml (failure_mode_deny: false, Envoy's default) with Redis
+/// killed: a rule that fails closed denies every request (429 with Retry-After), because
+/// Tollgate answers OVER_LIMIT rather than an RPC error Envoy would let through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_closed_rule_denies_through_envoys_default_config_with_redis_killed() {
+    let mut redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let closed = dir.path().join("closed.yaml");
+    std::fs::write(
+        &closed,
+        "domain: rl\nrules:\n  - {id: per-address-closed, match: {remote_address: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1m, failMode: CLOSED}\n",
+    )
+    .expect("rules");
+    let mut node = node_on_redis(&redis, vec![deploy("rules/envoy/config.yaml"), closed]).await;
+    let upstream = upstream().await;
+    let grpc = node.grpc_addr.port();
+    let envoy = tokio::task::spawn_blocking(move || Shipped::start("envoy.yaml", upstream, grpc))
+        .await
+        .expect("join");
+    let envoy = std::sync::Arc::new(envoy);
+    let e = envoy.clone();
+    let before = tokio::task::spawn_blocking(move || e.send("GET", "/hello", &[]))
+        .await
+        .expect("join");
+    assert_eq!(before.status, 200, "{before:?}\n{}", envoy.envoy.log());
+    redis.kill();
+    let e = envoy.clone();
+    let during = tokio::task::spawn_blocking(move || {
+        (0..20)
+            .map(|_| e.send("GET", "/hello", &[]))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    for (i, r) in during.iter().enumerate() {
+        assert_eq!(r.status, 429, "request {i} with Redis down: {r:?}");
+        assert_eq!(
+            r.header("tollgate-reason"),
+            Some("store-unavailable"),
+            "{r:?}"
+        );
+        let retry: u64 = r
+            .header("retry-after")
+            .expect("retry-after")
+            .parse()
+            .expect("secs");
+        assert!(retry >= 1, "{r:?}");
+    }
+    node.stop().await;
+}
+
+/// The shipped deploy/envoy/envoy-public-api.yaml in front of deploy/rules/example.yaml:
+/// the seed's gold-orders-create is reached; api-key-default, matched by two of a request's
+/// descriptors, is charged once per request; login attempts fail closed with Redis killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_rules_through_the_shipped_envoy_config() {
+    let mut redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let mut node = node_on_redis(&redis, vec![deploy("rules/example.yaml")]).await;
+    let upstream = upstream().await;
+    let grpc = node.grpc_addr.port();
+    let envoy = tokio::task::spawn_blocking(move || {
+        Shipped::start("envoy-public-api.yaml", upstream, grpc)
+    })
+    .await
+    .expect("join");
+    let envoy = std::sync::Arc::new(envoy);
+    let e = envoy.clone();
+    let (gold, silver) = tokio::task::spawn_blocking(move || {
+        let gold = e.send(
+            "POST",
+            "/orders",
+            &[("x-api-key", "k-gold"), ("x-plan", "gold")],
+        );
+        // 60 orders on the silver plan: {api_key} and {api_key, plan, route} both match
+        // api-key-default (capacity 50, 5/s).
+        let silver: Vec<Response> = (0..60)
+            .map(|_| {
+                e.send(
+                    "POST",
+                    "/orders",
+                    &[("x-api-key", "k-silver"), ("x-plan", "silver")],
+                )
+            })
+            .collect();
+        (gold, silver)
+    })
+    .await
+    .expect("join");
+    assert_eq!(gold.status, 200, "{gold:?}\n{}", envoy.envoy.log());
+    let policy = gold.header("ratelimit-policy").unwrap_or_default();
+    assert!(
+        policy.contains("\"gold-orders\";q=600;w=60"),
+        "the seed's example is reached: {policy}"
+    );
+    let admitted = silver.iter().filter(|r| r.status == 200).count();
+    assert!(
+        (50..=56).contains(&admitted),
+        "api-key-default admits its 50 (and what refills meanwhile) once per request: {admitted} of 60"
+    );
+    redis.kill();
+    let e = envoy.clone();
+    let logins = tokio::task::spawn_blocking(move || {
+        (0..10)
+            .map(|_| e.send("POST", "/login", &[("x-forwarded-for", "203.0.113.7")]))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    for r in &logins {
+        assert_eq!(r.status, 429, "login-attempts fails closed: {r:?}");
+        assert_eq!(r.header("tollgate-reason"), Some("store-unavailable"));
+    }
+    node.stop().await;
+}

@@ -140,6 +140,29 @@ async fn home_region_forwards_and_falls_back_locally() {
         })
         .sum();
     assert_eq!(forwarded, 9, "every us decision went to eu");
+    // What us tells its client about a forwarded decision is measured against the limit
+    // that decided it, the home region's whole 10 (not us's 30% fallback of it).
+    let verdict = regions.us.nodes[0]
+        .node
+        .check(&request("k4"))
+        .await
+        .expect("valid");
+    let headers = tollgate_node::headers::headers(&verdict);
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        header("x-ratelimit-limit").as_deref(),
+        Some("10, 10;w=3600;name=\"homed\"")
+    );
+    assert_eq!(header("x-ratelimit-remaining").as_deref(), Some("9"));
+    assert_eq!(
+        header("ratelimit-policy").as_deref(),
+        Some("\"homed\";q=10;w=3600")
+    );
     regions.cut();
     // Link down: us decides alone on 30% of the limit (its own counter, in its own Redis).
     assert_eq!(admitted(&regions.us.nodes, &request("k3"), 6).await, 3);

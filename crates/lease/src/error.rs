@@ -113,12 +113,11 @@ pub enum StoreError {
     /// The store cannot be reached, is failing over, or is loading.
     #[error("store unavailable: {0}")]
     Unavailable(String),
-    /// The in-memory store holds its maximum number of keys and none has expired.
-    #[error("store is full ({max_keys} keys)")]
-    Full {
-        /// The configured cap.
-        max_keys: usize,
-    },
+    /// The store has no room for new state: the in-memory store holds its maximum number of
+    /// keys and none has expired, or Redis is at its `maxmemory` and refuses writes (OOM).
+    /// The store itself is up and answering.
+    #[error("store is full: {0}")]
+    Full(String),
     /// The store answered something this client does not understand.
     #[error("unexpected reply from the store: {0}")]
     BadReply(String),
@@ -134,7 +133,7 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            StoreError::Timeout { .. } | StoreError::Unavailable(_) | StoreError::Full { .. }
+            StoreError::Timeout { .. } | StoreError::Unavailable(_) | StoreError::Full(_)
         )
     }
 }

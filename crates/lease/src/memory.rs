@@ -150,9 +150,10 @@ impl MemoryStore {
         if shard.keys.map.len() + absent(&shard.keys) > inner.max_keys_per_shard {
             shard.keys.purge_expired(now);
             if shard.keys.map.len() + absent(&shard.keys) > inner.max_keys_per_shard {
-                return Err(StoreError::Full {
-                    max_keys: inner.max_keys,
-                });
+                return Err(StoreError::Full(format!(
+                    "the in-memory store holds its {} keys",
+                    inner.max_keys
+                )));
             }
         }
         Ok(op(&mut shard.keys, now))

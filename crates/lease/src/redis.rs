@@ -13,9 +13,13 @@ pub mod connection;
 mod reply;
 mod scripts;
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+use crate::key::BucketKey;
 
 use crate::error::StoreError;
 use crate::limit::Limit;
@@ -34,21 +38,64 @@ use scripts::{SCRIPTS, Script};
 pub struct RedisStore {
     conn: Connection,
     budget: Duration,
+    /// A cluster's slot ranges (None for a single Redis: one shard).
+    shards: Option<Arc<ShardMap>>,
 }
+
+/// Which slot range of a Redis Cluster each slot belongs to, refreshed from `CLUSTER SLOTS`:
+/// one range is one shard's (or part of one), so a failing shard can be told apart from the
+/// healthy ones. A range is named by its first slot, which a failover does not change.
+#[derive(Debug, Default)]
+struct ShardMap {
+    /// Slot → first slot of its range; empty until the cluster has answered once.
+    first_slot: ArcSwap<Vec<u16>>,
+}
+
+/// Redis Cluster's slot count.
+const SLOTS: usize = 16_384;
+/// How often a cluster's slot ranges are read again.
+const SHARD_REFRESH: Duration = Duration::from_secs(2);
 
 impl RedisStore {
     /// Prepares a store; no I/O happens until the first call, so a node can start while Redis
     /// is down. Must be called inside a tokio runtime.
     pub fn open(config: &RedisConfig) -> Result<Self, StoreError> {
+        let conn = Connection::open(config)?;
+        let shards = config.cluster.then(|| {
+            let map = Arc::new(ShardMap::default());
+            tokio::spawn(refresh_shards(Arc::downgrade(&map), conn.clone()));
+            map
+        });
         Ok(Self {
-            conn: Connection::open(config)?,
+            conn,
             budget: config.call_timeout,
+            shards,
         })
     }
 
     /// The budget of one call.
     pub fn call_timeout(&self) -> Duration {
         self.budget
+    }
+
+    /// The same store (same connection) with another budget per call: a caller that gives up
+    /// on an answer at its budget can still have it, late, from a more patient view (up to
+    /// the connection's response timeout).
+    pub fn with_budget(&self, budget: Duration) -> Self {
+        Self {
+            budget,
+            ..self.clone()
+        }
+    }
+
+    /// The shard `key` lives on: the first slot of its slot range in a cluster (0 until the
+    /// cluster has told its ranges), 0 for a single Redis.
+    pub fn shard_of(&self, key: &BucketKey) -> u16 {
+        let Some(shards) = &self.shards else {
+            return 0;
+        };
+        let table = shards.first_slot.load();
+        table.get(usize::from(slot_of(key))).copied().unwrap_or(0)
     }
 
     /// One `PING` within the budget (for readiness checks).
@@ -94,6 +141,67 @@ impl RedisStore {
     }
 }
 
+/// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, as Redis computes it.
+fn slot_of(key: &BucketKey) -> u16 {
+    let key = key.as_str().as_bytes();
+    let tag = key
+        .iter()
+        .position(|b| *b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter()
+                .position(|b| *b == b'}')
+                .filter(|close| *close > 0)
+                .map(|close| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16::State::<crc16::XMODEM>::calculate(tag) % SLOTS as u16
+}
+
+/// Reads the cluster's slot ranges now and every [`SHARD_REFRESH`] until the store is dropped.
+async fn refresh_shards(map: std::sync::Weak<ShardMap>, conn: Connection) {
+    let cmd = {
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        cmd
+    };
+    loop {
+        let Some(shards) = map.upgrade() else { return };
+        match conn.run(&cmd).await {
+            Ok(reply) => {
+                if let Some(table) = slot_table(&reply) {
+                    shards.first_slot.store(Arc::new(table));
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "CLUSTER SLOTS failed; keeping the last ranges"),
+        }
+        drop(shards);
+        tokio::time::sleep(SHARD_REFRESH).await;
+    }
+}
+
+/// `CLUSTER SLOTS` (`[[start, end, primary, replicas...], ...]`) as slot → first slot.
+fn slot_table(reply: &Value) -> Option<Vec<u16>> {
+    let Value::Array(ranges) = reply else {
+        return None;
+    };
+    let int = |v: &Value| match v {
+        Value::Int(n) => u16::try_from(*n).ok().filter(|n| usize::from(*n) < SLOTS),
+        _ => None,
+    };
+    let mut table = vec![0u16; SLOTS];
+    for range in ranges {
+        let Value::Array(fields) = range else {
+            return None;
+        };
+        let (start, end) = (int(fields.first()?)?, int(fields.get(1)?)?);
+        for slot in start..=end {
+            table[usize::from(slot)] = start;
+        }
+    }
+    Some(table)
+}
+
 /// Sorts a Redis error into transient (worth retrying later) or not.
 fn classify(e: RedisError, budget: Duration) -> StoreError {
     if e.is_timeout() {
@@ -113,6 +221,8 @@ fn classify(e: RedisError, budget: Duration) -> StoreError {
         | ErrorKind::ClusterConnectionNotFound => StoreError::Unavailable(e.to_string()),
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => StoreError::BadReply(e.to_string()),
         _ if e.code() == Some("BUSY") => StoreError::Unavailable(e.to_string()),
+        // maxmemory reached with a no-eviction policy: Redis is up, but takes no new state.
+        _ if e.code() == Some("OOM") => StoreError::Full(e.to_string()),
         _ => StoreError::Rejected(e.to_string()),
     }
 }

@@ -70,6 +70,26 @@ pub enum Store {
     Redis(RedisStore),
 }
 
+impl Store {
+    /// The same store with another budget per call (see [`RedisStore::with_budget`]; the
+    /// in-memory store answers at once whatever the budget).
+    pub fn with_budget(&self, budget: std::time::Duration) -> Store {
+        match self {
+            Store::Memory(s) => Store::Memory(s.clone()),
+            Store::Redis(s) => Store::Redis(s.with_budget(budget)),
+        }
+    }
+
+    /// The shard `key` lives on (0 unless a Redis Cluster has several): failures of one shard
+    /// say nothing of the others.
+    pub fn shard_of(&self, key: &BucketKey) -> u16 {
+        match self {
+            Store::Memory(_) => 0,
+            Store::Redis(s) => s.shard_of(key),
+        }
+    }
+}
+
 impl LeaseStore for Store {
     async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
         match self {

@@ -78,6 +78,7 @@ impl App {
         let control = match &config.control {
             None => {
                 rules.install_files(&config.rules)?;
+                rules.set_source("files", true);
                 None
             }
             Some(control) => {

@@ -88,6 +88,7 @@ impl NodeBuilder {
             )?);
         }
         install(&rules, &loaded, self.files.first())?;
+        rules.set_source("files", true);
         let clock = self.clock.unwrap_or_else(|| Arc::new(TokioClock::new()));
         let (store, timeout) = match &self.redis {
             Some(redis) => (Store::Redis(RedisStore::open(redis)?), redis.call_timeout),

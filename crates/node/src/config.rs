@@ -111,6 +111,10 @@ pub struct Settings {
     /// Lease lifetime, ms [default: 1000]
     #[arg(long, env = "TOLLGATE_LEASE_TTL_MS")]
     pub lease_ttl_ms: Option<u64>,
+    /// How long a lease call's answer is awaited past the store budget (requests are decided
+    /// by fail mode at the budget; a late grant is still used), ms [default: 500]
+    #[arg(long, env = "TOLLGATE_LEASE_PATIENCE_MS")]
+    pub lease_patience_ms: Option<u64>,
     /// Largest share of what remains globally one lease takes, (0, 1] [default: 0.5]
     #[arg(long, env = "TOLLGATE_LEASE_MAX_SHARE")]
     pub lease_max_share: Option<f64>,
@@ -126,9 +130,15 @@ pub struct Settings {
     /// A key actor without leases stops after this long idle, ms [default: 10000]
     #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT_MS")]
     pub idle_timeout_ms: Option<u64>,
-    /// Consecutive store failures that open the circuit breaker [default: 5]
-    #[arg(long, env = "TOLLGATE_BREAKER_FAILURES")]
-    pub breaker_failures: Option<u32>,
+    /// Fewest store calls in the breaker's window before it may open [default: 20]
+    #[arg(long, env = "TOLLGATE_BREAKER_MIN_CALLS")]
+    pub breaker_min_calls: Option<u32>,
+    /// Share of failed store calls in the window that opens the breaker, (0, 1] [default: 0.5]
+    #[arg(long, env = "TOLLGATE_BREAKER_FAILURE_RATIO")]
+    pub breaker_failure_ratio: Option<f64>,
+    /// The span over which the breaker counts failures, ms [default: 1000]
+    #[arg(long, env = "TOLLGATE_BREAKER_WINDOW_MS")]
+    pub breaker_window_ms: Option<u64>,
     /// First breaker cooldown before a probe, ms [default: 200]
     #[arg(long, env = "TOLLGATE_BREAKER_COOLDOWN_MS")]
     pub breaker_cooldown_ms: Option<u64>,
@@ -221,12 +231,15 @@ impl Settings {
             store_timeout_ms,
             lease_max_units,
             lease_ttl_ms,
+            lease_patience_ms,
             lease_max_share,
             prelimit_factor,
             cluster_nodes,
             max_key_actors,
             idle_timeout_ms,
-            breaker_failures,
+            breaker_min_calls,
+            breaker_failure_ratio,
+            breaker_window_ms,
             breaker_cooldown_ms,
             breaker_max_cooldown_ms,
             memory_max_keys,
@@ -358,6 +371,11 @@ impl TryFrom<Settings> for Config {
                 urls,
                 cluster: s.redis_cluster.unwrap_or(false),
                 call_timeout: store_timeout,
+                // A late lease answer is awaited up to the patience; the connection must wait
+                // at least that long for it.
+                response_timeout: ms(s.lease_patience_ms.unwrap_or(500))
+                    .max(store_timeout)
+                    .max(Duration::from_secs(1)),
                 ..RedisConfig::default()
             }),
         };
@@ -397,11 +415,30 @@ impl TryFrom<Settings> for Config {
                 ));
             }
         };
+        let failure_ratio = s.breaker_failure_ratio.unwrap_or(0.5);
+        if !(failure_ratio > 0.0 && failure_ratio <= 1.0) {
+            return Err(bad(
+                "breaker_failure_ratio",
+                format!("must be in (0, 1], got {failure_ratio}"),
+            ));
+        }
         let breaker = BreakerConfig {
-            failures_to_open: s.breaker_failures.unwrap_or(5).max(1),
+            window: ms(s.breaker_window_ms.unwrap_or(1000).max(10)),
+            min_calls: s.breaker_min_calls.unwrap_or(20).max(1),
+            failure_ratio,
             cooldown: ms(s.breaker_cooldown_ms.unwrap_or(200).max(1)),
             max_cooldown: ms(s.breaker_max_cooldown_ms.unwrap_or(1000).max(1)),
         };
+        let patience = s
+            .lease_patience_ms
+            .map(ms)
+            .unwrap_or_else(|| ms(500).max(store_timeout));
+        if patience < store_timeout || patience > Duration::from_secs(60) {
+            return Err(bad(
+                "lease_patience_ms",
+                "must be at least store_timeout_ms and at most 60000",
+            ));
+        }
         let control = match s.database_url.filter(|u| !u.is_empty()) {
             None => None,
             Some(database_url) => Some(ControlConfig {
@@ -504,6 +541,7 @@ impl TryFrom<Settings> for Config {
                     max_units: lease_max_units,
                     ttl: lease_ttl,
                     max_share,
+                    patience,
                     ..LeasePolicy::default()
                 },
                 prelimit_factor: (prelimit > 0.0).then_some(prelimit),

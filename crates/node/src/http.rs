@@ -1,5 +1,6 @@
-//! The small HTTP port: `/healthz` (the process is up), `/readyz` (rules loaded and the store
-//! answering, or failing over per the fail modes) and Prometheus `/metrics`.
+//! The small HTTP port: `/healthz` (the process is up), `/readyz` (the node can answer: rules
+//! loaded; store health is in the body, never a reason to be unready) and Prometheus
+//! `/metrics`.
 
 use std::future::Future;
 
@@ -17,20 +18,32 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// Ready means the node can answer: listeners up (this answer is proof) and rules loaded from
+/// their source. Store health is reported, never used: while the store is down the node still
+/// decides every request by its rules' fail modes, and taking every pod out of service at the
+/// moment Redis fails would hand the decision to the gateway's own failure mode instead.
 async fn readyz(State(node): State<Node>) -> impl IntoResponse {
-    let version = node.rules().load().version();
-    let breaker = node.breaker_state();
-    let store_ok = breaker == BreakerState::Closed;
+    let rules = node.rules();
+    let ready = rules.is_loaded();
+    let breakers = node.breaker_states();
+    let open: Vec<u16> = breakers
+        .iter()
+        .filter(|(_, s)| *s != BreakerState::Closed)
+        .map(|(shard, _)| *shard)
+        .collect();
     let mut body = serde_json::json!({
-        "ready": store_ok,
-        "rulesVersion": version,
-        "rulesSource": node.rules().source(),
+        "ready": ready,
+        "rulesLoaded": ready,
+        "rulesVersion": rules.load().version(),
+        "rulesCount": rules.load().rules().len(),
+        "rulesSource": rules.source(),
         "rulesStalenessSeconds": node.metrics().rules_staleness_seconds.get(),
-        "breaker": match breaker {
-            BreakerState::Closed => "closed",
-            BreakerState::HalfOpen => "half-open",
-            BreakerState::Open { .. } => "open",
+        "store": {
+            "answering": open.is_empty(),
+            "breaker": node.breaker_state().as_str(),
+            "shardsOpen": open,
         },
+        "breaker": node.breaker_state().as_str(),
     });
     if let Some(region) = node.region() {
         let status = region.status();
@@ -43,7 +56,7 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
             "syncLagMs": status.lag_ms,
         });
     }
-    let code = if store_ok {
+    let code = if ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -100,6 +100,8 @@ pub enum StoreFailure {
     Unavailable,
     /// The circuit breaker was open: the store was not called.
     BreakerOpen,
+    /// The store is full: it refused a new key (the store itself is up).
+    Full,
     /// Anything else (bad reply, rejected command).
     Other,
 }
@@ -108,6 +110,7 @@ snake_label!(StoreFailure {
     Timeout => "timeout",
     Unavailable => "unavailable",
     BreakerOpen => "breaker_open",
+    Full => "full",
     Other => "other",
 });
 
@@ -162,6 +165,12 @@ pub struct Metrics {
     pub breaker_state: Gauge,
     /// Times the breaker opened.
     pub breaker_opened: Counter,
+    /// Shards whose breaker is not closed.
+    pub breakers_open: Gauge,
+    /// Lease acquisitions answered after the budget (their grants were used, not lost).
+    pub late_leases: Counter,
+    /// Units admitted by a fail mode while a lease call was out, charged to its late grant.
+    pub owed_units: Counter,
     /// Leases acquired (grants of at least one unit).
     pub leases_acquired: Counter,
     /// Units granted by leases.
@@ -240,6 +249,9 @@ impl Metrics {
             store_calls: Counter::default(),
             breaker_state: Gauge::default(),
             breaker_opened: Counter::default(),
+            breakers_open: Gauge::default(),
+            late_leases: Counter::default(),
+            owed_units: Counter::default(),
             leases_acquired: Counter::default(),
             lease_units_acquired: Counter::default(),
             leases_returned: Counter::default(),
@@ -268,6 +280,21 @@ impl Metrics {
             "breaker_opened",
             "Times the store circuit breaker opened",
             m.breaker_opened.clone(),
+        );
+        registry.register(
+            "breakers_open",
+            "Store shards whose circuit breaker is open or half-open",
+            m.breakers_open.clone(),
+        );
+        registry.register(
+            "leases_late",
+            "Lease acquisitions answered after the store budget (their units were still used)",
+            m.late_leases.clone(),
+        );
+        registry.register(
+            "lease_units_owed",
+            "Units a fail mode admitted while a lease call was out, charged to its late grant",
+            m.owed_units.clone(),
         );
         registry.register(
             "leases_acquired",

@@ -21,6 +21,9 @@ pub struct RedisConfig {
     pub cluster: bool,
     /// The budget of one store call, retries and `NOSCRIPT` reload included (default 5 ms).
     pub call_timeout: Duration,
+    /// How long the connection waits for any reply (default 1 s): a caller that gives up at
+    /// its budget can still await a late answer this long ([`crate::RedisStore::with_budget`]).
+    pub response_timeout: Duration,
     /// How long one connection attempt may take.
     pub connect_timeout: Duration,
     /// The longest pause between reconnect attempts (backoff is exponential and jittered).
@@ -33,6 +36,7 @@ impl Default for RedisConfig {
             urls: vec!["redis://127.0.0.1:6379/".into()],
             cluster: false,
             call_timeout: Duration::from_millis(5),
+            response_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_millis(250),
             reconnect_max_delay: Duration::from_secs(2),
         }
@@ -87,7 +91,7 @@ impl Connection {
         if config.cluster {
             let client = ClusterClientBuilder::new(config.urls.clone())
                 .connection_timeout(config.connect_timeout)
-                .response_timeout(config.call_timeout)
+                .response_timeout(config.response_timeout.max(config.call_timeout))
                 // The redis crate's cluster defaults retry 16 times with waits of over a second:
                 // a limiter must give up within its budget instead, and let the next call retry.
                 .retries(2)
@@ -97,7 +101,7 @@ impl Connection {
                 .map_err(config_error)?;
             let cluster_config = ClusterConfig::new()
                 .set_connection_timeout(config.connect_timeout)
-                .set_response_timeout(config.call_timeout);
+                .set_response_timeout(config.response_timeout.max(config.call_timeout));
             Ok(Connection::Cluster(
                 client.get_pending_async_connection_with_config(cluster_config),
             ))
@@ -105,7 +109,7 @@ impl Connection {
             let client = redis::Client::open(config.urls[0].as_str()).map_err(config_error)?;
             let manager_config = ConnectionManagerConfig::new()
                 .set_connection_timeout(Some(config.connect_timeout))
-                .set_response_timeout(Some(config.call_timeout))
+                .set_response_timeout(Some(config.response_timeout.max(config.call_timeout)))
                 .set_min_delay(Duration::from_millis(20))
                 .set_max_delay(config.reconnect_max_delay)
                 .set_exponent_base(2.0)

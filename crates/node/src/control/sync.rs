@@ -80,7 +80,7 @@ impl RuleSync {
             let revision = snapshot.revision;
             match self.install(&snapshot) {
                 Ok(()) => {
-                    self.rules.set_source("snapshot");
+                    self.rules.set_source("snapshot", true);
                     tracing::warn!(
                         revision,
                         "serving the rule snapshot on disk until PostgreSQL answers"
@@ -91,7 +91,11 @@ impl RuleSync {
             }
         }
         self.rules.install_files(&self.config.files)?;
-        tracing::warn!("serving the rule files only until PostgreSQL answers");
+        self.rules.set_source("files", false);
+        tracing::error!(
+            "no rules from PostgreSQL and no snapshot: not ready; serving the rule files only \
+             until PostgreSQL answers"
+        );
         Ok(RulesSource::Files)
     }
 
@@ -104,7 +108,7 @@ impl RuleSync {
         }
         let snapshot = self.store.snapshot().await?;
         self.install(&snapshot)?;
-        self.rules.set_source("postgres");
+        self.rules.set_source("postgres", true);
         self.rules.metrics.rules_staleness_seconds.set(0);
         if let Some(path) = &self.config.snapshot
             && let Err(e) = write_snapshot(path, &snapshot)

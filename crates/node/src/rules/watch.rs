@@ -24,6 +24,9 @@ pub struct ActiveRules {
     pub(crate) metrics: Arc<Metrics>,
     /// Where the active set came from (files, postgres, snapshot).
     source: parking_lot::Mutex<&'static str>,
+    /// Whether the active set came from where it should (files, or the rule store or its
+    /// snapshot); false before any, and while files stand in for a rule store never reached.
+    loaded: std::sync::atomic::AtomicBool,
     /// Bumped by every swap, including recompiles for a new regional view.
     generation: AtomicU64,
     /// The rules last installed and their version, kept to recompile for a new view.
@@ -41,6 +44,7 @@ impl ActiveRules {
             next_version: AtomicU64::new(1),
             metrics,
             source: parking_lot::Mutex::new("files"),
+            loaded: std::sync::atomic::AtomicBool::new(false),
             generation: AtomicU64::new(0),
             installed: parking_lot::Mutex::new(None),
             region: parking_lot::Mutex::new(None),
@@ -98,9 +102,17 @@ impl ActiveRules {
         *self.source.lock()
     }
 
-    /// Records where the active set came from.
-    pub fn set_source(&self, source: &'static str) {
+    /// Records where the active set came from, and whether that is its source (false: a stand-in
+    /// until the rule store answers).
+    pub fn set_source(&self, source: &'static str, loaded: bool) {
         *self.source.lock() = source;
+        self.loaded.store(loaded, Ordering::Release);
+    }
+
+    /// Whether the node has its rules: loaded from their source, not a stand-in. A node that
+    /// has not is not ready (it would allow what its rules deny).
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
     }
 
     /// The active set's version (0 before any set is installed).

@@ -18,6 +18,7 @@ use tollgate_lease::{
 };
 
 use crate::runtime::bucket::{Bucket, NO_DEADLINE};
+use crate::runtime::guarded::LeaseCall;
 use crate::runtime::shared::Shared;
 use crate::runtime::sizing::Demand;
 
@@ -77,12 +78,18 @@ pub enum KeyMsg {
         /// Fewest units worth taking.
         min: u64,
     },
+    /// A lease call outlived the store budget: the requests waiting on it are decided by their
+    /// fail modes now; the call goes on, and its grant, when it comes, is charged with what they
+    /// admitted.
+    Slow(Vec<Arc<Bucket>>),
     /// A store call finished.
     Granted {
         /// What was asked.
         asks: Vec<Ask>,
         /// The store's answer, one grant per ask.
         result: Result<Vec<LeaseGrant>, StoreError>,
+        /// Whether it came after the budget.
+        late: bool,
     },
     /// Time to look at lease expiries and idleness.
     Tick,
@@ -177,6 +184,13 @@ impl Actor for KeyActor {
         match msg {
             KeyMsg::Acquire { wants, reply } => {
                 state.last_active = now;
+                if wants.iter().any(|w| w.bucket.is_late()) {
+                    // A call for it is already past its budget: no new request waits on it.
+                    let _ = reply.send(AcquireOutcome::Failed(StoreError::Timeout {
+                        budget: state.shared.store.budget(),
+                    }));
+                    return Ok(());
+                }
                 for want in &wants {
                     state.settle_superseded(&want.bucket, now).await;
                     state.hold(&want.bucket);
@@ -200,13 +214,37 @@ impl Actor for KeyActor {
                     state.send_refills(&myself, now);
                 }
             }
-            KeyMsg::Granted { asks, result } => {
+            KeyMsg::Slow(buckets) => {
+                let error = StoreError::Timeout {
+                    budget: state.shared.store.budget(),
+                };
+                let (failed, kept): (VecDeque<Waiter>, VecDeque<Waiter>) =
+                    std::mem::take(&mut state.waiters)
+                        .into_iter()
+                        .partition(|w| {
+                            w.wants
+                                .iter()
+                                .any(|want| buckets.iter().any(|b| Arc::ptr_eq(b, &want.bucket)))
+                        });
+                state.waiters = kept;
+                for waiter in failed {
+                    let _ = waiter.reply.send(AcquireOutcome::Failed(error.clone()));
+                }
+                for bucket in &buckets {
+                    bucket.wake_waiters();
+                }
+            }
+            KeyMsg::Granted { asks, result, late } => {
                 state.in_flight = false;
+                for ask in &asks {
+                    ask.bucket.call_done();
+                }
                 match result {
                     Ok(grants) => {
                         let mut again = vec![];
                         let mut stale = vec![];
                         for (ask, grant) in asks.into_iter().zip(grants) {
+                            let bucket = ask.bucket.clone();
                             if !state.is_current(&ask.bucket) {
                                 // Granted to a definition superseded while the call was out:
                                 // given back at once, before the new definition leases (a
@@ -222,6 +260,13 @@ impl Actor for KeyActor {
                                 again.push(ask);
                             } else {
                                 state.install(&myself, &ask.bucket, ask.min, grant, now);
+                            }
+                            if late {
+                                // What the fail modes admitted while this call was out is
+                                // charged to it: an overloaded node degrades towards the
+                                // limit, never away from it.
+                                let owed = bucket.charge_owed();
+                                state.shared.metrics.owed_units.inc_by(owed);
                             }
                         }
                         state.send_returns(stale).await;
@@ -243,9 +288,11 @@ impl Actor for KeyActor {
                             }
                         }
                         // Refills asked for meanwhile would fail alike: the breaker decides
-                        // when the store is tried again, not a queue of refills.
+                        // when the store is tried again, not a queue of refills. Units admitted
+                        // meanwhile by a fail mode are forgiven: the store never counted them.
                         let pending = state.refills.drain(..).map(|(b, _)| b);
                         for bucket in asks.into_iter().map(|a| a.bucket).chain(pending) {
+                            bucket.forgive_owed();
                             bucket.lease_failed();
                         }
                         for waiter in state.waiters.drain(..) {
@@ -506,12 +553,34 @@ impl KeyState {
         let request = LeaseRequest::new(lease_asks, policy.ttl);
         let shared = self.shared.clone();
         let myself = myself.clone();
+        for ask in &asks {
+            ask.bucket.call_started();
+        }
         tokio::spawn(async move {
-            let result = match request {
-                Ok(req) => shared.store.acquire_leases(&req).await,
-                Err(e) => Err(StoreError::Invalid(e)),
+            let call = match request {
+                Ok(req) => {
+                    let buckets: Vec<Arc<Bucket>> = asks.iter().map(|a| a.bucket.clone()).collect();
+                    let slow = myself.clone();
+                    shared
+                        .store
+                        .acquire_leases(&req, move || {
+                            for bucket in &buckets {
+                                bucket.set_late();
+                            }
+                            let _ = slow.cast(KeyMsg::Slow(buckets));
+                        })
+                        .await
+                }
+                Err(e) => LeaseCall {
+                    result: Err(StoreError::Invalid(e)),
+                    late: false,
+                },
             };
-            let _ = myself.cast(KeyMsg::Granted { asks, result });
+            let _ = myself.cast(KeyMsg::Granted {
+                asks,
+                result: call.result,
+                late: call.late,
+            });
         });
     }
 

@@ -1,9 +1,12 @@
 //! The circuit breaker in front of the store: plain state that takes `now`.
 //!
-//! Closed: calls go through; a run of failures (timeouts, lost connections) opens it. Open:
-//! calls fail at once, so nodes stop waiting on a store that cannot answer. After a cooldown
-//! (jittered, so nodes do not all probe at once) one probe goes through: success closes the
-//! breaker, failure opens it again with a doubled cooldown, up to a maximum.
+//! Closed: calls go through, and their outcomes are counted over a sliding window (ten slices
+//! of `window`). It opens when, over that window, at least `min_calls` calls were made and at
+//! least `failure_ratio` of them failed: a few timeouts on a loaded node are not an outage, and
+//! a store that fails most calls is one. Open: calls fail at once, so nodes stop waiting on a
+//! store that cannot answer. After a cooldown (jittered, so nodes do not all probe at once) one
+//! probe goes through: success closes the breaker, failure opens it again with a doubled
+//! cooldown, up to a maximum.
 
 use std::time::Duration;
 
@@ -12,8 +15,12 @@ use tollgate_lease::Micros;
 /// Breaker settings.
 #[derive(Debug, Clone)]
 pub struct BreakerConfig {
-    /// Consecutive failures that open the breaker.
-    pub failures_to_open: u32,
+    /// The span over which failures are counted.
+    pub window: Duration,
+    /// Fewest calls in the window before the breaker may open.
+    pub min_calls: u32,
+    /// The share of failed calls in the window that opens the breaker, in (0, 1].
+    pub failure_ratio: f64,
     /// The first cooldown.
     pub cooldown: Duration,
     /// The longest cooldown (bounds how long after recovery the store is used again).
@@ -23,7 +30,9 @@ pub struct BreakerConfig {
 impl Default for BreakerConfig {
     fn default() -> Self {
         Self {
-            failures_to_open: 5,
+            window: Duration::from_secs(1),
+            min_calls: 20,
+            failure_ratio: 0.5,
             cooldown: Duration::from_millis(200),
             max_cooldown: Duration::from_secs(1),
         }
@@ -53,6 +62,26 @@ impl BreakerState {
             BreakerState::Open { .. } => 2,
         }
     }
+
+    /// The name `/readyz` uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::HalfOpen => "half-open",
+            BreakerState::Open { .. } => "open",
+        }
+    }
+}
+
+const SLICES: usize = 10;
+
+/// Calls and failures in one slice of the window.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slice {
+    /// Which slice of time it counts (`now / slice length`).
+    epoch: u64,
+    calls: u32,
+    failures: u32,
 }
 
 /// The breaker.
@@ -60,7 +89,7 @@ impl BreakerState {
 pub struct Breaker {
     config: BreakerConfig,
     state: BreakerState,
-    failures: u32,
+    slices: [Slice; SLICES],
     cooldown: Duration,
 }
 
@@ -71,7 +100,7 @@ impl Breaker {
         Self {
             config,
             state: BreakerState::Closed,
-            failures: 0,
+            slices: [Slice::default(); SLICES],
             cooldown,
         }
     }
@@ -96,22 +125,30 @@ impl Breaker {
     }
 
     /// A call succeeded (the store answered).
-    pub fn on_success(&mut self) {
+    pub fn on_success(&mut self, now: Micros) {
+        if self.state != BreakerState::Closed {
+            // The probe answered: start counting afresh.
+            self.slices = [Slice::default(); SLICES];
+            self.cooldown = self.config.cooldown;
+        }
         self.state = BreakerState::Closed;
-        self.failures = 0;
-        self.cooldown = self.config.cooldown;
+        self.count(now, false);
     }
 
     /// A call failed transiently; `jitter` in [0, 1) spreads the cooldown. Returns whether this
     /// failure opened the breaker.
     pub fn on_failure(&mut self, now: Micros, jitter: f64) -> bool {
-        self.failures += 1;
         let open = match self.state {
             BreakerState::HalfOpen => {
                 self.cooldown = (self.cooldown * 2).min(self.config.max_cooldown);
                 true
             }
-            BreakerState::Closed => self.failures >= self.config.failures_to_open,
+            BreakerState::Closed => {
+                self.count(now, true);
+                let (calls, failures) = self.totals(now);
+                calls >= self.config.min_calls.max(1)
+                    && f64::from(failures) >= self.config.failure_ratio * f64::from(calls)
+            }
             BreakerState::Open { .. } => false,
         };
         if open {
@@ -125,6 +162,32 @@ impl Breaker {
         }
         open
     }
+
+    fn slice_len(&self) -> u64 {
+        (self.config.window.as_micros() as u64 / SLICES as u64).max(1)
+    }
+
+    fn count(&mut self, now: Micros, failed: bool) {
+        let epoch = now / self.slice_len();
+        let slice = &mut self.slices[(epoch % SLICES as u64) as usize];
+        if slice.epoch != epoch {
+            *slice = Slice {
+                epoch,
+                ..Slice::default()
+            };
+        }
+        slice.calls += 1;
+        slice.failures += u32::from(failed);
+    }
+
+    /// Calls and failures over the window ending at `now`.
+    fn totals(&self, now: Micros) -> (u32, u32) {
+        let epoch = now / self.slice_len();
+        self.slices
+            .iter()
+            .filter(|s| epoch.saturating_sub(s.epoch) < SLICES as u64 && s.epoch <= epoch)
+            .fold((0, 0), |(c, f), s| (c + s.calls, f + s.failures))
+    }
 }
 
 #[cfg(test)]
@@ -132,31 +195,87 @@ mod tests {
     use super::*;
 
     const MS: u64 = 1000;
+    const T0: u64 = 1_000_000_000;
+
+    fn config(min_calls: u32) -> BreakerConfig {
+        BreakerConfig {
+            min_calls,
+            ..BreakerConfig::default()
+        }
+    }
 
     #[test]
-    fn opens_after_a_run_of_failures_and_probes_after_the_cooldown() {
-        let mut b = Breaker::new(BreakerConfig::default());
-        for i in 0..4 {
-            assert!(b.allow(i * MS));
-            assert!(!b.on_failure(i * MS, 0.5));
+    fn a_few_failures_among_many_calls_do_not_open_it() {
+        let mut b = Breaker::new(config(20));
+        // 2 % of calls fail (a loaded node's timeouts): the breaker stays closed.
+        for i in 0..1000 {
+            let now = T0 + i * MS;
+            assert!(b.allow(now));
+            if i % 50 == 0 {
+                assert!(!b.on_failure(now, 0.5), "call {i}");
+            } else {
+                b.on_success(now);
+            }
         }
-        assert!(b.on_failure(4 * MS, 0.5), "the fifth failure opens");
-        assert!(!b.allow(5 * MS));
-        assert!(!b.allow(203 * MS));
-        assert!(b.allow(204 * MS), "one probe after 200 ms");
-        assert!(!b.allow(204 * MS), "only one");
-        b.on_success();
         assert_eq!(b.state(), BreakerState::Closed);
-        assert!(b.allow(205 * MS));
+    }
+
+    #[test]
+    fn it_opens_on_a_failure_rate_over_the_minimum_calls_and_probes_after_the_cooldown() {
+        let mut b = Breaker::new(config(20));
+        for i in 0..19 {
+            assert!(!b.on_failure(T0 + i * MS, 0.5), "fewer than 20 calls");
+        }
+        assert!(
+            b.on_failure(T0 + 19 * MS, 0.5),
+            "the 20th failure in a second opens"
+        );
+        let opened = T0 + 19 * MS;
+        assert!(!b.allow(opened + MS));
+        assert!(!b.allow(opened + 199 * MS));
+        assert!(b.allow(opened + 200 * MS), "one probe after 200 ms");
+        assert!(!b.allow(opened + 200 * MS), "only one");
+        b.on_success(opened + 201 * MS);
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert!(
+            !b.on_failure(opened + 202 * MS, 0.5),
+            "counting starts afresh after a successful probe"
+        );
+    }
+
+    #[test]
+    fn failures_outside_the_window_are_forgotten() {
+        let mut b = Breaker::new(config(20));
+        for i in 0..15 {
+            b.on_failure(T0 + i * MS, 0.5);
+        }
+        // Two seconds later, the old failures no longer count.
+        for i in 0..15 {
+            assert!(!b.on_failure(T0 + 2_000 * MS + i * MS, 0.5));
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn half_failing_calls_open_it() {
+        let mut b = Breaker::new(config(20));
+        let mut opened = false;
+        for i in 0..40 {
+            let now = T0 + i * MS;
+            if i % 2 == 0 {
+                opened |= b.on_failure(now, 0.5);
+            } else {
+                b.on_success(now);
+            }
+        }
+        assert!(opened, "half of 40 calls in a second failed");
     }
 
     #[test]
     fn a_failed_probe_doubles_the_cooldown_up_to_the_maximum() {
-        let mut b = Breaker::new(BreakerConfig::default());
-        for _ in 0..5 {
-            b.on_failure(0, 0.5);
-        }
-        let mut now = 0;
+        let mut b = Breaker::new(config(1));
+        b.on_failure(T0, 0.5);
+        let mut now = T0;
         let mut waits = vec![];
         for _ in 0..5 {
             let BreakerState::Open { until } = b.state() else {
@@ -168,17 +287,5 @@ mod tests {
             b.on_failure(now, 0.5);
         }
         assert_eq!(waits, vec![200, 400, 800, 1000, 1000]);
-    }
-
-    #[test]
-    fn success_resets_the_failure_run() {
-        let mut b = Breaker::new(BreakerConfig::default());
-        for _ in 0..4 {
-            b.on_failure(0, 0.0);
-        }
-        b.on_success();
-        for _ in 0..4 {
-            assert!(!b.on_failure(0, 0.0));
-        }
     }
 }

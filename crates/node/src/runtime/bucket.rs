@@ -61,6 +61,11 @@ pub struct Bucket {
     /// The store had room for `room_need` units; trusted until `room_until`.
     room_need: AtomicU64,
     room_until: AtomicU64,
+    /// Lease calls out for this bucket, and whether one is past the store budget.
+    calls_out: AtomicU64,
+    late: AtomicBool,
+    /// Units fail modes admitted while a late call was out: charged to its grant.
+    owed: AtomicU64,
 }
 
 /// What waiting for a refill gave.
@@ -110,6 +115,9 @@ impl Bucket {
             waiting: AtomicU64::new(0),
             room_need: AtomicU64::new(0),
             room_until: AtomicU64::new(0),
+            calls_out: AtomicU64::new(0),
+            late: AtomicBool::new(false),
+            owed: AtomicU64::new(0),
         }
     }
 
@@ -180,6 +188,9 @@ impl Bucket {
     ) -> RefillOutcome {
         let deadline = tokio::time::Instant::now() + wait;
         self.waiting.fetch_add(cost, Ordering::AcqRel);
+        // Only a refill this request waited on can tell it the store failed: a failure seen
+        // before (an outage since over) is not a reason not to ask again.
+        let mut waited = false;
         let outcome = loop {
             let notified = self.arrived.notified();
             tokio::pin!(notified);
@@ -190,7 +201,9 @@ impl Bucket {
             if let Some(retry) = self.denied_for(cost, now()) {
                 break RefillOutcome::Denied(retry);
             }
-            if self.failed.load(Ordering::Acquire) && !self.refill_pending() {
+            if self.is_late()
+                || (waited && self.failed.load(Ordering::Acquire) && !self.refill_pending())
+            {
                 break RefillOutcome::Failed;
             }
             // Queue a refill unless one is on its way: at least what this request lacks, so a
@@ -208,6 +221,7 @@ impl Bucket {
                 self.refill_queued.store(false, Ordering::Release);
                 break RefillOutcome::Missed;
             }
+            waited = true;
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 break if self.try_take(cost, &now) {
                     RefillOutcome::Took
@@ -284,7 +298,52 @@ impl Bucket {
         Duration::from_micros(self.full_at.load(Ordering::Relaxed).saturating_sub(now))
     }
 
+    /// Whether a lease call for this bucket is out past the store budget.
+    pub fn is_late(&self) -> bool {
+        self.late.load(Ordering::Acquire)
+    }
+
+    /// A fail mode admitted `cost` without the store: if a late lease call is out, its grant
+    /// will pay for it.
+    pub fn admitted_without_store(&self, cost: u64) {
+        if self.is_late() {
+            self.owed.fetch_add(cost, Ordering::AcqRel);
+        }
+    }
+
     // ---- for the actor only ----------------------------------------------------------------
+
+    pub(crate) fn call_started(&self) {
+        self.calls_out.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn set_late(&self) {
+        self.late.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn call_done(&self) {
+        if self.calls_out.fetch_sub(1, Ordering::AcqRel) <= 1 {
+            self.late.store(false, Ordering::Release);
+        }
+    }
+
+    /// Charges the units owed to what this bucket holds (it may go below zero: later grants
+    /// pay the rest); how many.
+    pub(crate) fn charge_owed(&self) -> u64 {
+        let owed = self.owed.swap(0, Ordering::AcqRel);
+        self.units.fetch_sub(owed as i64, Ordering::AcqRel);
+        owed
+    }
+
+    /// The late call failed: the store never counted what was admitted meanwhile.
+    pub(crate) fn forgive_owed(&self) {
+        self.owed.store(0, Ordering::Release);
+    }
+
+    /// Wakes requests waiting on a refill (they look again: a late call fails them over).
+    pub(crate) fn wake_waiters(&self) {
+        self.arrived.notify_waiters();
+    }
 
     /// Adds a grant's units. Units of a window that has ended are dropped first.
     pub(crate) fn install(&self, units: u64, spend_before: u64, now: Micros) {

@@ -1,39 +1,65 @@
-//! The store as the runtime sees it: every call passes through the circuit breaker and is
-//! timed; failures are counted by cause. (The per-call timeout itself lives in the store: the
-//! Redis store fails a call that outlives its budget.)
+//! The store as the runtime sees it: every call passes through the circuit breaker of the
+//! shard its key lives on (one for a single Redis or the in-memory store, one per slot range
+//! of a Redis Cluster: a failing shard opens its own breaker only), and is timed; failures are
+//! counted by cause.
+//!
+//! Checks, returns and slot releases get the store budget (default 5 ms). A lease acquisition
+//! is patient: at the budget it counts as a timeout (the breaker sees a slow store), the
+//! requests waiting on it are decided by their fail modes, and the call goes on for an answer
+//! up to `patience`, so a lease the store granted late is still used rather than lost
+//! (the runtime charges what was admitted meanwhile against it).
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
-use parking_lot::Mutex;
+use dashmap::DashMap;
 use tollgate_lease::{
-    CheckOutcome, CheckRequest, LeaseGrant, LeaseRequest, LeaseStore, ReturnRequest, SharedClock,
-    SlotRelease, Store, StoreError,
+    BucketKey, CheckOutcome, CheckRequest, LeaseGrant, LeaseRequest, LeaseStore, ReturnRequest,
+    SharedClock, SlotRelease, Store, StoreError,
 };
 
 use crate::metrics::{Metrics, StoreFailure, StoreOp};
 use crate::runtime::breaker::{Breaker, BreakerConfig, BreakerState};
 
-/// The store behind a circuit breaker, with metrics.
+/// The store behind per-shard circuit breakers, with metrics.
 #[derive(Debug)]
 pub struct GuardedStore {
     store: Store,
-    breaker: Mutex<Breaker>,
+    /// The same store, with a budget of `patience` (lease acquisitions).
+    patient: Store,
+    budget: Duration,
+    breakers: DashMap<u16, Breaker>,
+    config: BreakerConfig,
     clock: SharedClock,
     metrics: Arc<Metrics>,
 }
 
+/// How a lease acquisition ended.
+#[derive(Debug)]
+pub struct LeaseCall {
+    /// The store's answer (or why there is none).
+    pub result: Result<Vec<LeaseGrant>, StoreError>,
+    /// Whether it came after the budget (the waiting requests had been decided without it).
+    pub late: bool,
+}
+
 impl GuardedStore {
-    /// Wraps `store`.
+    /// Wraps `store` (`budget` per call; lease acquisitions wait up to `patience`).
     pub fn new(
         store: Store,
+        budget: Duration,
+        patience: Duration,
         breaker: BreakerConfig,
         clock: SharedClock,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
-            store,
-            breaker: Mutex::new(Breaker::new(breaker)),
+            patient: store.with_budget(patience.max(budget)),
+            store: store.with_budget(budget),
+            budget,
+            breakers: DashMap::new(),
+            config: breaker,
             clock,
             metrics,
         }
@@ -44,81 +70,184 @@ impl GuardedStore {
         &self.store
     }
 
-    /// Where the breaker stands.
-    pub fn breaker_state(&self) -> BreakerState {
-        self.breaker.lock().state()
+    /// The store call budget.
+    pub fn budget(&self) -> Duration {
+        self.budget
     }
 
-    async fn call<T>(
-        &self,
-        op: StoreOp,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let allowed = {
-            let mut breaker = self.breaker.lock();
-            let allowed = breaker.allow(self.clock.now_micros());
-            self.metrics.breaker_state.set(breaker.state().code());
-            allowed
-        };
-        if !allowed {
+    /// Where the breaker of `key`'s shard stands.
+    pub fn breaker_state_of(&self, key: &BucketKey) -> BreakerState {
+        self.breakers
+            .get(&self.store.shard_of(key))
+            .map_or(BreakerState::Closed, |b| b.state())
+    }
+
+    /// Every shard's breaker that has seen a call, by shard.
+    pub fn breaker_states(&self) -> Vec<(u16, BreakerState)> {
+        let mut states: Vec<_> = self
+            .breakers
+            .iter()
+            .map(|b| (*b.key(), b.state()))
+            .collect();
+        states.sort_by_key(|(shard, _)| *shard);
+        states
+    }
+
+    /// The worst breaker state over every shard (open, else half-open, else closed).
+    pub fn breaker_state(&self) -> BreakerState {
+        self.breakers
+            .iter()
+            .map(|b| b.state())
+            .max_by_key(|s| s.code())
+            .unwrap_or(BreakerState::Closed)
+    }
+
+    fn publish_state(&self) {
+        self.metrics.breaker_state.set(self.breaker_state().code());
+        self.metrics.breakers_open.set(
+            self.breakers
+                .iter()
+                .filter(|b| b.state() != BreakerState::Closed)
+                .count() as i64,
+        );
+    }
+
+    /// Whether the breaker of `shard` lets a call through now.
+    fn admit(&self, op: StoreOp, shard: u16) -> Result<(), StoreError> {
+        let allowed = self
+            .breakers
+            .entry(shard)
+            .or_insert_with(|| Breaker::new(self.config.clone()))
+            .allow(self.clock.now_micros());
+        self.publish_state();
+        if allowed {
+            self.metrics.store_calls.inc();
+            Ok(())
+        } else {
             self.metrics.count_failure(op, StoreFailure::BreakerOpen);
-            return Err(StoreError::Unavailable("circuit breaker open".into()));
+            Err(StoreError::Unavailable("circuit breaker open".into()))
         }
-        self.metrics.store_calls.inc();
-        let start = tokio::time::Instant::now();
-        let result = call.await;
-        self.metrics
-            .observe_store(op, start.elapsed().as_secs_f64());
-        let mut breaker = self.breaker.lock();
-        match &result {
+    }
+
+    /// Counts a call's outcome at its shard's breaker.
+    fn record<T>(&self, op: StoreOp, shard: u16, result: &Result<T, StoreError>) {
+        let now = self.clock.now_micros();
+        let mut breaker = self
+            .breakers
+            .entry(shard)
+            .or_insert_with(|| Breaker::new(self.config.clone()));
+        match result {
+            // A full store answered: it is up; only the new key it refused is affected.
+            Err(StoreError::Full(_)) => {
+                self.metrics.count_failure(op, StoreFailure::Full);
+                breaker.on_success(now);
+            }
             Err(e) if e.is_transient() => {
                 let failure = match e {
                     StoreError::Timeout { .. } => StoreFailure::Timeout,
                     _ => StoreFailure::Unavailable,
                 };
                 self.metrics.count_failure(op, failure);
-                if breaker.on_failure(self.clock.now_micros(), rand::random()) {
+                if breaker.on_failure(now, rand::random()) {
                     self.metrics.breaker_opened.inc();
-                    tracing::warn!(error = %e, "store circuit breaker opened");
+                    tracing::warn!(shard, error = %e, "store circuit breaker opened");
                 }
             }
             Err(e) => {
                 // The store answered: it is up, the request was wrong.
                 self.metrics.count_failure(op, StoreFailure::Other);
                 tracing::warn!(error = %e, "store rejected a call");
-                breaker.on_success();
+                breaker.on_success(now);
             }
             Ok(_) => {
                 if breaker.state() != BreakerState::Closed {
-                    tracing::info!("store circuit breaker closed");
+                    tracing::info!(shard, "store circuit breaker closed");
                 }
-                breaker.on_success();
+                breaker.on_success(now);
             }
         }
-        self.metrics.breaker_state.set(breaker.state().code());
+        drop(breaker);
+        self.publish_state();
+    }
+
+    async fn call<T>(
+        &self,
+        op: StoreOp,
+        key: &BucketKey,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let shard = self.store.shard_of(key);
+        self.admit(op, shard)?;
+        let start = tokio::time::Instant::now();
+        let result = call.await;
+        self.metrics
+            .observe_store(op, start.elapsed().as_secs_f64());
+        self.record(op, shard, &result);
         result
     }
 
     /// [`LeaseStore::check`] through the breaker.
     pub async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
-        self.call(StoreOp::Check, self.store.check(req)).await
+        self.call(StoreOp::Check, &req.items()[0].key, self.store.check(req))
+            .await
     }
 
-    /// [`LeaseStore::acquire_leases`] through the breaker.
-    pub async fn acquire_leases(&self, req: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
-        self.call(StoreOp::LeaseAcquire, self.store.acquire_leases(req))
-            .await
+    /// [`LeaseStore::acquire_leases`] through the breaker, patiently: past the budget the
+    /// breaker counts a timeout and `on_budget` runs (the runtime decides the waiting requests
+    /// then), and the answer is still awaited up to the patience.
+    pub async fn acquire_leases(&self, req: &LeaseRequest, on_budget: impl FnOnce()) -> LeaseCall {
+        let op = StoreOp::LeaseAcquire;
+        let shard = self.store.shard_of(&req.asks()[0].key);
+        if let Err(e) = self.admit(op, shard) {
+            return LeaseCall {
+                result: Err(e),
+                late: false,
+            };
+        }
+        let start = tokio::time::Instant::now();
+        let call = self.patient.acquire_leases(req);
+        tokio::pin!(call);
+        let early = tokio::time::timeout(self.budget, &mut call).await;
+        let (result, late) = match early {
+            Ok(result) => {
+                self.record(op, shard, &result);
+                (result, false)
+            }
+            Err(_) => {
+                let timeout: Result<(), StoreError> = Err(StoreError::Timeout {
+                    budget: self.budget,
+                });
+                self.record(op, shard, &timeout);
+                on_budget();
+                let result = call.await;
+                if result.is_ok() {
+                    self.metrics.late_leases.inc();
+                }
+                (result, true)
+            }
+        };
+        self.metrics
+            .observe_store(op, start.elapsed().as_secs_f64());
+        LeaseCall { result, late }
     }
 
     /// [`LeaseStore::return_leases`] through the breaker.
     pub async fn return_leases(&self, req: &ReturnRequest) -> Result<Vec<u64>, StoreError> {
-        self.call(StoreOp::LeaseReturn, self.store.return_leases(req))
-            .await
+        self.call(
+            StoreOp::LeaseReturn,
+            &req.items()[0].key,
+            self.store.return_leases(req),
+        )
+        .await
     }
 
     /// [`LeaseStore::release_slots`] through the breaker.
     pub async fn release_slots(&self, req: &SlotRelease) -> Result<Vec<bool>, StoreError> {
-        self.call(StoreOp::SlotRelease, self.store.release_slots(req))
-            .await
+        self.call(
+            StoreOp::SlotRelease,
+            &req.items()[0].0,
+            self.store.release_slots(req),
+        )
+        .await
     }
 }

@@ -63,11 +63,23 @@ struct Inner {
     override_counters: crate::metrics::RuleCounters,
     /// When the override cache was last swept of rules no bucket holds (node clock, µs).
     overrides_swept: std::sync::atomic::AtomicU64,
-    /// LOCAL fallback buckets of keys decided without an actor (bounded like the actors).
-    fallbacks: DashMap<Vec<u8>, Arc<LocalBucket>>,
+    /// LOCAL fallback buckets of keys decided without an actor: at most `max_key_actors`,
+    /// idle ones swept (see [`Node::fallback_for`]).
+    fallbacks: DashMap<Vec<u8>, Fallback>,
+    /// Per rule (by uid), the one fallback bucket keys share once `fallbacks` is full.
+    overflow: DashMap<u64, Arc<LocalBucket>>,
+    /// When `fallbacks` was last swept (node clock, µs).
+    fallbacks_swept: std::sync::atomic::AtomicU64,
     stopping: AtomicBool,
     /// How long the decision path waits for an actor: the store budget plus a margin.
     actor_wait: Duration,
+}
+
+/// A LOCAL fallback bucket and when it was last used.
+#[derive(Debug)]
+struct Fallback {
+    bucket: Arc<LocalBucket>,
+    used: std::sync::atomic::AtomicU64,
 }
 
 /// One rule matched by one descriptor.
@@ -170,6 +182,8 @@ impl Node {
         let shared = Arc::new(Shared {
             store: GuardedStore::new(
                 store,
+                store_timeout,
+                config.lease.patience,
                 config.breaker.clone(),
                 clock.clone(),
                 metrics.clone(),
@@ -205,6 +219,8 @@ impl Node {
                 override_counters,
                 overrides_swept: std::sync::atomic::AtomicU64::new(0),
                 fallbacks: DashMap::new(),
+                overflow: DashMap::new(),
+                fallbacks_swept: std::sync::atomic::AtomicU64::new(0),
                 stopping: AtomicBool::new(false),
                 actor_wait: store_timeout + Duration::from_millis(20),
             }),
@@ -270,9 +286,14 @@ impl Node {
         &self.inner.shared.metrics
     }
 
-    /// The store's circuit breaker state.
+    /// The store's circuit breaker state: the worst over its shards.
     pub fn breaker_state(&self) -> BreakerState {
         self.inner.shared.store.breaker_state()
+    }
+
+    /// Each store shard's circuit breaker (those that have seen calls), by shard.
+    pub fn breaker_states(&self) -> Vec<(u16, BreakerState)> {
+        self.inner.shared.store.breaker_states()
     }
 
     /// The store (for readiness checks).
@@ -936,10 +957,13 @@ impl Node {
         }
     }
 
-    /// How long a request that failed closed should wait: until the breaker lets the node try
-    /// the store again, and at least a second (headers carry whole seconds).
-    fn store_retry(&self, now: u64) -> Duration {
-        let probe = match self.breaker_state() {
+    /// How long a request that failed closed should wait: until the breaker of its shard lets
+    /// the node try the store again, and at least a second (headers carry whole seconds).
+    fn store_retry(&self, hit: &Hit, now: u64) -> Duration {
+        let state = BucketKey::new(&hit.identity, &hit.rule.key)
+            .map(|key| self.inner.shared.store.breaker_state_of(&key))
+            .unwrap_or(BreakerState::Closed);
+        let probe = match state {
             BreakerState::Open { until } => Duration::from_micros(until.saturating_sub(now)),
             _ => Duration::ZERO,
         };
@@ -962,7 +986,7 @@ impl Node {
             FailMode::Closed => hit.denied(
                 Outcome::FailedClosed,
                 Denial::StoreUnavailable,
-                self.store_retry(now),
+                self.store_retry(hit, now),
                 Duration::ZERO,
             ),
             FailMode::Local => match bucket
@@ -981,12 +1005,16 @@ impl Node {
                         Duration::ZERO,
                     ),
                 },
-                // No room to remember another key: fail open rather than grow without bound.
+                // A rule without a limit has nothing to fall back to.
                 None => hit.admitted(Outcome::FailedOpen, 0, Duration::ZERO),
             },
         };
         tracing::debug!(rule = %hit.rule.id, %error, outcome = ?status.outcome, "store failed; the rule's fail mode decided");
         let allowed = status.allowed;
+        if allowed && let Some(bucket) = bucket {
+            // Should a late lease call for this bucket land after all, it pays for this.
+            bucket.admitted_without_store(hit.cost);
+        }
         statuses[index] = Some(status);
         allowed
     }
@@ -1049,24 +1077,56 @@ impl Node {
         Some(shared.registry.insert_bucket(key, bucket))
     }
 
-    /// The LOCAL fallback bucket of a key that has no bucket on this node.
+    /// The LOCAL fallback bucket of a key that has no bucket on this node. They are bounded
+    /// like the actors: when the map is full, buckets idle for `idle_timeout` are swept (at most
+    /// once a second), as an actor's would be; if it is still full, the key shares its rule's
+    /// overflow bucket with the other keys past the cap, so the rule still limits (it never
+    /// fails open for want of room).
     fn fallback_for(&self, hit: &Hit) -> Option<Arc<LocalBucket>> {
         let limit = hit.rule.limit()?;
+        let inner = &self.inner;
+        let now = self.now();
         let key = bucket_key(hit.rule.uid, &hit.identity);
-        if let Some(local) = self.inner.fallbacks.get(&key) {
-            return Some(local.clone());
+        if let Some(found) = inner.fallbacks.get(&key) {
+            found.used.store(now, Ordering::Relaxed);
+            return Some(found.bucket.clone());
         }
-        if self.inner.fallbacks.len() >= self.inner.shared.config.max_key_actors {
-            return None;
+        let nodes = f64::from(inner.shared.config.cluster_nodes.max(1));
+        let fresh = || Arc::new(LocalBucket::for_limit(&limit, 1.0 / nodes));
+        let cap = inner.shared.config.max_key_actors;
+        if inner.fallbacks.len() >= cap {
+            let last = inner.fallbacks_swept.load(Ordering::Relaxed);
+            if now.saturating_sub(last) >= 1_000_000
+                && inner
+                    .fallbacks_swept
+                    .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                let idle = inner.shared.config.idle_timeout.as_micros() as u64;
+                inner
+                    .fallbacks
+                    .retain(|_, f| now.saturating_sub(f.used.load(Ordering::Relaxed)) < idle);
+            }
+            if inner.fallbacks.len() >= cap {
+                return Some(
+                    inner
+                        .overflow
+                        .entry(hit.rule.uid)
+                        .or_insert_with(fresh)
+                        .clone(),
+                );
+            }
         }
-        let nodes = f64::from(self.inner.shared.config.cluster_nodes.max(1));
-        Some(
-            self.inner
-                .fallbacks
-                .entry(key)
-                .or_insert_with(|| Arc::new(LocalBucket::for_limit(&limit, 1.0 / nodes)))
-                .clone(),
-        )
+        let entry = inner.fallbacks.entry(key).or_insert_with(|| Fallback {
+            bucket: fresh(),
+            used: std::sync::atomic::AtomicU64::new(now),
+        });
+        Some(entry.bucket.clone())
+    }
+
+    /// LOCAL fallback buckets held for keys without an actor, and overflow buckets (per rule).
+    pub fn fallback_buckets(&self) -> (usize, usize) {
+        (self.inner.fallbacks.len(), self.inner.overflow.len())
     }
 
     fn rollback(&self, undo: Undo) {

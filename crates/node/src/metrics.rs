@@ -169,8 +169,11 @@ pub struct Metrics {
     pub breakers_open: Gauge,
     /// Lease acquisitions answered after the budget (their grants were used, not lost).
     pub late_leases: Counter,
-    /// Units admitted by a fail mode while a lease call was out, charged to its late grant.
+    /// Units admitted without the store (a fail mode, or its last answer while it was slow),
+    /// charged to the bucket's next grant.
     pub owed_units: Counter,
+    /// Decisions made on the store's last answer while it was slow (not by a fail mode).
+    pub slow_store_decisions: Counter,
     /// Leases acquired (grants of at least one unit).
     pub leases_acquired: Counter,
     /// Units granted by leases.
@@ -252,6 +255,7 @@ impl Metrics {
             breakers_open: Gauge::default(),
             late_leases: Counter::default(),
             owed_units: Counter::default(),
+            slow_store_decisions: Counter::default(),
             leases_acquired: Counter::default(),
             lease_units_acquired: Counter::default(),
             leases_returned: Counter::default(),
@@ -293,8 +297,13 @@ impl Metrics {
         );
         registry.register(
             "lease_units_owed",
-            "Units a fail mode admitted while a lease call was out, charged to its late grant",
+            "Units admitted without the store (fail mode, or its last answer while slow), charged to the next grant",
             m.owed_units.clone(),
+        );
+        registry.register(
+            "slow_store_decisions",
+            "Decisions made on the store's last answer while it was slow, instead of a fail mode",
+            m.slow_store_decisions.clone(),
         );
         registry.register(
             "leases_acquired",

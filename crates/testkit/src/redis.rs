@@ -263,13 +263,14 @@ impl RedisCluster {
 
     /// The node currently serving `key`'s slot as primary (as the first live node sees it).
     pub fn primary_for(&self, key: &str) -> Result<u16> {
-        let any = self
-            .nodes
-            .iter()
-            .find(|n| n.child.is_some())
-            .context("no live node")?;
+        let any = self.live_node()?;
         let slot: u16 = any.cli(&["CLUSTER", "KEYSLOT", key])?.trim().parse()?;
-        let nodes = any.cli(&["CLUSTER", "NODES"])?;
+        self.primary_for_slot(slot)
+    }
+
+    /// The node currently serving `slot` as primary (as the first live node sees it).
+    pub fn primary_for_slot(&self, slot: u16) -> Result<u16> {
+        let nodes = self.live_node()?.cli(&["CLUSTER", "NODES"])?;
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
             if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
@@ -287,6 +288,13 @@ impl RedisCluster {
             }
         }
         bail!("no primary serves slot {slot}")
+    }
+
+    fn live_node(&self) -> Result<&RedisServer> {
+        self.nodes
+            .iter()
+            .find(|n| n.child.is_some())
+            .context("no live node")
     }
 
     /// The node listening on `port`.

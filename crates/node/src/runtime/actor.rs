@@ -18,7 +18,6 @@ use tollgate_lease::{
 };
 
 use crate::runtime::bucket::{Bucket, NO_DEADLINE};
-use crate::runtime::guarded::LeaseCall;
 use crate::runtime::shared::Shared;
 use crate::runtime::sizing::Demand;
 
@@ -88,8 +87,6 @@ pub enum KeyMsg {
         asks: Vec<Ask>,
         /// The store's answer, one grant per ask.
         result: Result<Vec<LeaseGrant>, StoreError>,
-        /// Whether it came after the budget.
-        late: bool,
     },
     /// Time to look at lease expiries and idleness.
     Tick,
@@ -234,7 +231,7 @@ impl Actor for KeyActor {
                     bucket.wake_waiters();
                 }
             }
-            KeyMsg::Granted { asks, result, late } => {
+            KeyMsg::Granted { asks, result } => {
                 state.in_flight = false;
                 for ask in &asks {
                     ask.bucket.call_done();
@@ -261,13 +258,11 @@ impl Actor for KeyActor {
                             } else {
                                 state.install(&myself, &ask.bucket, ask.min, grant, now);
                             }
-                            if late {
-                                // What the fail modes admitted while this call was out is
-                                // charged to it: an overloaded node degrades towards the
-                                // limit, never away from it.
-                                let owed = bucket.charge_owed();
-                                state.shared.metrics.owed_units.inc_by(owed);
-                            }
+                            // What the fail modes admitted since the store last answered
+                            // (this call late, or the node too busy to wait for it) is charged
+                            // to it: an overloaded node degrades towards the limit, never away.
+                            let owed = bucket.charge_owed();
+                            state.shared.metrics.owed_units.inc_by(owed);
                         }
                         state.send_returns(stale).await;
                         if again.is_empty() {
@@ -557,7 +552,7 @@ impl KeyState {
             ask.bucket.call_started();
         }
         tokio::spawn(async move {
-            let call = match request {
+            let result = match request {
                 Ok(req) => {
                     let buckets: Vec<Arc<Bucket>> = asks.iter().map(|a| a.bucket.clone()).collect();
                     let slow = myself.clone();
@@ -571,16 +566,9 @@ impl KeyState {
                         })
                         .await
                 }
-                Err(e) => LeaseCall {
-                    result: Err(StoreError::Invalid(e)),
-                    late: false,
-                },
+                Err(e) => Err(StoreError::Invalid(e)),
             };
-            let _ = myself.cast(KeyMsg::Granted {
-                asks,
-                result: call.result,
-                late: call.late,
-            });
+            let _ = myself.cast(KeyMsg::Granted { asks, result });
         });
     }
 
@@ -616,7 +604,12 @@ impl KeyState {
         grant: LeaseGrant,
         now: Micros,
     ) {
-        bucket.observe(grant.remaining, grant.reset_after, now);
+        bucket.observe(
+            grant.remaining,
+            grant.reset_after,
+            self.shared.config.lease.ttl,
+            now,
+        );
         let Some(id) = grant.lease.filter(|_| grant.units > 0) else {
             bucket.deny_until(min, grant.retry_after, now);
             bucket.refill_done();

@@ -58,13 +58,16 @@ pub struct Bucket {
     failed: AtomicBool,
     /// Units requests are waiting for (a refill asks for at least this many).
     waiting: AtomicU64,
+    /// Until when the store's last answer (`global_remaining`) may decide while it is slow.
+    trusted_until: AtomicU64,
     /// The store had room for `room_need` units; trusted until `room_until`.
     room_need: AtomicU64,
     room_until: AtomicU64,
     /// Lease calls out for this bucket, and whether one is past the store budget.
     calls_out: AtomicU64,
     late: AtomicBool,
-    /// Units fail modes admitted while a late call was out: charged to its grant.
+    /// Units fail modes admitted without the store since its last answer: charged to the next
+    /// grant, forgiven if a lease call fails first.
     owed: AtomicU64,
 }
 
@@ -113,6 +116,7 @@ impl Bucket {
             arrived: tokio::sync::Notify::new(),
             failed: AtomicBool::new(false),
             waiting: AtomicU64::new(0),
+            trusted_until: AtomicU64::new(0),
             room_need: AtomicU64::new(0),
             room_until: AtomicU64::new(0),
             calls_out: AtomicU64::new(0),
@@ -303,12 +307,25 @@ impl Bucket {
         self.late.load(Ordering::Acquire)
     }
 
-    /// A fail mode admitted `cost` without the store: if a late lease call is out, its grant
-    /// will pay for it.
+    /// A fail mode admitted `cost` without the store: the next grant pays for it (a store that
+    /// was only slow then counts every admission), unless a lease call fails first (an outage:
+    /// the store never counted them). At most a bucket's capacity is owed.
     pub fn admitted_without_store(&self, cost: u64) {
-        if self.is_late() {
-            self.owed.fetch_add(cost, Ordering::AcqRel);
-        }
+        let capacity = self.limit.capacity();
+        let _ = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                Some((owed + cost).min(capacity))
+            });
+    }
+
+    /// Gives back units owed for a request that was denied elsewhere.
+    pub fn refund_owed(&self, cost: u64) {
+        let _ = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                Some(owed.saturating_sub(cost))
+            });
     }
 
     // ---- for the actor only ----------------------------------------------------------------
@@ -375,12 +392,67 @@ impl Bucket {
         self.units.swap(0, Ordering::AcqRel).max(0) as u64
     }
 
-    /// Records what the store said about the bucket.
-    pub(crate) fn observe(&self, remaining: u64, reset_after: Duration, now: Micros) {
+    /// Records what the store said about the bucket; it is trusted to decide by for `trust`
+    /// (while the store is slow; see [`Bucket::decide_while_slow`]), never past a fixed
+    /// window's end.
+    pub(crate) fn observe(
+        &self,
+        remaining: u64,
+        reset_after: Duration,
+        trust: Duration,
+        now: Micros,
+    ) {
         self.global_remaining.store(remaining, Ordering::Relaxed);
         self.observed_at.store(now, Ordering::Relaxed);
         self.full_at
             .store(now + reset_after.as_micros() as u64, Ordering::Relaxed);
+        let trust = match self.limit.algorithm() {
+            Algorithm::FixedWindow => trust.min(reset_after),
+            _ => trust,
+        };
+        self.trusted_until
+            .store(now + trust.as_micros() as u64, Ordering::Release);
+    }
+
+    /// What the store last said remains of this bucket (units held by nodes not counted),
+    /// a token bucket refilled since at its rate.
+    fn store_estimate(&self, now: Micros) -> u64 {
+        let mut store = self.global_remaining.load(Ordering::Relaxed);
+        if let Some(rate) = self.limit.refill_per_second() {
+            let since = now.saturating_sub(self.observed_at.load(Ordering::Relaxed));
+            store = store.saturating_add((rate * since as f64 / 1e6).floor() as u64);
+        }
+        store.min(self.limit.capacity())
+    }
+
+    /// Decides `cost` while the store is slow (a lease call past its budget, or this node too
+    /// busy to wait for one) but answered recently: admitted if what the store last said
+    /// remains (refilled since) covers it and everything admitted so without it; owed, so the
+    /// next grant pays for it. A slow store is not a dead one: an overloaded node degrades
+    /// towards the limit, not into admitting everything. None when the store has not answered
+    /// recently enough to be believed (then the rule's fail mode decides); else the decision,
+    /// with the wait until the estimate covers the cost when denied.
+    pub fn decide_while_slow(&self, cost: u64, now: Micros) -> Option<Result<(), Duration>> {
+        if now >= self.trusted_until.load(Ordering::Acquire) {
+            return None;
+        }
+        let estimate = self.store_estimate(now);
+        let taken = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                (owed + cost <= estimate).then_some(owed + cost)
+            });
+        match taken {
+            Ok(_) => Some(Ok(())),
+            Err(owed) => {
+                let missing = (owed + cost).saturating_sub(estimate);
+                let wait = match self.limit.refill_per_second() {
+                    Some(rate) => Duration::from_secs_f64(missing as f64 / rate),
+                    None => self.reset_after(now),
+                };
+                Some(Err(wait.max(Duration::from_millis(1))))
+            }
+        }
     }
 
     /// Records that the store had no room for `cost` until `now + retry_after`.

@@ -35,15 +35,6 @@ pub struct GuardedStore {
     metrics: Arc<Metrics>,
 }
 
-/// How a lease acquisition ended.
-#[derive(Debug)]
-pub struct LeaseCall {
-    /// The store's answer (or why there is none).
-    pub result: Result<Vec<LeaseGrant>, StoreError>,
-    /// Whether it came after the budget (the waiting requests had been decided without it).
-    pub late: bool,
-}
-
 impl GuardedStore {
     /// Wraps `store` (`budget` per call; lease acquisitions wait up to `patience`).
     pub fn new(
@@ -195,23 +186,22 @@ impl GuardedStore {
     /// [`LeaseStore::acquire_leases`] through the breaker, patiently: past the budget the
     /// breaker counts a timeout and `on_budget` runs (the runtime decides the waiting requests
     /// then), and the answer is still awaited up to the patience.
-    pub async fn acquire_leases(&self, req: &LeaseRequest, on_budget: impl FnOnce()) -> LeaseCall {
+    pub async fn acquire_leases(
+        &self,
+        req: &LeaseRequest,
+        on_budget: impl FnOnce(),
+    ) -> Result<Vec<LeaseGrant>, StoreError> {
         let op = StoreOp::LeaseAcquire;
         let shard = self.store.shard_of(&req.asks()[0].key);
-        if let Err(e) = self.admit(op, shard) {
-            return LeaseCall {
-                result: Err(e),
-                late: false,
-            };
-        }
+        self.admit(op, shard)?;
         let start = tokio::time::Instant::now();
         let call = self.patient.acquire_leases(req);
         tokio::pin!(call);
         let early = tokio::time::timeout(self.budget, &mut call).await;
-        let (result, late) = match early {
+        let result = match early {
             Ok(result) => {
                 self.record(op, shard, &result);
-                (result, false)
+                result
             }
             Err(_) => {
                 let timeout: Result<(), StoreError> = Err(StoreError::Timeout {
@@ -223,12 +213,12 @@ impl GuardedStore {
                 if result.is_ok() {
                     self.metrics.late_leases.inc();
                 }
-                (result, true)
+                result
             }
         };
         self.metrics
             .observe_store(op, start.elapsed().as_secs_f64());
-        LeaseCall { result, late }
+        result
     }
 
     /// [`LeaseStore::return_leases`] through the breaker.

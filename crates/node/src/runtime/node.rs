@@ -163,6 +163,8 @@ impl Hit {
 #[derive(Debug, Default)]
 struct Undo {
     leases: Vec<(Arc<Bucket>, u64)>,
+    /// Units admitted on the store's last answer while it was slow (owed by the bucket).
+    owed: Vec<(Arc<Bucket>, u64)>,
     prelimits: Vec<(Arc<Bucket>, u64)>,
     fallbacks: Vec<(Arc<LocalBucket>, u64)>,
     slots: Vec<HeldSlot>,
@@ -735,7 +737,13 @@ impl Node {
                         return false;
                     }
                     RefillOutcome::Failed => {
-                        let error = StoreError::Unavailable("the lease refill failed".into());
+                        let error = if bucket.is_late() {
+                            StoreError::Timeout {
+                                budget: shared.store.budget(),
+                            }
+                        } else {
+                            StoreError::Unavailable("the lease refill failed".into())
+                        };
                         if !self.fail_mode(i, hit, Some(&bucket), &error, statuses, undo) {
                             return false;
                         }
@@ -970,7 +978,11 @@ impl Node {
         probe.max(Duration::from_secs(1))
     }
 
-    /// Applies a rule's fail mode after the store failed; false if it denies.
+    /// Decides a hit the store could not answer in time; false if it denies. Under an OPEN
+    /// rule, a store that is only slow (a timeout) and answered this bucket recently is
+    /// believed: its last answer decides (see [`Bucket::decide_while_slow`]), rather than
+    /// admitting everything. Otherwise the rule's fail mode decides: CLOSED denies, LOCAL
+    /// takes its local share.
     fn fail_mode(
         &self,
         index: usize,
@@ -981,6 +993,27 @@ impl Node {
         undo: &mut Undo,
     ) -> bool {
         let now = self.now();
+        if hit.rule.fail_mode == FailMode::Open
+            && matches!(error, StoreError::Timeout { .. })
+            && let Some(bucket) = bucket
+            && let Some(decision) = bucket.decide_while_slow(hit.cost, now)
+        {
+            self.inner.shared.metrics.slow_store_decisions.inc();
+            let status = match decision {
+                Ok(()) => {
+                    undo.owed.push((bucket.clone(), hit.cost));
+                    hit.admitted(
+                        Outcome::Allowed,
+                        bucket.remaining(now),
+                        bucket.reset_after(now),
+                    )
+                }
+                Err(wait) => hit.over_limit(wait, bucket.reset_after(now)),
+            };
+            let allowed = status.allowed;
+            statuses[index] = Some(status);
+            return allowed;
+        }
         let status = match hit.rule.fail_mode {
             FailMode::Open => hit.admitted(Outcome::FailedOpen, 0, Duration::ZERO),
             FailMode::Closed => hit.denied(
@@ -1140,6 +1173,9 @@ impl Node {
         }
         for (local, cost) in undo.fallbacks {
             local.refund(cost);
+        }
+        for (bucket, cost) in undo.owed {
+            bucket.refund_owed(cost);
         }
         if !undo.slots.is_empty() {
             let node = self.clone();

@@ -1,0 +1,277 @@
+//! A slow store is not a dead store: two nodes on a real Redis Cluster (3 primaries, 3
+//! replicas) with the default store budget (5 ms), 64 API keys on a token bucket of 20 + 2/s,
+//! and a load that saturates this machine. With no fault, every key stays within its bound
+//! (a few lease calls past the budget must not open the breaker and admit everything). With
+//! the slot-0 primary killed mid-run, keys on the other shards stay within their bound (one
+//! shard's failure opens that shard's breaker only), and every key is decided by the store
+//! again within 5 s of the replica's promotion.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use support::{node_on, redis_store};
+use tollgate_lease::{RedisConfig, SharedClock, TokioClock};
+use tollgate_node::metrics::Outcome;
+use tollgate_node::{Node, Request, RuntimeConfig};
+use tollgate_testkit::RedisCluster;
+
+const KEYS: usize = 64;
+const CAPACITY: f64 = 20.0;
+const RATE: f64 = 2.0;
+const RUN: Duration = Duration::from_secs(12);
+/// Client tasks per node: far more than the two cores can serve at once.
+const TASKS_PER_NODE: usize = 32;
+
+const RULES: &str = "domain: api\nrules:\n  - {id: keys, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 20, refillPerSecond: 2}\n";
+
+fn key(i: usize) -> String {
+    format!("k{i:02}")
+}
+
+fn request(i: usize) -> Request {
+    Request::new("api").descriptor([("api_key", key(i))])
+}
+
+/// The store key of `key(i)`'s bucket (for finding its cluster shard).
+fn store_key(i: usize) -> String {
+    tollgate_lease::BucketKey::new(key(i).as_bytes(), "keys")
+        .expect("key")
+        .as_str()
+        .to_owned()
+}
+
+#[derive(Default)]
+struct Tally {
+    admitted: Vec<AtomicU64>,
+    failed_open: AtomicU64,
+    decisions: AtomicU64,
+    /// When (ms since the start) the failed shard's replica was promoted (0: not yet).
+    promoted_at: AtomicU64,
+    /// Per key, the first store-backed decision (ms since the start) after the promotion.
+    back_after_promotion: Vec<AtomicU64>,
+}
+
+impl Tally {
+    fn new() -> Arc<Self> {
+        Arc::new(Tally {
+            admitted: (0..KEYS).map(|_| AtomicU64::new(0)).collect(),
+            back_after_promotion: (0..KEYS).map(|_| AtomicU64::new(0)).collect(),
+            ..Tally::default()
+        })
+    }
+}
+
+async fn cluster_node(urls: Vec<String>) -> Node {
+    let clock: SharedClock = Arc::new(TokioClock::new());
+    let node = node_on(
+        redis_store(
+            RedisConfig::cluster(urls),
+            RedisConfig::default().call_timeout,
+        ),
+        RULES,
+        RuntimeConfig::default(),
+        clock,
+    )
+    .await;
+    // Connected before the clock starts: "no fault" means a cluster the node already reaches.
+    let warm = Request::new("api").descriptor([("api_key", "warm-up")]);
+    for _ in 0..200 {
+        let v = node.check(&warm).await.expect("valid");
+        if v.statuses[0].outcome == Some(Outcome::Allowed) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    node
+}
+
+/// Hammers every key through both nodes for `RUN`; `during` runs alongside.
+async fn run(
+    nodes: &[Node],
+    tally: &Arc<Tally>,
+    during: impl std::future::Future<Output = ()>,
+) -> Duration {
+    let start = tokio::time::Instant::now();
+    let deadline = start + RUN;
+    let mut tasks = vec![];
+    for node in nodes {
+        for t in 0..TASKS_PER_NODE {
+            let (node, tally) = (node.clone(), tally.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut i = t;
+                while tokio::time::Instant::now() < deadline {
+                    let k = i % KEYS;
+                    i += 1;
+                    let verdict = node.check(&request(k)).await.expect("valid");
+                    tally.decisions.fetch_add(1, Ordering::Relaxed);
+                    match verdict.statuses[0].outcome {
+                        Some(Outcome::FailedOpen) => {
+                            tally.failed_open.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Some(Outcome::Allowed | Outcome::Denied) => {
+                            let now = start.elapsed().as_millis() as u64;
+                            let promoted = tally.promoted_at.load(Ordering::Relaxed);
+                            if promoted > 0 && now >= promoted {
+                                let _ = tally.back_after_promotion[k].compare_exchange(
+                                    0,
+                                    now,
+                                    Ordering::Relaxed,
+                                    Ordering::Relaxed,
+                                );
+                            }
+                        }
+                        _ => {}
+                    }
+                    if verdict.allowed {
+                        tally.admitted[k].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+    }
+    during.await;
+    for task in tasks {
+        task.await.expect("client task");
+    }
+    start.elapsed()
+}
+
+/// The most a token bucket of 20 + 2/s admits over `elapsed`.
+fn bound(elapsed: Duration) -> u64 {
+    (CAPACITY + RATE * elapsed.as_secs_f64()).floor() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saturated_node_on_a_healthy_cluster_keeps_every_key_within_its_bound() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1))
+        .await
+        .expect("join")
+        .expect("cluster");
+    let nodes = [
+        cluster_node(cluster.urls()).await,
+        cluster_node(cluster.urls()).await,
+    ];
+    let tally = Tally::new();
+    let elapsed = run(&nodes, &tally, async {}).await;
+    let decisions = tally.decisions.load(Ordering::Relaxed);
+    let failed_open = tally.failed_open.load(Ordering::Relaxed);
+    let late: u64 = nodes.iter().map(|n| n.metrics().late_leases.get()).sum();
+    let owed: u64 = nodes.iter().map(|n| n.metrics().owed_units.get()).sum();
+    let opened: u64 = nodes.iter().map(|n| n.metrics().breaker_opened.get()).sum();
+    let worst = tally
+        .admitted
+        .iter()
+        .map(|a| a.load(Ordering::Relaxed))
+        .max()
+        .unwrap_or(0);
+    eprintln!(
+        "healthy cluster, saturated: {decisions} decisions in {elapsed:?}; failed open {failed_open} \
+         ({:.3} %); late leases {late}, owed units {owed}, breaker opened {opened}; \
+         most admitted for one key {worst} (bound {})",
+        100.0 * failed_open as f64 / decisions.max(1) as f64,
+        bound(elapsed)
+    );
+    for (i, admitted) in tally.admitted.iter().enumerate() {
+        let admitted = admitted.load(Ordering::Relaxed);
+        assert!(
+            admitted <= bound(elapsed),
+            "{}: {admitted} admitted, bound {}",
+            key(i),
+            bound(elapsed)
+        );
+    }
+    for node in &nodes {
+        node.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_shard_opens_its_own_breaker_and_its_keys_come_back_after_promotion() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1))
+        .await
+        .expect("join")
+        .expect("cluster");
+    let cluster = Arc::new(parking_lot::Mutex::new(cluster));
+    let (slot0, on_shard) = {
+        let c = cluster.clone();
+        tokio::task::spawn_blocking(move || {
+            let c = c.lock();
+            let slot0 = c.primary_for_slot(0).expect("slot 0 primary");
+            let on: Vec<bool> = (0..KEYS)
+                .map(|i| c.primary_for(&store_key(i)).expect("primary") == slot0)
+                .collect();
+            (slot0, on)
+        })
+        .await
+        .expect("join")
+    };
+    assert!(on_shard.iter().any(|b| *b) && on_shard.iter().any(|b| !*b));
+    let urls = cluster.lock().urls();
+    let nodes = [cluster_node(urls.clone()).await, cluster_node(urls).await];
+    let tally = Tally::new();
+    let start = tokio::time::Instant::now();
+    let during = {
+        let (cluster, tally) = (cluster.clone(), tally.clone());
+        async move {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            tokio::task::spawn_blocking(move || {
+                let mut c = cluster.lock();
+                c.node(slot0).expect("slot 0 primary").kill();
+                // Promoted when another live node serves slot 0 (each look is a redis-cli).
+                for _ in 0..5_000 {
+                    if c.primary_for_slot(0).is_ok_and(|p| p != slot0) {
+                        let at = (start.elapsed().as_millis() as u64).max(1);
+                        tally.promoted_at.store(at, Ordering::Relaxed);
+                        return;
+                    }
+                }
+            })
+            .await
+            .expect("join");
+        }
+    };
+    let elapsed = run(&nodes, &tally, during).await;
+    let promoted = tally.promoted_at.load(Ordering::Relaxed);
+    assert!(promoted > 0, "the replica was promoted");
+    let failed_open = tally.failed_open.load(Ordering::Relaxed);
+    let slowest = (0..KEYS)
+        .filter(|&i| on_shard[i])
+        .map(|i| tally.back_after_promotion[i].load(Ordering::Relaxed))
+        .map(|at| if at == 0 { u64::MAX } else { at - promoted })
+        .max()
+        .unwrap_or(0);
+    eprintln!(
+        "slot-0 primary killed at 3 s, replica promoted at {promoted} ms; {} decisions, \
+         {failed_open} failed open; the failed shard's keys store-backed again at most {slowest} ms \
+         after the promotion",
+        tally.decisions.load(Ordering::Relaxed)
+    );
+    assert!(
+        elapsed.as_millis() as u64 >= promoted + 5_000,
+        "the run must last 5 s past the promotion to tell (promoted at {promoted} ms)"
+    );
+    for (i, &on) in on_shard.iter().enumerate() {
+        if on {
+            let back = tally.back_after_promotion[i].load(Ordering::Relaxed);
+            assert!(
+                back > 0 && back <= promoted + 5_000,
+                "{}: first store-backed decision at {back} ms, promoted at {promoted} ms",
+                key(i)
+            );
+        } else {
+            let admitted = tally.admitted[i].load(Ordering::Relaxed);
+            assert!(
+                admitted <= bound(elapsed),
+                "{} on a healthy shard: {admitted} admitted, bound {}",
+                key(i),
+                bound(elapsed)
+            );
+        }
+    }
+    for node in &nodes {
+        node.shutdown().await;
+    }
+}

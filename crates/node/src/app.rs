@@ -46,6 +46,9 @@ pub enum StartError {
     /// Region sync could not start.
     #[error("region sync: {0}")]
     Region(#[from] tollgate_regionsync::StartError),
+    /// A setting is invalid.
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
 }
 
 /// A started node process.
@@ -94,15 +97,30 @@ impl App {
                     },
                 );
                 sync.initial_load().await?;
-                let admin_addr =
-                    if control.admin_tokens.is_empty() && control.admin_read_tokens.is_empty() {
-                        tracing::warn!(
-                            "no admin token configured: the admin API listens on loopback only"
-                        );
-                        SocketAddr::from(([127, 0, 0, 1], control.admin_listen.port()))
+                // Validated with the configuration: an empty secret never gets this far.
+                let tokens = Tokens::parse(&control.admin_tokens, &control.admin_read_tokens)
+                    .map_err(|reason| {
+                        StartError::Config(crate::config::ConfigError {
+                            field: "admin_tokens".into(),
+                            reason,
+                        })
+                    })?;
+                let admin_addr = if tokens.any() || control.admin_listen.ip().is_loopback() {
+                    control.admin_listen
+                } else {
+                    let loopback = if control.admin_listen.is_ipv6() {
+                        std::net::IpAddr::from(std::net::Ipv6Addr::LOCALHOST)
                     } else {
-                        control.admin_listen
+                        std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST)
                     };
+                    let addr = SocketAddr::new(loopback, control.admin_listen.port());
+                    tracing::warn!(
+                        configured = %control.admin_listen,
+                        listening = %addr,
+                        "no admin token configured: the admin API listens on loopback only"
+                    );
+                    addr
+                };
                 let admin =
                     TcpListener::bind(admin_addr)
                         .await
@@ -112,8 +130,9 @@ impl App {
                         })?;
                 let state = AdminState {
                     store,
-                    tokens: Tokens::new(&control.admin_tokens, &control.admin_read_tokens),
+                    tokens,
                     default_domain: control.default_domain.clone(),
+                    client_timeout: control.admin_client_timeout,
                 };
                 Some((sync, admin, state))
             }

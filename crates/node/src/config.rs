@@ -163,6 +163,10 @@ pub struct Settings {
     /// Admin tokens allowed to read only, `name:secret`, comma-separated.
     #[arg(long, env = "TOLLGATE_ADMIN_READ_TOKENS", value_delimiter = ',')]
     pub admin_read_tokens: Option<Vec<String>>,
+    /// How long an admin client may take to send a request's headers, and then its body, ms
+    /// [default: 10000]
+    #[arg(long, env = "TOLLGATE_ADMIN_CLIENT_TIMEOUT_MS")]
+    pub admin_client_timeout_ms: Option<u64>,
     /// Domain of admin-API rules that name none [default: default]
     #[arg(long, env = "TOLLGATE_DEFAULT_DOMAIN")]
     pub default_domain: Option<String>,
@@ -248,6 +252,7 @@ impl Settings {
             admin_listen,
             admin_tokens,
             admin_read_tokens,
+            admin_client_timeout_ms,
             default_domain,
             rules_poll_ms,
             rules_listen,
@@ -339,6 +344,8 @@ pub struct ControlConfig {
     pub admin_tokens: Vec<String>,
     /// Read-only tokens.
     pub admin_read_tokens: Vec<String>,
+    /// How long a client may take to send a request's headers, and its body.
+    pub admin_client_timeout: Duration,
     /// Domain of rules that name none.
     pub default_domain: String,
     /// Revision poll interval.
@@ -439,6 +446,17 @@ impl TryFrom<Settings> for Config {
                 "must be at least store_timeout_ms and at most 60000",
             ));
         }
+        if let Err(reason) = crate::control::auth::Tokens::parse(
+            s.admin_tokens.as_deref().unwrap_or_default(),
+            s.admin_read_tokens.as_deref().unwrap_or_default(),
+        ) {
+            let field = if reason.starts_with("admin_read_tokens") {
+                "admin_read_tokens"
+            } else {
+                "admin_tokens"
+            };
+            return Err(bad(field, reason));
+        }
         let control = match s.database_url.filter(|u| !u.is_empty()) {
             None => None,
             Some(database_url) => Some(ControlConfig {
@@ -446,8 +464,9 @@ impl TryFrom<Settings> for Config {
                 admin_listen: s
                     .admin_listen
                     .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8082))),
-                admin_tokens: s.admin_tokens.unwrap_or_default(),
-                admin_read_tokens: s.admin_read_tokens.unwrap_or_default(),
+                admin_tokens: s.admin_tokens.clone().unwrap_or_default(),
+                admin_read_tokens: s.admin_read_tokens.clone().unwrap_or_default(),
+                admin_client_timeout: ms(s.admin_client_timeout_ms.unwrap_or(10_000).max(10)),
                 default_domain: match s.default_domain {
                     Some(d) if d.is_empty() || d.len() > 64 => {
                         return Err(bad("default_domain", "must be 1 to 64 characters"));

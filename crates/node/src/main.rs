@@ -73,8 +73,8 @@ fn run_command(command: Command) -> std::process::ExitCode {
                 let store = open(&database_url)?;
                 let s = transfer::import(&store, &files, &actor, prune, &default_domain).await?;
                 println!(
-                    "imported {} rules and {} envoyproxy/ratelimit domains; pruned {}",
-                    s.rules, s.envoy_domains, s.pruned
+                    "imported {} rules and {} envoyproxy/ratelimit domains ({} changed); pruned {}",
+                    s.rules, s.envoy_domains, s.changed, s.pruned
                 );
                 Ok::<(), transfer::TransferError>(())
             }

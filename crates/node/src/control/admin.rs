@@ -8,6 +8,7 @@
 //! `PATCH {"mode": "DISABLED"}`: nodes stop enforcing the rule within a second, no deploy.
 
 use std::future::Future;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -24,7 +25,7 @@ use tokio::net::TcpListener;
 use crate::control::auth::{Access, Tokens};
 use crate::control::problem::Problem;
 use crate::control::store::{
-    ControlError, ListFilter, Precondition, RuleStore, StoredRule, from_json,
+    ControlError, ListFilter, Precondition, RuleStore, StoredRule, Written, from_json,
 };
 use crate::rules::native::{RuleDoc, validate_id};
 
@@ -43,6 +44,8 @@ pub struct AdminState {
     pub tokens: Tokens,
     /// The domain of rules that name none (the seed's example body names none).
     pub default_domain: String,
+    /// How long a client may take to send a request's headers, and then its body.
+    pub client_timeout: Duration,
 }
 
 /// Who is calling (set by the auth layer).
@@ -58,9 +61,11 @@ impl From<ControlError> for Problem {
                 id,
                 current: Some(v),
                 expected,
-            } => Problem::stale(format!(
-                "rule {id:?} is at version {v}; If-Match named {expected}"
-            )),
+            } => Problem::stale(if expected.starts_with("If-None-Match") {
+                format!("rule {id:?} exists (version {v}); {expected} creates only")
+            } else {
+                format!("rule {id:?} is at version {v}; If-Match named {expected}")
+            }),
             ControlError::Stale {
                 id,
                 current: None,
@@ -79,31 +84,90 @@ impl From<ControlError> for Problem {
 
 /// The router, on `/admin/v1`.
 pub fn router(state: AdminState) -> Router {
+    let only = |allowed: &'static str| {
+        move || async move {
+            Problem::method_not_allowed(format!("this resource allows {allowed}"))
+                .with_allow(allowed)
+        }
+    };
+    let collection = || async {
+        Problem::method_not_allowed(
+            "the collection allows GET; create a rule with PUT /admin/v1/rate-limit-rules/{id}",
+        )
+        .with_allow("GET")
+    };
     Router::new()
-        .route("/admin/v1/rate-limit-rules", get(list))
+        .route("/admin/v1/rate-limit-rules", get(list).fallback(collection))
         .route(
             "/admin/v1/rate-limit-rules/{id}",
             get(get_rule)
                 .put(put_rule)
                 .patch(patch_rule)
-                .delete(delete_rule),
+                .delete(delete_rule)
+                .fallback(only("GET, PUT, PATCH, DELETE")),
         )
-        .route("/admin/v1/rate-limit-rules/{id}/history", get(history))
-        .route("/admin/v1/openapi.yaml", get(openapi))
+        .route(
+            "/admin/v1/rate-limit-rules/{id}/history",
+            get(history).fallback(only("GET")),
+        )
+        .route("/admin/v1/openapi.yaml", get(openapi).fallback(only("GET")))
         .fallback(|| async { Problem::not_found("no such endpoint") })
         .layer(middleware::from_fn_with_state(state.clone(), authenticate))
         .with_state(state)
 }
 
-/// Serves the admin API on `listener` until `shutdown`.
+/// Serves the admin API on `listener` until `shutdown`. A client that does not send a
+/// request's headers within the state's `client_timeout` is disconnected (hyper's header
+/// timeout, which needs a timer: axum's own `serve` sets none, so a half-sent request could
+/// hold a connection forever); a body that takes longer is answered 408.
 pub async fn serve(
     state: AdminState,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let header_timeout = state.client_timeout;
+    let app = router(state);
+    let (closing, closed) = tokio::sync::watch::channel(false);
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin API: accept failed");
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut closed = closed.clone();
+        let stop = async move {
+            let _ = closed.wait_for(|c| *c).await;
+        };
+        tokio::spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "admin API connection ended");
+                    }
+                }
+                () = stop => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        });
+    }
+    let _ = closing.send(true);
+    Ok(())
 }
 
 async fn authenticate(
@@ -150,26 +214,45 @@ fn rule_response(status: StatusCode, rule: &StoredRule) -> Response {
     response
 }
 
+/// The write's precondition: `If-Match: "<version>"` or `*`, or `If-None-Match: *` (create
+/// only). An ETag must be quoted (RFC 9110 §8.8.3): `If-Match: 3` is a 400.
 fn precondition(headers: &HeaderMap) -> Result<Option<Precondition>, Problem> {
-    let Some(value) = headers.get(header::IF_MATCH) else {
+    let text_of = |name: header::HeaderName| -> Result<Option<String>, Problem> {
+        headers
+            .get(&name)
+            .map(|v| {
+                v.to_str().map(|t| t.trim().to_owned()).map_err(|_| {
+                    Problem::bad_request("Invalid precondition", name.as_str(), "not ASCII")
+                })
+            })
+            .transpose()
+    };
+    if let Some(text) = text_of(header::IF_NONE_MATCH)? {
+        if text != "*" {
+            return Err(Problem::bad_request(
+                "Invalid precondition",
+                "If-None-Match",
+                format!("{text:?}: only `*` (create, never replace) is supported"),
+            ));
+        }
+        return Ok(Some(Precondition::Absent));
+    }
+    let Some(text) = text_of(header::IF_MATCH)? else {
         return Ok(None);
     };
-    let text = value
-        .to_str()
-        .map_err(|_| Problem::invalid("If-Match", "not ASCII"))?
-        .trim();
     if text == "*" {
         return Ok(Some(Precondition::Exists));
     }
-    let version = text
-        .strip_prefix("W/")
-        .unwrap_or(text)
-        .trim_matches('"')
-        .parse::<i64>()
-        .map_err(|_| {
-            Problem::invalid(
+    let etag = text.strip_prefix("W/").unwrap_or(&text);
+    let version = etag
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .and_then(|v| v.parse::<i64>().ok())
+        .ok_or_else(|| {
+            Problem::bad_request(
+                "Invalid precondition",
                 "If-Match",
-                format!("{text:?} is not an ETag this API issued (\"<version>\")"),
+                format!("{text:?} is not an ETag this API issued (a quoted version, \"3\")"),
             )
         })?;
     Ok(Some(Precondition::Version(version)))
@@ -190,15 +273,24 @@ impl<S: Send + Sync> FromRequestParts<S> for RuleId {
     }
 }
 
-async fn body_json<T: for<'de> Deserialize<'de>>(body: Body) -> Result<T, Problem> {
-    let bytes = axum::body::to_bytes(body, MAX_BODY_BYTES)
+async fn body_json<T: for<'de> Deserialize<'de>>(
+    body: Body,
+    timeout: Duration,
+) -> Result<T, Problem> {
+    let bytes = tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES))
         .await
+        .map_err(|_| Problem::too_slow(format!("the body did not arrive within {timeout:?}")))?
         .map_err(|_| Problem::too_large(MAX_BODY_BYTES))?;
     if bytes.trim_ascii_start().first() != Some(&b'{') {
         return Err(Problem::invalid("body", "must be a JSON object"));
     }
     from_json(&mut serde_json::Deserializer::from_slice(&bytes))
         .map_err(|f| Problem::invalid(f.field, f.reason))
+}
+
+/// A query string that does not parse: a 400 titled for what it is.
+fn query_problem(e: axum::extract::rejection::QueryRejection) -> Problem {
+    Problem::bad_request("Invalid query", "query", e.body_text())
 }
 
 #[derive(Debug, Deserialize)]
@@ -214,18 +306,20 @@ async fn list(
     State(state): State<AdminState>,
     query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Problem> {
-    let Query(q) = query.map_err(|e| Problem::invalid("query", e.body_text()))?;
+    let Query(q) = query.map_err(query_problem)?;
     if let Some(mode) = &q.mode
         && mode.parse::<crate::rules::Mode>().is_err()
     {
-        return Err(Problem::invalid(
+        return Err(Problem::bad_request(
+            "Invalid query",
             "mode",
             format!("{mode:?} is not ENFORCE, SHADOW or DISABLED"),
         ));
     }
     let limit = q.limit.unwrap_or(50);
     if !(1..=500).contains(&limit) {
-        return Err(Problem::invalid(
+        return Err(Problem::bad_request(
+            "Invalid query",
             "limit",
             format!("must be between 1 and 500, got {limit}"),
         ));
@@ -270,11 +364,12 @@ async fn put_rule(
     body: Body,
 ) -> Result<Response, Problem> {
     let condition = precondition(&headers)?;
-    let doc: RuleDoc = body_json(body).await?;
-    let (rule, created) = state
+    let doc: RuleDoc = body_json(body, state.client_timeout).await?;
+    let (rule, written) = state
         .store
         .put(&id, doc, condition, &caller, &state.default_domain)
         .await?;
+    let created = written == Written::Created;
     let mut response = rule_response(
         if created {
             StatusCode::CREATED
@@ -299,7 +394,7 @@ async fn patch_rule(
     body: Body,
 ) -> Result<Response, Problem> {
     let condition = precondition(&headers)?;
-    let patch: Value = body_json(body).await?;
+    let patch: Value = body_json(body, state.client_timeout).await?;
     if !patch.is_object() {
         return Err(Problem::invalid(
             "body",
@@ -335,7 +430,7 @@ async fn history(
     RuleId(id): RuleId,
     query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Problem> {
-    let Query(q) = query.map_err(|e| Problem::invalid("query", e.body_text()))?;
+    let Query(q) = query.map_err(query_problem)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let items = state.store.history(&id, limit).await?;
     if items.is_empty() && state.store.get(&id).await?.is_none() {

@@ -30,6 +30,9 @@ pub struct Problem {
     pub errors: Vec<FieldProblem>,
     #[serde(skip)]
     www_authenticate: bool,
+    /// The methods a 405 names (its `Allow` header).
+    #[serde(skip)]
+    allow: Option<&'static str>,
 }
 
 impl Problem {
@@ -46,7 +49,14 @@ impl Problem {
             detail: detail.into(),
             errors: vec![],
             www_authenticate: false,
+            allow: None,
         }
+    }
+
+    /// With an `Allow` header (a 405): `allowed` is a comma-separated list of methods.
+    pub fn with_allow(mut self, allowed: &'static str) -> Self {
+        self.allow = Some(allowed);
+        self
     }
 
     /// 400: the rule (or body) is invalid; names the field.
@@ -60,6 +70,43 @@ impl Problem {
         );
         p.errors.push(FieldProblem { field, reason });
         p
+    }
+
+    /// 400: a header or the query string is malformed (not the rule).
+    pub fn bad_request(
+        title: &'static str,
+        field: impl Into<String>,
+        reason: impl Into<String>,
+    ) -> Self {
+        let (field, reason) = (field.into(), reason.into());
+        let mut p = Self::new(
+            StatusCode::BAD_REQUEST,
+            "urn:tollgate:problem:bad-request",
+            title,
+            format!("{field}: {reason}"),
+        );
+        p.errors.push(FieldProblem { field, reason });
+        p
+    }
+
+    /// 405: the path exists, the method does not.
+    pub fn method_not_allowed(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "urn:tollgate:problem:method-not-allowed",
+            "Method not allowed",
+            detail,
+        )
+    }
+
+    /// 408: the client took too long to send its request.
+    pub fn too_slow(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "urn:tollgate:problem:request-timeout",
+            "The request took too long to arrive",
+            detail,
+        )
     }
 
     /// 401: no valid bearer token.
@@ -136,6 +183,9 @@ impl IntoResponse for Problem {
             HeaderValue::from_static("application/problem+json"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(allowed) = self.allow {
+            headers.insert(header::ALLOW, HeaderValue::from_static(allowed));
+        }
         if self.www_authenticate {
             headers.insert(
                 header::WWW_AUTHENTICATE,

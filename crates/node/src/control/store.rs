@@ -43,27 +43,58 @@ pub enum ControlError {
     Database(String),
 }
 
+/// What PostgreSQL said, in full: the server's own message for a database error (`database
+/// "x" does not exist`, `password authentication failed for user "y"`), else the error and
+/// its causes (`error connecting to server: Connection refused`). tokio-postgres's `Display`
+/// alone says only "db error".
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        let mut text = format!("{}: {}", db.severity(), db.message());
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!(" ({detail})"));
+        }
+        return text;
+    }
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(&format!(": {cause_text}"));
+        }
+        source = cause.source();
+    }
+    text
+}
+
 impl From<tokio_postgres::Error> for ControlError {
     fn from(e: tokio_postgres::Error) -> Self {
-        if e.is_closed() || e.as_db_error().is_none() {
-            ControlError::Unavailable(e.to_string())
-        } else {
-            ControlError::Database(e.to_string())
+        let text = describe(&e);
+        match e.as_db_error() {
+            // The server answered: what it refused is the message (a missing database or a
+            // failed authentication is not a passing outage, but the node keeps retrying).
+            Some(_) if !e.is_closed() => ControlError::Database(text),
+            _ => ControlError::Unavailable(text),
         }
     }
 }
 
 impl From<deadpool_postgres::PoolError> for ControlError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        ControlError::Unavailable(e.to_string())
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => ControlError::from(e),
+            other => ControlError::Unavailable(other.to_string()),
+        }
     }
 }
 
-/// A precondition on a write (`If-Match`).
+/// A precondition on a write (`If-Match`, `If-None-Match`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Precondition {
     /// `If-Match: *`: the rule must exist.
     Exists,
+    /// `If-None-Match: *`: the rule must not exist (create, never replace).
+    Absent,
     /// `If-Match: "N"`: the rule must be at version N.
     Version(i64),
 }
@@ -112,6 +143,18 @@ pub struct Snapshot {
     pub rules: Vec<RuleDoc>,
     /// envoyproxy/ratelimit configurations, one document per domain.
     pub envoy: Vec<Value>,
+}
+
+/// What a write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// A new rule (201).
+    Created,
+    /// An existing rule changed (a new version).
+    Updated,
+    /// The rule was already exactly this: nothing was written, no version, no history, no
+    /// new revision (imports can run on every commit).
+    Unchanged,
 }
 
 /// A list query.
@@ -209,7 +252,7 @@ impl RuleStore {
         Ok(rows.iter().map(stored).collect())
     }
 
-    /// Creates or replaces a rule. Returns it and whether it was created.
+    /// Creates or replaces a rule with the document as written. Returns it and what was done.
     pub async fn put(
         &self,
         id: &str,
@@ -217,36 +260,20 @@ impl RuleStore {
         condition: Option<Precondition>,
         actor: &str,
         default_domain: &str,
-    ) -> Result<(StoredRule, bool), ControlError> {
-        let doc = canonical(id, doc, default_domain)?;
+    ) -> Result<(StoredRule, Written), ControlError> {
+        let doc = as_written(id, doc, default_domain)?;
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         let current = lock_rule(&tx, id).await?;
         check(id, &condition, current.as_ref().map(|(v, _)| *v))?;
-        let version = current.as_ref().map_or(1, |(v, _)| v + 1);
-        write_rule(&tx, &doc, version, actor).await?;
-        let change = if current.is_some() {
-            "updated"
-        } else {
-            "created"
-        };
-        record(
-            &tx,
-            id,
-            change,
-            version,
-            actor,
-            current.map(|(_, old)| old),
-            Some(doc_json(&doc)),
-        )
-        .await?;
+        let written = self.write(&tx, id, current, doc, actor).await?;
         tx.commit().await?;
         drop(client);
         let rule = self
             .get(id)
             .await?
             .ok_or_else(|| ControlError::NotFound(id.into()))?;
-        Ok((rule, change == "created"))
+        Ok((rule, written))
     }
 
     /// Applies a JSON merge patch (RFC 7396) to a rule, e.g. `{"mode": "DISABLED"}`.
@@ -260,30 +287,56 @@ impl RuleStore {
     ) -> Result<StoredRule, ControlError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        let Some((version, old)) = lock_rule(&tx, id).await? else {
+        let current = lock_rule(&tx, id).await?;
+        let Some((version, old)) = &current else {
             return Err(ControlError::NotFound(id.into()));
         };
-        check(id, &condition, Some(version))?;
+        check(id, &condition, Some(*version))?;
         let mut merged = old.clone();
         merge_patch(&mut merged, patch);
         let doc: RuleDoc = from_json(merged).map_err(ControlError::Invalid)?;
-        let doc = canonical(id, doc, default_domain)?;
-        write_rule(&tx, &doc, version + 1, actor).await?;
-        record(
-            &tx,
-            id,
-            "updated",
-            version + 1,
-            actor,
-            Some(old),
-            Some(doc_json(&doc)),
-        )
-        .await?;
+        let doc = as_written(id, doc, default_domain)?;
+        self.write(&tx, id, current, doc, actor).await?;
         tx.commit().await?;
         drop(client);
         self.get(id)
             .await?
             .ok_or_else(|| ControlError::NotFound(id.into()))
+    }
+
+    /// Writes `doc` over `current` (the rule's locked row), unless it is the same: a new
+    /// version one past the last this id ever had (a deleted and re-created rule never reuses
+    /// a version, so a stale `If-Match` cannot match it), its history entry, a new revision.
+    async fn write(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        id: &str,
+        current: Option<(i64, Value)>,
+        doc: RuleDoc,
+        actor: &str,
+    ) -> Result<Written, ControlError> {
+        let new = doc_json(&doc);
+        if current.as_ref().is_some_and(|(_, old)| *old == new) {
+            return Ok(Written::Unchanged);
+        }
+        let version = last_version(tx, id).await? + 1;
+        write_rule(tx, &doc, version, actor).await?;
+        let (change, written) = if current.is_some() {
+            ("updated", Written::Updated)
+        } else {
+            ("created", Written::Created)
+        };
+        record(
+            tx,
+            id,
+            change,
+            version,
+            actor,
+            current.map(|(_, old)| old),
+            Some(new),
+        )
+        .await?;
+        Ok(written)
     }
 
     /// Deletes a rule.
@@ -378,15 +431,27 @@ impl RuleStore {
         })
     }
 
-    /// Creates or replaces an envoyproxy/ratelimit domain configuration.
+    /// Creates or replaces an envoyproxy/ratelimit domain configuration; whether it changed
+    /// (the same configuration again writes nothing and leaves the revision alone).
     pub async fn put_envoy_domain(
         &self,
         domain: &str,
         config: &Value,
         actor: &str,
-    ) -> Result<(), ControlError> {
+    ) -> Result<bool, ControlError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
+        lock_id(&tx, &format!("envoy:{domain}")).await?;
+        let current: Option<Value> = tx
+            .query_opt(
+                "SELECT config FROM envoy_ratelimit_domains WHERE domain = $1",
+                &[&domain],
+            )
+            .await?
+            .map(|r| r.get(0));
+        if current.as_ref() == Some(config) {
+            return Ok(false);
+        }
         tx.execute(
             "INSERT INTO envoy_ratelimit_domains (domain, config, version, updated_by) VALUES ($1, $2, 1, $3)
              ON CONFLICT (domain) DO UPDATE SET config = $2, version = envoy_ratelimit_domains.version + 1,
@@ -396,7 +461,7 @@ impl RuleStore {
         .await?;
         bump_revision(&tx).await?;
         tx.commit().await?;
-        Ok(())
+        Ok(true)
     }
 
     /// Ids of every Tollgate rule.
@@ -411,9 +476,12 @@ impl RuleStore {
     }
 }
 
-/// Validates the document and writes it as the rule it describes (canonical form: what the
-/// node will enforce, durations in their largest unit, defaults filled in).
-fn canonical(id: &str, mut doc: RuleDoc, default_domain: &str) -> Result<RuleDoc, ControlError> {
+/// Validates the document and returns it as it is stored: as written, with the id from the
+/// path, the default domain if it names none, and the mode and fail mode's defaults spelled
+/// out. Nothing is derived here (not `per` from `match`, nor durations rewritten): a later
+/// PATCH of `match` must not leave behind a `per` nobody wrote, and an export gives back what
+/// was written. Derived values are derived when the rule is compiled.
+fn as_written(id: &str, mut doc: RuleDoc, default_domain: &str) -> Result<RuleDoc, ControlError> {
     match &doc.id {
         Some(given) if given != id => {
             return Err(ControlError::Invalid(FieldError {
@@ -423,10 +491,34 @@ fn canonical(id: &str, mut doc: RuleDoc, default_domain: &str) -> Result<RuleDoc
         }
         _ => doc.id = Some(id.to_owned()),
     }
-    let rule = doc
-        .validate(Some(default_domain), format!("rule {id}"))
+    doc.validate(Some(default_domain), format!("rule {id}"))
         .map_err(ControlError::Invalid)?;
-    Ok(RuleDoc::from_rule(&rule))
+    doc.domain.get_or_insert_with(|| default_domain.to_owned());
+    doc.mode.get_or_insert_with(|| "ENFORCE".into());
+    doc.fail_mode.get_or_insert_with(|| "OPEN".into());
+    Ok(doc)
+}
+
+/// Serialises writers of one id (creations included, which no row lock can: the row does not
+/// exist yet), for the rest of the transaction.
+async fn lock_id(tx: &impl GenericClient, id: &str) -> Result<(), ControlError> {
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended($1, 7026))",
+        &[&id],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The last version rule `id` ever had (0 if none), deleted ones included.
+async fn last_version(tx: &impl GenericClient, id: &str) -> Result<i64, ControlError> {
+    Ok(tx
+        .query_opt(
+            "SELECT version FROM rate_limit_rule_history WHERE rule_id = $1 ORDER BY seq DESC LIMIT 1",
+            &[&id],
+        )
+        .await?
+        .map_or(0, |r| r.get(0)))
 }
 
 fn check(
@@ -443,16 +535,20 @@ fn check(
         (None, _) => Ok(()),
         (Some(Precondition::Exists), Some(_)) => Ok(()),
         (Some(Precondition::Exists), None) => Err(stale("*".into())),
+        (Some(Precondition::Absent), None) => Ok(()),
+        (Some(Precondition::Absent), Some(_)) => Err(stale("If-None-Match: *".into())),
         (Some(Precondition::Version(v)), Some(c)) if *v == c => Ok(()),
         (Some(Precondition::Version(v)), _) => Err(stale(v.to_string())),
     }
 }
 
-/// Locks the rule's row for the transaction; its version and document, if it exists.
+/// Locks rule `id` for the transaction (existing or not); its version and document, if it
+/// exists.
 async fn lock_rule(
     tx: &impl GenericClient,
     id: &str,
 ) -> Result<Option<(i64, Value)>, ControlError> {
+    lock_id(tx, id).await?;
     let sql = format!(
         "SELECT {RULE_COLUMNS}, {} FROM rate_limit_rules WHERE id = $1 FOR UPDATE",
         time("updated_at")

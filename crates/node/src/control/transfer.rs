@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::control::store::{ControlError, RuleStore};
+use crate::control::store::{ControlError, RuleStore, Written};
 use crate::rules::native::{RuleDoc, RulesFile};
 use crate::rules::source::{self, RulesError};
 
@@ -18,6 +18,9 @@ pub struct Summary {
     pub envoy_domains: usize,
     /// Rules deleted because the import did not name them (`--prune`).
     pub pruned: usize,
+    /// Of those imported, the rules and domains that changed (the rest were already exactly
+    /// as written: no new version, history entry or revision).
+    pub changed: usize,
 }
 
 /// Why a transfer failed.
@@ -110,13 +113,15 @@ pub async fn import(
                     if doc.domain.is_none() {
                         doc.domain = domain.clone();
                     }
-                    store.put(&id, doc, None, actor, default_domain).await?;
+                    let (_, written) = store.put(&id, doc, None, actor, default_domain).await?;
+                    summary.changed += usize::from(written != Written::Unchanged);
                     named.insert(id);
                     summary.rules += 1;
                 }
             }
             Document::Envoy { domain, config } => {
-                store.put_envoy_domain(&domain, &config, actor).await?;
+                let changed = store.put_envoy_domain(&domain, &config, actor).await?;
+                summary.changed += usize::from(changed);
                 summary.envoy_domains += 1;
             }
         }
@@ -184,5 +189,6 @@ pub async fn export(store: &RuleStore, out: &Path) -> Result<Summary, TransferEr
         rules: snapshot.rules.len(),
         envoy_domains: snapshot.envoy.len(),
         pruned: 0,
+        changed: 0,
     })
 }

@@ -142,6 +142,34 @@ fn field_error(field: impl Into<String>, reason: impl Into<String>) -> FieldErro
     }
 }
 
+/// The path of the first string (key or value) in `value` holding a NUL, if any.
+fn nul_field(value: &serde_json::Value, path: String) -> Option<String> {
+    let at = |key: &str| {
+        if path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match value {
+        serde_json::Value::String(s) if s.contains('\0') => {
+            Some(if path.is_empty() { "body".into() } else { path })
+        }
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| nul_field(v, format!("{path}[{i}]"))),
+        serde_json::Value::Object(fields) => fields.iter().find_map(|(k, v)| {
+            if k.contains('\0') {
+                Some(at(k))
+            } else {
+                nul_field(v, at(k))
+            }
+        }),
+        _ => None,
+    }
+}
+
 /// Checks a rule id: 1 to 64 characters of `[A-Za-z0-9._-]`.
 pub fn validate_id(id: &str) -> Result<(), FieldError> {
     if id.is_empty()
@@ -165,6 +193,14 @@ impl RuleDoc {
         default_domain: Option<&str>,
         origin: String,
     ) -> Result<Rule, FieldError> {
+        // PostgreSQL stores no NUL in text or JSONB: refuse it here, naming the field, rather
+        // than as a database error.
+        if let Some(field) = serde_json::to_value(self)
+            .ok()
+            .and_then(|v| nul_field(&v, String::new()))
+        {
+            return Err(field_error(field, "must not contain a NUL character"));
+        }
         let id = self
             .id
             .clone()
@@ -488,6 +524,22 @@ mod tests {
         assert_eq!(
             field("{id: a, algorithm: CONCURRENCY, maxInFlight: 2}"),
             "slotTtl"
+        );
+    }
+
+    #[test]
+    fn a_nul_anywhere_is_refused_naming_the_field() {
+        let mut d = doc("{id: a, domain: d, algorithm: FIXED_WINDOW, limit: 1, window: 1s}");
+        d.matches.insert("route".into(), "GET /\0x".into());
+        assert_eq!(
+            d.validate(None, String::new()).expect_err("nul").field,
+            "match.route"
+        );
+        let mut d = doc("{id: a, algorithm: FIXED_WINDOW, limit: 1, window: 1s}");
+        d.domain = Some("a\0b".into());
+        assert_eq!(
+            d.validate(None, String::new()).expect_err("nul").field,
+            "domain"
         );
     }
 

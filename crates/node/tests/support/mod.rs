@@ -3,6 +3,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod admin;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;

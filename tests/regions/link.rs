@@ -200,3 +200,122 @@ async fn the_link_applies_each_total_once_and_refuses_what_it_should() {
     );
     eu.stop().await;
 }
+
+/// Log lines, captured (this test process's subscriber).
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("log")).into_owned()
+    }
+}
+
+/// The peer is reported up only once it has answered; the peer may ask for decisions of
+/// HOME_REGION rules homed here only (never another rule's counter); a batch's epoch cannot
+/// end past the rule's window; a wrong secret is logged clearly on both sides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_link_reports_the_truth_and_serves_only_what_is_the_peers() {
+    let log = Captured::default();
+    let writer = log.clone();
+    tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .init();
+    let redis = tokio::task::spawn_blocking(|| RedisServer::start().expect("redis"))
+        .await
+        .expect("join");
+    let rules = "domain: api\nrules:\n\
+      - {id: synced, match: {api_key: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1h, regional: {policy: ASYNC_SYNC}}\n\
+      - {id: local, match: {user: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1h}\n\
+      - {id: homed, match: {tenant: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1h, regional: {policy: HOME_REGION, homeRegion: eu}}\n";
+    let settings = tollgate_node::config::Settings {
+        redis_url: Some(vec![redis.url()]),
+        region: Some("eu".into()),
+        peer_region: Some("us".into()),
+        // Nobody answers there: eu never reaches its peer.
+        peer_url: Some("http://127.0.0.1:9".into()),
+        region_secret: Some(SECRET.into()),
+        region_heartbeat_ms: Some(50),
+        ..Default::default()
+    };
+    let mut eu = Running::start(settings, rules).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let status = eu.node.region().expect("region").status();
+    assert_eq!(status.peer_state, "unreached", "never heard from: not up");
+    assert!(!status.peer_up);
+    assert_eq!(eu.node.metrics().region.peer_up.get(), 0);
+
+    let store = RedisStore::open(&RedisConfig {
+        urls: vec![redis.url()],
+        ..RedisConfig::default()
+    })
+    .expect("store");
+    let url = format!("http://{}", eu.region_addr);
+    let us = PeerClient::new(&url, "us", SECRET).expect("client");
+    let timeout = Duration::from_secs(5);
+    let forward = |rule: &str| tollgate_regionsync::messages::ForwardRequest {
+        rule: rule.into(),
+        identity: b"k1".to_vec(),
+        cost: 1,
+    };
+    assert!(
+        us.forward(&forward("homed"), timeout)
+            .await
+            .expect("homed here")
+            .allowed,
+        "a HOME_REGION rule homed in eu is decided for us"
+    );
+    for rule in ["local", "synced"] {
+        let refused = us.forward(&forward(rule), timeout).await;
+        assert!(refused.is_err(), "{rule}: {refused:?}");
+        assert_eq!(
+            spent(&store, rule, "k1").await,
+            0,
+            "{rule}'s counter untouched"
+        );
+    }
+
+    let origin = Origin {
+        region: "us".into(),
+        incarnation: 7,
+    };
+    let mut far = batch(&origin, 1, &[("synced", "k2", 5)]);
+    far.entries[0].until = now_us() + 86_400_000_000;
+    assert!(
+        us.exchange(&far, timeout).await.is_err(),
+        "an epoch past the window"
+    );
+    assert_eq!(spent(&store, "synced", "k2").await, 0);
+
+    let wrong = PeerClient::new(&url, "us", "not-the-shared-secret").expect("client");
+    let ping = tollgate_regionsync::messages::Ping {
+        origin: origin.clone(),
+        sent_at: now_us(),
+    };
+    assert!(wrong.heartbeat(&ping, timeout).await.is_err());
+    let text = log.text();
+    assert!(
+        text.contains("refused a call with a wrong secret"),
+        "eu says why it refused: {text}"
+    );
+    assert!(
+        text.contains("refused this region's secret"),
+        "the caller says why it was refused: {text}"
+    );
+    assert!(
+        text.contains("cannot reach the peer region"),
+        "eu says it cannot reach its peer: {text}"
+    );
+    eu.stop().await;
+}

@@ -50,7 +50,7 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
         body["region"] = serde_json::json!({
             "region": status.region,
             "peer": status.peer,
-            "peerState": if status.peer_up { "up" } else { "down" },
+            "peerState": status.peer_state,
             "sinceContactMs": status.since_contact_ms,
             "sincePeerStateChangeMs": status.since_change_ms,
             "syncLagMs": status.lag_ms,

@@ -157,6 +157,22 @@ impl ConsumptionLog {
         true
     }
 
+    /// Takes back `units` recorded at `at` that went back to this region's store unspent (a
+    /// returned lease), as far as the peer has not been told of them yet: a total never drops
+    /// below what was shipped (the peer applies totals as a max, so a lower one would change
+    /// nothing there anyway).
+    pub fn unrecord(&self, rule: &str, identity: &[u8], limit: &Limit, units: u64, at: Micros) {
+        let until = epoch_until(limit, at);
+        LOOKUP.with_borrow_mut(|key| {
+            map_key(rule, identity, key);
+            if let Some(mut c) = self.counters.get_mut(key.as_slice())
+                && let Some(e) = c.epochs.iter_mut().find(|e| e.until == until)
+            {
+                e.total = e.total.saturating_sub(units).max(e.shipped);
+            }
+        });
+    }
+
     /// The totals to ship: every live epoch whose total grew beyond what was acknowledged.
     /// Buckets whose epochs have all ended are forgotten.
     pub fn pending(&self, now: Micros) -> Pending {

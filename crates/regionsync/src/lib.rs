@@ -16,6 +16,7 @@
 //! - [`peer`]: the failure detector.
 //! - [`actor`]: the region-sync actor.
 //! - [`metrics`]: what it reports.
+//! - [`throttle`]: warnings said at most once per interval.
 
 pub mod actor;
 pub mod codec;
@@ -26,6 +27,7 @@ pub mod metrics;
 pub mod peer;
 pub mod policy;
 pub mod receiver;
+pub mod throttle;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -197,7 +199,8 @@ impl RegionSync {
             config.peer_region.clone(),
             clock.clone(),
         ));
-        metrics.peer_up.set(1);
+        // Not up until the peer has been heard from.
+        metrics.peer_up.set(0);
         let parts = SyncParts {
             origin: origin.clone(),
             log: log.clone(),
@@ -212,11 +215,11 @@ impl RegionSync {
         let (actor, _) = Actor::spawn(None, SyncActor, parts).await?;
         {
             let mut changes = peer.subscribe();
-            let metrics = metrics.clone();
+            let (metrics, peer) = (metrics.clone(), peer.clone());
             tokio::spawn(async move {
                 while changes.changed().await.is_ok() {
                     metrics.peer_changes.inc();
-                    let up = *changes.borrow_and_update() == PeerState::Up;
+                    let up = *changes.borrow_and_update() == PeerState::Up && peer.reached();
                     metrics.peer_up.set(i64::from(up));
                 }
             });
@@ -277,6 +280,11 @@ impl RegionSync {
         }
     }
 
+    /// Takes back `units` recorded at `at` that went back to this region's store unspent.
+    pub fn unrecord(&self, rule: &str, identity: &[u8], limit: &Limit, units: u64, at: Micros) {
+        self.log.unrecord(rule, identity, limit, units, at);
+    }
+
     /// Asks the home region to decide a HOME_REGION request. None when it cannot (peer down,
     /// deadline passed, error): the caller decides locally.
     pub async fn forward(&self, rule: &str, identity: &[u8], cost: u64) -> Option<ForwardReply> {
@@ -324,7 +332,12 @@ impl RegionSync {
         RegionStatus {
             region: self.config.region.clone(),
             peer: self.config.peer_region.clone(),
-            peer_up: self.peer.state() == PeerState::Up,
+            peer_up: self.peer.state() == PeerState::Up && self.peer.reached(),
+            peer_state: match (self.peer.state(), self.peer.reached()) {
+                (PeerState::Down, _) => "down",
+                (PeerState::Up, false) => "unreached",
+                (PeerState::Up, true) => "up",
+            },
             since_contact_ms: since_contact / 1000,
             since_change_ms: since_change / 1000,
             lag_ms: (newest > 0).then(|| now.saturating_sub(newest) / 1000),
@@ -365,8 +378,10 @@ pub struct RegionStatus {
     pub region: String,
     /// The peer region.
     pub peer: String,
-    /// Whether the peer is Up.
+    /// Whether the peer is Up (and has been reached).
     pub peer_up: bool,
+    /// `up`, `down`, or `unreached` (never answered yet; shares are split meanwhile).
+    pub peer_state: &'static str,
     /// Milliseconds since the last successful call to the peer.
     pub since_contact_ms: u64,
     /// Milliseconds since the peer's state last changed.

@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use crate::codec::{self, MAX_MESSAGE_BYTES};
 use crate::messages::{Batch, BatchAck, ForwardReply, ForwardRequest, Ping, Pong};
 use crate::receiver::Receiver;
+use crate::throttle::Throttled;
 
 /// The metadata key naming the caller's region.
 pub const REGION_HEADER: &str = "x-tollgate-region";
@@ -78,6 +79,9 @@ pub struct PeerClient {
     client: RegionSyncClient<Channel>,
     region: AsciiMetadataValue,
     authorization: AsciiMetadataValue,
+    url: Arc<str>,
+    /// Failures to reach the peer, logged at most once per interval.
+    warned: Arc<Throttled>,
 }
 
 impl PeerClient {
@@ -100,7 +104,38 @@ impl PeerClient {
             client,
             region: value(region.to_owned(), "the region name")?,
             authorization: value(format!("Bearer {secret}"), "the secret")?,
+            url: url.into(),
+            warned: Arc::new(Throttled::default()),
         })
+    }
+
+    /// Says clearly, at most once per interval, why the peer could not be reached.
+    fn complain(&self, error: &LinkError) {
+        let Some(held_back) = self.warned.ready() else {
+            return;
+        };
+        let url = &*self.url;
+        match error {
+            LinkError::Status {
+                code: tonic::Code::Unauthenticated,
+                ..
+            } => tracing::warn!(
+                %url, held_back,
+                "region link: the peer region refused this region's secret (is --region-secret the same in both regions?)"
+            ),
+            LinkError::Status {
+                code: tonic::Code::PermissionDenied,
+                message,
+            } => tracing::warn!(
+                %url, held_back, %message,
+                "region link: the peer region refused this region (is this region its --peer-region?)"
+            ),
+            other if other.is_link_failure() => tracing::warn!(
+                %url, held_back, error = %other,
+                "region link: cannot reach the peer region (is --peer-url right, and the peer serving?)"
+            ),
+            _ => {}
+        }
     }
 
     async fn call<Q: Serialize, A: DeserializeOwned>(
@@ -126,11 +161,14 @@ impl PeerClient {
         };
         let reply = tokio::time::timeout(timeout, call)
             .await
-            .map_err(|_| LinkError::Timeout(timeout))?
-            .map_err(|s| LinkError::Status {
-                code: s.code(),
-                message: s.message().to_owned(),
-            })?;
+            .map_err(|_| LinkError::Timeout(timeout))
+            .and_then(|r| {
+                r.map_err(|s| LinkError::Status {
+                    code: s.code(),
+                    message: s.message().to_owned(),
+                })
+            })
+            .inspect_err(|e| self.complain(e))?;
         Ok((codec::decode(&reply.into_inner().body)?, size))
     }
 
@@ -171,6 +209,8 @@ pub struct LinkService {
     receiver: Arc<Receiver>,
     peer_region: String,
     secret: String,
+    /// Refused callers, logged at most once per interval.
+    warned: Arc<Throttled>,
 }
 
 impl LinkService {
@@ -180,6 +220,7 @@ impl LinkService {
             receiver,
             peer_region,
             secret,
+            warned: Arc::new(Throttled::default()),
         }
     }
 
@@ -188,19 +229,36 @@ impl LinkService {
         let presented = metadata
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| {
+                v.split_once(' ')
+                    .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                    .map(|(_, token)| token)
+            })
             .unwrap_or("");
         let matches: bool = presented.as_bytes().ct_eq(self.secret.as_bytes()).into();
-        if !matches {
-            self.receiver.reject("unauthenticated");
-            return Err(Status::unauthenticated("a valid region secret is required"));
-        }
         let region = metadata
             .get(REGION_HEADER)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
+        if !matches {
+            self.receiver.reject("unauthenticated");
+            if let Some(held_back) = self.warned.ready() {
+                tracing::warn!(
+                    caller = region,
+                    held_back,
+                    "region link: refused a call with a wrong secret (is --region-secret the same in both regions?)"
+                );
+            }
+            return Err(Status::unauthenticated("a valid region secret is required"));
+        }
         if region != self.peer_region {
             self.receiver.reject("unknown peer");
+            if let Some(held_back) = self.warned.ready() {
+                tracing::warn!(
+                    caller = region, peer = %self.peer_region, held_back,
+                    "region link: refused a call from a region that is not this region's peer"
+                );
+            }
             return Err(Status::permission_denied(format!(
                 "region {region:?} is not this region's peer"
             )));

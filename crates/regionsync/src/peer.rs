@@ -1,6 +1,10 @@
 //! Peer liveness: Up until no call to the peer (heartbeat or batch) has succeeded for
 //! `failover_after`; then Down. Back Up only after `failback_after` of uninterrupted success,
 //! so a link that flaps does not flip the shares back and forth.
+//!
+//! A node starts with the peer Up as far as shares go (the cautious split: never the whole
+//! limit before the peer is known to be gone) but not yet *reached*: it reports the peer as
+//! reachable only once a call has succeeded.
 
 use std::time::Duration;
 
@@ -22,6 +26,8 @@ pub struct Liveness {
 #[derive(Debug)]
 struct Inner {
     state: PeerState,
+    /// A call to the peer has succeeded at least once.
+    reached: bool,
     last_success: Micros,
     /// Since when every call has succeeded (None after a failure).
     streak_since: Option<Micros>,
@@ -43,6 +49,7 @@ impl PeerTracker {
             liveness,
             inner: Mutex::new(Inner {
                 state: PeerState::Up,
+                reached: false,
                 last_success: now,
                 streak_since: Some(now),
                 changed_at: now,
@@ -56,7 +63,12 @@ impl PeerTracker {
         self.inner.lock().state
     }
 
-    /// Changes of state, as they happen.
+    /// Whether the peer has ever answered (until it has, it is not reported up).
+    pub fn reached(&self) -> bool {
+        self.inner.lock().reached
+    }
+
+    /// Changes of state, as they happen (and the first contact).
     pub fn subscribe(&self) -> watch::Receiver<PeerState> {
         self.tx.subscribe()
     }
@@ -74,6 +86,11 @@ impl PeerTracker {
     pub fn success(&self, now: Micros) {
         let mut inner = self.inner.lock();
         inner.last_success = inner.last_success.max(now);
+        if !inner.reached {
+            inner.reached = true;
+            tracing::info!("peer region reached");
+            self.tx.send_replace(inner.state);
+        }
         let since = *inner.streak_since.get_or_insert(now);
         if inner.state == PeerState::Down
             && now.saturating_sub(since) >= self.liveness.failback_after.as_micros() as u64
@@ -117,6 +134,28 @@ mod tests {
     use super::*;
 
     const S: u64 = 1_000_000;
+
+    #[test]
+    fn the_peer_is_reached_only_once_it_has_answered() {
+        let liveness = Liveness {
+            failover_after: Duration::from_secs(10),
+            failback_after: Duration::from_secs(5),
+        };
+        let peer = PeerTracker::new(liveness, 0);
+        assert!(!peer.reached());
+        peer.failure(5 * S);
+        assert!(!peer.reached());
+        peer.success(6 * S);
+        assert!(peer.reached());
+        let never = PeerTracker::new(liveness, 0);
+        never.tick(10 * S);
+        assert_eq!(
+            never.state(),
+            PeerState::Down,
+            "never answering: down after the failover"
+        );
+        assert!(!never.reached());
+    }
 
     #[test]
     fn down_after_silence_and_up_after_a_steady_streak() {

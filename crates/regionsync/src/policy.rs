@@ -265,6 +265,9 @@ pub enum Role {
     /// Decided here on the whole limit; consumption is shipped to the peer and the peer's is
     /// debited here.
     Synced,
+    /// Decided here on the whole limit for both regions (HOME_REGION homed here): the peer
+    /// forwards its requests, and only rules so placed may be decided for it.
+    Home,
     /// Decided by the home region; this region's bucket serves when it cannot be reached.
     Forwarded {
         /// The home region.
@@ -327,7 +330,10 @@ pub fn place(policy: &RegionalPolicy, view: Option<&RegionView>) -> Placement {
             fallback_share,
         } => {
             if *home == view.own {
-                Placement::LOCAL
+                Placement {
+                    share: 1.0,
+                    role: Role::Home,
+                }
             } else if *home == view.peer {
                 Placement {
                     share: fallback_share.unwrap_or(view.default_share),
@@ -454,7 +460,13 @@ mod tests {
             home: "us".into(),
             fallback_share: Some(0.2),
         };
-        assert_eq!(place(&home, Some(&view(PeerState::Up))), Placement::LOCAL);
+        assert_eq!(
+            place(&home, Some(&view(PeerState::Up))),
+            Placement {
+                share: 1.0,
+                role: Role::Home
+            }
+        );
     }
 
     #[test]

@@ -18,6 +18,7 @@ use tollgate_lease::{
 use tonic::Status;
 
 use crate::RegionHost;
+use crate::consumption::epoch_until;
 use crate::messages::{Batch, BatchAck, ForwardReply, ForwardRequest, Origin, Ping, Pong};
 use crate::metrics::{ReasonLabel, RegionMetrics};
 
@@ -26,6 +27,8 @@ pub const MAX_ENTRIES_PER_BATCH: usize = 4096;
 
 /// Store calls in flight while applying one batch.
 const CONCURRENT_DEBITS: usize = 16;
+/// The clock difference between regions a batch may show.
+const CLOCK_SKEW_US: u64 = 60_000_000;
 
 /// Applies what the peer region sends.
 pub struct Receiver {
@@ -136,12 +139,26 @@ impl Receiver {
             };
             checked.push((key, once, entry));
         }
-        for (key, once, entry) in checked {
+        // A consumption's epoch ends no later than the rule's own window allows for time up to
+        // now (and a minute of clock skew between the regions).
+        let skewed_now = now + CLOCK_SKEW_US;
+        let mut synced = Vec::with_capacity(checked.len());
+        for (i, (key, once, entry)) in checked.into_iter().enumerate() {
             // Only ASYNC_SYNC rules (never concurrency limits: refused at validation).
             let Some(limit) = self.host.synced_limit(&entry.rule) else {
                 skipped += 1;
                 continue;
             };
+            let latest = epoch_until(&limit, skewed_now);
+            if entry.until > latest || entry.at > skewed_now {
+                return Err(self.invalid(format!(
+                    "entry {i}: an epoch ending at {} µs (consumed at {} µs); rule {:?}'s window ends its epochs by {latest} µs",
+                    entry.until, entry.at, entry.rule
+                )));
+            }
+            synced.push((key, once, entry, limit));
+        }
+        for (key, once, entry, limit) in synced {
             by_identity
                 .entry(key.identity_prefix().to_owned())
                 .or_default()

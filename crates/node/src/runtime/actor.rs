@@ -111,7 +111,20 @@ pub struct KeyArgs {
 struct HeldLease {
     id: LeaseId,
     units: u64,
+    granted_at: Micros,
     expires_at: Micros,
+}
+
+/// Units going back to the store under one lease.
+#[derive(Debug)]
+struct Return {
+    bucket: Arc<Bucket>,
+    lease: LeaseId,
+    units: u64,
+    /// When the lease was granted (its consumption was recorded for the peer then).
+    granted_at: Micros,
+    /// Whether the grant was recorded for the peer region (so the return is taken back).
+    recorded: bool,
 }
 
 #[derive(Debug)]
@@ -247,12 +260,18 @@ impl Actor for KeyActor {
                                 // given back at once, before the new definition leases (a
                                 // credit under the old limit after that would add units).
                                 if let Some(id) = grant.lease.filter(|_| grant.units > 0) {
-                                    stale.push((ask.bucket.clone(), id, grant.units));
+                                    stale.push(Return {
+                                        bucket: ask.bucket.clone(),
+                                        lease: id,
+                                        units: grant.units,
+                                        granted_at: now,
+                                        recorded: false,
+                                    });
                                 }
                                 ask.bucket.refill_done();
                             } else if grant.units == 0
                                 && ask.returned == 0
-                                && ask.bucket.units() > 0
+                                && state.waiting_beyond_held(&ask.bucket)
                             {
                                 again.push(ask);
                             } else {
@@ -572,6 +591,23 @@ impl KeyState {
         });
     }
 
+    /// Whether requests wait on `bucket` for more than the units it holds, some of which it
+    /// holds (so a denial must say when all of it fits: see [`KeyState::consolidate`]). A
+    /// refill ahead of need finds no such request, and consolidates nothing.
+    fn waiting_beyond_held(&self, bucket: &Arc<Bucket>) -> bool {
+        let held = bucket.units().max(0) as u64;
+        let queued: u64 = self
+            .waiters
+            .iter()
+            .flat_map(|w| &w.wants)
+            .filter(|w| Arc::ptr_eq(&w.bucket, bucket))
+            .map(|w| w.cost)
+            .max()
+            .unwrap_or(0);
+        let need = queued.max(bucket.waiting_for());
+        held > 0 && need > held
+    }
+
     /// The store had no room for what a request lacked while this node held part of it: give
     /// what this node holds back, and ask for all of it, so the store alone decides, from its
     /// own count, whether the request fits and, if not, when it will. (Asking only for the
@@ -583,8 +619,8 @@ impl KeyState {
         for mut ask in asks {
             let held = self.hold(&ask.bucket);
             let leases = std::mem::take(&mut held.leases);
-            let given: Vec<_> = unspent_returns(ask.bucket.clone(), leases, now);
-            let units: u64 = given.iter().map(|(_, _, u)| *u).sum();
+            let given = unspent_returns(ask.bucket.clone(), leases, now);
+            let units: u64 = given.iter().map(|r| r.units).sum();
             returns.extend(given);
             let capacity = ask.bucket.limit.capacity();
             ask.min = (ask.min + units).min(capacity);
@@ -611,7 +647,7 @@ impl KeyState {
             now,
         );
         let Some(id) = grant.lease.filter(|_| grant.units > 0) else {
-            bucket.deny_until(min, grant.retry_after, now);
+            bucket.deny_until(min, grant.retry_after, self.shared.config.lease.ttl, now);
             bucket.refill_done();
             return;
         };
@@ -634,6 +670,7 @@ impl KeyState {
         held.leases.push_back(HeldLease {
             id,
             units: grant.units,
+            granted_at: now,
             expires_at,
         });
         let margin = self.return_margin();
@@ -660,7 +697,13 @@ impl KeyState {
                 let share = unspent.saturating_sub(after).min(lease.units);
                 let taken = held.bucket.reclaim_up_to(share);
                 if taken > 0 && lease.expires_at > now {
-                    returns.push((held.bucket.clone(), lease.id, taken));
+                    returns.push(Return {
+                        bucket: held.bucket.clone(),
+                        lease: lease.id,
+                        units: taken,
+                        granted_at: lease.granted_at,
+                        recorded: true,
+                    });
                 }
             }
         }
@@ -695,17 +738,17 @@ impl KeyState {
         self.send_returns(returns).await;
     }
 
-    async fn send_returns(&self, returns: Vec<(Arc<Bucket>, LeaseId, u64)>) {
+    async fn send_returns(&self, returns: Vec<Return>) {
         if returns.is_empty() {
             return;
         }
         let items = returns
-            .into_iter()
-            .map(|(b, lease, unspent)| LeaseReturn {
-                key: b.key.clone(),
-                limit: b.limit,
-                lease,
-                unspent,
+            .iter()
+            .map(|r| LeaseReturn {
+                key: r.bucket.key.clone(),
+                limit: r.bucket.limit,
+                lease: r.lease.clone(),
+                unspent: r.units,
             })
             .collect();
         let Ok(req) = ReturnRequest::new(items) else {
@@ -714,9 +757,25 @@ impl KeyState {
         match self.shared.store.return_leases(&req).await {
             Ok(credited) => {
                 let metrics = &self.shared.metrics;
-                for units in credited.into_iter().filter(|u| *u > 0) {
+                for (r, units) in returns.iter().zip(credited) {
+                    if units == 0 {
+                        continue;
+                    }
                     metrics.leases_returned.inc();
                     metrics.lease_units_returned.inc_by(units);
+                    // Back in this region's store: not the peer's to count any more.
+                    if r.recorded
+                        && r.bucket.rule.synced()
+                        && let Some(region) = self.shared.region.get()
+                    {
+                        region.unrecord(
+                            &r.bucket.rule.key,
+                            &self.identity,
+                            &r.bucket.limit,
+                            units,
+                            r.granted_at,
+                        );
+                    }
                 }
             }
             // Unreturned units stay consumed until the lease expires: under-admission only.
@@ -761,13 +820,19 @@ fn unspent_returns(
     bucket: Arc<Bucket>,
     mut leases: VecDeque<HeldLease>,
     now: Micros,
-) -> Vec<(Arc<Bucket>, LeaseId, u64)> {
+) -> Vec<Return> {
     let mut left = bucket.reclaim();
     let mut returns = vec![];
     while let Some(lease) = leases.pop_back() {
         let give = left.min(lease.units);
         if give > 0 && lease.expires_at > now {
-            returns.push((bucket.clone(), lease.id, give));
+            returns.push(Return {
+                bucket: bucket.clone(),
+                lease: lease.id,
+                units: give,
+                granted_at: lease.granted_at,
+                recorded: true,
+            });
             left -= give;
         }
     }

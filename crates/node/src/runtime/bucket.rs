@@ -43,6 +43,8 @@ pub struct Bucket {
     /// The store said no units for costs ≥ `denied_cost` until `denied_until`: answer locally.
     denied_until: AtomicU64,
     denied_cost: AtomicU64,
+    /// When the recorded denial stops being believed (the store is asked again).
+    recheck_at: AtomicU64,
     /// What the store said remains globally, when it said so, and when the bucket would be
     /// full (node clock, µs).
     global_remaining: AtomicU64,
@@ -58,6 +60,8 @@ pub struct Bucket {
     failed: AtomicBool,
     /// Units requests are waiting for (a refill asks for at least this many).
     waiting: AtomicU64,
+    /// The largest cost among them (kept until the wait ends; an estimate).
+    largest_wait: AtomicU64,
     /// Until when the store's last answer (`global_remaining`) may decide while it is slow.
     trusted_until: AtomicU64,
     /// The store had room for `room_need` units; trusted until `room_until`.
@@ -110,12 +114,14 @@ impl Bucket {
             refill_queued: AtomicBool::new(false),
             denied_until: AtomicU64::new(0),
             denied_cost: AtomicU64::new(u64::MAX),
+            recheck_at: AtomicU64::new(0),
             global_remaining: AtomicU64::new(limit.capacity()),
             observed_at: AtomicU64::new(0),
             full_at: AtomicU64::new(0),
             arrived: tokio::sync::Notify::new(),
             failed: AtomicBool::new(false),
             waiting: AtomicU64::new(0),
+            largest_wait: AtomicU64::new(0),
             trusted_until: AtomicU64::new(0),
             room_need: AtomicU64::new(0),
             room_until: AtomicU64::new(0),
@@ -192,6 +198,7 @@ impl Bucket {
     ) -> RefillOutcome {
         let deadline = tokio::time::Instant::now() + wait;
         self.waiting.fetch_add(cost, Ordering::AcqRel);
+        self.largest_wait.fetch_max(cost, Ordering::AcqRel);
         // Only a refill this request waited on can tell it the store failed: a failure seen
         // before (an outage since over) is not a reason not to ask again.
         let mut waited = false;
@@ -234,13 +241,20 @@ impl Bucket {
                 };
             }
         };
-        self.waiting.fetch_sub(cost, Ordering::AcqRel);
+        if self.waiting.fetch_sub(cost, Ordering::AcqRel) == cost {
+            self.largest_wait.store(0, Ordering::Release);
+        }
         outcome
     }
 
     /// Units requests are waiting for.
     pub fn waiting(&self) -> u64 {
         self.waiting.load(Ordering::Acquire)
+    }
+
+    /// The largest cost a request waits with for a refill of this bucket.
+    pub fn waiting_for(&self) -> u64 {
+        self.largest_wait.load(Ordering::Acquire)
     }
 
     /// Leased units that can still be spent at `at` (a window's units die with it).
@@ -262,7 +276,7 @@ impl Bucket {
     /// [`Bucket::denied_for`] for `need` units from the store.
     pub fn store_denies(&self, need: u64, now: Micros) -> Option<Duration> {
         let until = self.denied_until.load(Ordering::Acquire);
-        if now >= until || need == 0 {
+        if now >= until || now >= self.recheck_at.load(Ordering::Acquire) || need == 0 {
             return None;
         }
         let denied = self.denied_cost.load(Ordering::Acquire);
@@ -456,10 +470,23 @@ impl Bucket {
     }
 
     /// Records that the store had no room for `cost` until `now + retry_after`.
-    pub(crate) fn deny_until(&self, cost: u64, retry_after: Duration, now: Micros) {
+    /// The denial is believed for at most `recheck` (then the store is asked again: units
+    /// other nodes return, or a debit's window ending, can make room before the retry-after a
+    /// window gives), and says `retry_after` until then.
+    pub(crate) fn deny_until(
+        &self,
+        cost: u64,
+        retry_after: Duration,
+        recheck: Duration,
+        now: Micros,
+    ) {
         self.denied_cost.store(cost, Ordering::Release);
         self.denied_until
             .store(now + retry_after.as_micros() as u64, Ordering::Release);
+        self.recheck_at.store(
+            now + retry_after.min(recheck).as_micros() as u64,
+            Ordering::Release,
+        );
     }
 
     /// The refill the decision path queued is done (or failed).

@@ -255,10 +255,12 @@ impl Node {
     }
 
     /// Decides one rule for one identity, as the home region of a HOME_REGION rule does for
-    /// the peer. None when the rule is unknown here or is not held here.
+    /// the peer. None when the rule is unknown here or is not a HOME_REGION rule homed here.
     pub async fn check_rule(&self, rule_key: &str, identity: &[u8], cost: u64) -> Option<Verdict> {
         let rule = self.inner.rules.load().rule(rule_key)?.clone();
-        if rule.forwarded() || rule.limit().is_none() {
+        // Only a HOME_REGION rule homed here is the peer's to ask about: any other rule's
+        // counter is this region's own (a SPLIT share, an ASYNC_SYNC budget), not the peer's.
+        if rule.placement.role != tollgate_regionsync::Role::Home || rule.limit().is_none() {
             return None;
         }
         let hit = Hit {
@@ -958,7 +960,7 @@ impl Node {
             }
             Ok(outcome) => {
                 let retry = outcome.buckets[0].retry_after;
-                bucket.deny_until(need, retry, now);
+                bucket.deny_until(need, retry, self.inner.shared.config.lease.ttl, now);
                 retry
             }
             Err(_) => Duration::ZERO,

@@ -253,7 +253,16 @@ impl App {
         let stopped = |mut rx: watch::Receiver<bool>| async move {
             let _ = rx.wait_for(|s| *s).await;
         };
-        tracing::info!(grpc = %self.grpc_addr, http = %self.http_addr, store = if self.config.redis.is_some() { "redis" } else { "memory" }, "tollgate node serving");
+        let optional = |addr: Option<SocketAddr>| addr.map_or("off".to_owned(), |a| a.to_string());
+        tracing::info!(
+            grpc = %self.grpc_addr,
+            http = %self.http_addr,
+            admin = %optional(self.admin_addr),
+            region_link = %optional(self.region_addr),
+            store = if self.config.redis.is_some() { "redis" } else { "memory" },
+            rules = self.node.rules().load().rules().len(),
+            "tollgate node serving"
+        );
         let watcher = match self.control {
             // With a rule store, PostgreSQL drives reloads (rule files are reloaded with it).
             Some((sync, admin, state)) => {

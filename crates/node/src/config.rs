@@ -69,6 +69,14 @@ pub enum RulesCommand {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// Check rule files of either format (as a node would load them, all together) without a
+    /// database or a running node; exit code 0 when valid, 2 with the file, line and field
+    /// at fault otherwise (for CI).
+    Validate {
+        /// Rule files or directories.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
     /// Export the rules in PostgreSQL: rules.yaml (Tollgate's format), envoy-<domain>.yaml.
     Export {
         /// PostgreSQL URL of the rule store.

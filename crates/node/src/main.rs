@@ -32,6 +32,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
+    let json = config.log_json;
     runtime.block_on(async {
         match App::start(config).await {
             Ok(app) => {
@@ -39,8 +40,13 @@ fn main() -> std::process::ExitCode {
                 std::process::ExitCode::SUCCESS
             }
             Err(e) => {
-                tracing::error!("cannot start: {e}");
-                eprintln!("tollgate: {e}");
+                // Said once: as a log record when logs are JSON (collectors read them), else
+                // as one plain line.
+                if json {
+                    tracing::error!(error = %e, "cannot start");
+                } else {
+                    eprintln!("tollgate: cannot start: {e}");
+                }
                 std::process::ExitCode::from(2)
             }
         }
@@ -78,6 +84,29 @@ fn run_command(command: Command) -> std::process::ExitCode {
                 );
                 Ok::<(), transfer::TransferError>(())
             }
+            RulesCommand::Validate { files } => {
+                let loaded = tollgate_node::rules::source::load(&files)?;
+                let count = tollgate_node::rules::RuleSet::compile(
+                    &loaded.native,
+                    &loaded.envoy,
+                    1,
+                    &tollgate_node::metrics::Metrics::new(),
+                )
+                .map_err(|message| tollgate_node::rules::RulesError {
+                    file: files.first().cloned().unwrap_or_default(),
+                    line: None,
+                    message,
+                })?
+                .rules()
+                .len();
+                println!(
+                    "valid: {count} rules ({} Tollgate, {} envoyproxy/ratelimit domains) in {} paths",
+                    loaded.native.len(),
+                    loaded.envoy.len(),
+                    files.len()
+                );
+                Ok(())
+            }
             RulesCommand::Export { database_url, out } => {
                 let store = open(&database_url)?;
                 let s = transfer::export(&store, &out).await?;
@@ -101,10 +130,13 @@ fn run_command(command: Command) -> std::process::ExitCode {
 }
 
 fn init_logging(json: bool) {
+    use std::io::IsTerminal;
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours only for a person at a terminal, never in files or collectors.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();

@@ -188,6 +188,14 @@ pub struct Metrics {
     pub lease_misses: Counter,
     /// Decisions that found their lease empty and waited for a refill.
     pub lease_waits: Counter,
+    /// Concurrency slots taken by admissions.
+    pub slots_taken: Counter,
+    /// Slots released while still held (ReleaseSlots).
+    pub slots_released: Counter,
+    /// Release calls for slots no longer held (expired by their TTL, or released already):
+    /// a client releasing late. Slots never released (Envoy has no release call) expire
+    /// silently: taken - released is what expired or is still held.
+    pub slots_release_missed: Counter,
     /// Per-key actors alive.
     pub key_actors: Gauge,
     /// New keys refused an actor because the cap was reached (decided by a direct check).
@@ -263,6 +271,9 @@ impl Metrics {
             lease_hits: Counter::default(),
             lease_misses: Counter::default(),
             lease_waits: Counter::default(),
+            slots_taken: Counter::default(),
+            slots_released: Counter::default(),
+            slots_release_missed: Counter::default(),
             key_actors: Gauge::default(),
             key_actors_refused: Counter::default(),
             prelimit_denied: Counter::default(),
@@ -339,6 +350,21 @@ impl Metrics {
             "lease_waits",
             "Decisions that found their lease empty and waited for a refill",
             m.lease_waits.clone(),
+        );
+        registry.register(
+            "slots_taken",
+            "Concurrency slots taken by admitted requests",
+            m.slots_taken.clone(),
+        );
+        registry.register(
+            "slots_released",
+            "Concurrency slots released while held (ReleaseSlots); taken - released expired or are held",
+            m.slots_released.clone(),
+        );
+        registry.register(
+            "slots_release_missed",
+            "Releases of slots no longer held (expired by their TTL, or released twice)",
+            m.slots_release_missed.clone(),
         );
         registry.register("key_actors", "Per-key actors alive", m.key_actors.clone());
         registry.register(

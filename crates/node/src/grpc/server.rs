@@ -13,6 +13,16 @@ use crate::grpc::check::Check;
 use crate::grpc::rls::Rls;
 use crate::runtime::Node;
 
+/// Tollgate's compiled protos without the region link's (served on another port).
+fn public_descriptors() -> prost_types::FileDescriptorSet {
+    use prost::Message;
+    let mut set = prost_types::FileDescriptorSet::decode(tollgate_proto::FILE_DESCRIPTOR_SET)
+        .expect("the file descriptor set is compiled in and valid");
+    set.file
+        .retain(|f| !f.package().starts_with("tollgate.regionsync"));
+    set
+}
+
 /// The largest request message accepted (Envoy's are a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 
@@ -25,10 +35,26 @@ pub async fn serve(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<Rls>>().await;
     health.set_serving::<RateLimiterServer<Check>>().await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(tollgate_proto::FILE_DESCRIPTOR_SET)
+    // Reflection, v1 and v1alpha (grpcurl and Python's reflection client ask v1alpha), lists
+    // what this port serves: Envoy's RLS, Tollgate's API, health. The region link is served
+    // on its own port and is not described here.
+    let public = public_descriptors();
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_file_descriptor_set(public.clone())
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name("envoy.service.ratelimit.v3.RateLimitService")
+            .with_service_name("tollgate.ratelimit.v1.RateLimiter")
+            .with_service_name("grpc.health.v1.Health")
+            .with_service_name("grpc.reflection.v1.ServerReflection")
+            .with_service_name("grpc.reflection.v1alpha.ServerReflection")
+    };
+    let reflection_v1 = reflection()
         .build_v1()
-        .expect("the file descriptor set is compiled in and valid");
+        .expect("the file descriptor sets are compiled in and valid");
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .expect("the file descriptor sets are compiled in and valid");
     Server::builder()
         .tcp_nodelay(true)
         .add_service(
@@ -39,7 +65,8 @@ pub async fn serve(
             RateLimiterServer::new(Check::new(node)).max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(health_service)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,

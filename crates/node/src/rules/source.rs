@@ -95,7 +95,7 @@ pub fn parse(text: &str, file: &Path) -> Result<LoadedRules, RulesError> {
         line,
         message,
     };
-    let yaml_error = |e: yaml_serde::Error| error(None, e.to_string());
+    let yaml_error = |e: yaml_serde::Error| error(e.location().map(|l| l.line()), e.to_string());
     let top: yaml_serde::Value = yaml_serde::from_str(text).map_err(yaml_error)?;
     let has = |key: &str| top.as_mapping().is_some_and(|m| m.contains_key(key));
     if has("rules") {
@@ -124,7 +124,11 @@ pub fn parse(text: &str, file: &Path) -> Result<LoadedRules, RulesError> {
         })
     } else if has("descriptors") || has("domain") {
         let config: EnvoyConfig = yaml_serde::from_str(text).map_err(yaml_error)?;
-        let nodes = config.validate().map_err(|e| error(None, e))?;
+        let nodes = config.validate().map_err(|e| {
+            // The message starts with the path at fault (`descriptors[0].rate_limit: ...`).
+            let path = e.split(": ").next().unwrap_or_default();
+            error(path_line(text, path), e.clone())
+        })?;
         Ok(LoadedRules {
             native: vec![],
             envoy: vec![EnvoyDomainConfig {
@@ -186,6 +190,67 @@ fn item_lines(text: &str, key: &str) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// The 1-based line where the value at `path` (`descriptors[0].descriptors[2].rate_limit`)
+/// is written in a block-style YAML document: the deepest part of the path that can be found
+/// (flow-style parts give the line they start on).
+fn path_line(text: &str, path: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    // The region searched and the indentation of its keys.
+    let (mut start, mut end, mut key_indent) = (0, lines.len(), 0);
+    let mut found = None;
+    for segment in path.split('.') {
+        let (key, index) = match segment.split_once('[') {
+            Some((key, rest)) => (key, rest.trim_end_matches(']').parse::<usize>().ok()),
+            None => (segment, None),
+        };
+        let key_at = (start..end).find(|&i| {
+            let line = lines[i];
+            let (at, body) = match line.trim_start().strip_prefix("- ") {
+                Some(body) => (indent(line) + 2, body.trim_start()),
+                None => (indent(line), line.trim_start()),
+            };
+            at == key_indent && body.starts_with(&format!("{key}:"))
+        })?;
+        found = Some(key_at + 1);
+        let Some(index) = index else {
+            // Deeper keys of a mapping value are indented under it.
+            start = key_at + 1;
+            end = (start..end)
+                .find(|&i| !lines[i].trim().is_empty() && indent(lines[i]) <= key_indent)
+                .unwrap_or(end);
+            key_indent += 2;
+            continue;
+        };
+        // The list's items: lines starting `- ` at the first item's indentation.
+        let mut dash = None;
+        let mut items = vec![];
+        let mut list_end = end;
+        for i in key_at + 1..end {
+            let line = lines[i];
+            let t = line.trim_start();
+            if t.is_empty() || t.starts_with('#') {
+                continue;
+            }
+            if indent(line) < key_indent || (indent(line) == key_indent && !t.starts_with('-')) {
+                list_end = i;
+                break;
+            }
+            if t.starts_with("- ") || t == "-" {
+                let at = indent(line);
+                if *dash.get_or_insert(at) == at {
+                    items.push(i);
+                }
+            }
+        }
+        let item = *items.get(index)?;
+        found = Some(item + 1);
+        start = item;
+        end = items.get(index + 1).copied().unwrap_or(list_end);
+        key_indent = dash.unwrap_or(0) + 2;
+    }
+    found
+}
+
 /// The line of `field:` within an item's lines, if written there.
 fn field_line(text: &str, (start, end): (usize, usize), field: &str) -> Option<usize> {
     let top = field.split('.').next().unwrap_or(field);
@@ -205,6 +270,26 @@ mod tests {
     use super::*;
 
     const FILE: &str = "rules.yaml";
+
+    #[test]
+    fn envoy_errors_carry_the_line_of_the_descriptor_at_fault() {
+        let text = "domain: e\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 3}\n  - key: b\n    descriptors:\n      - key: c\n        rate_limit:\n          unit: parsec\n          requests_per_unit: 1\n";
+        let e = parse(text, Path::new(FILE)).expect_err("bad unit");
+        assert_eq!(e.line, Some(8), "{e}");
+        assert!(e.to_string().starts_with("rules.yaml:8: "), "{e}");
+        let dup = "domain: e\ndescriptors:\n  - key: a\n    value: x\n  - key: a\n    value: x\n";
+        assert_eq!(
+            parse(dup, Path::new(FILE)).expect_err("duplicate").line,
+            Some(5)
+        );
+        let syntax = "domain: e\ndescriptors:\n  - key: a\n   rate_limit: [\n";
+        assert!(
+            parse(syntax, Path::new(FILE))
+                .expect_err("syntax")
+                .line
+                .is_some()
+        );
+    }
 
     #[test]
     fn the_deploy_examples_load() {

@@ -141,7 +141,11 @@ impl ActiveRules {
         let count = set.rules().len();
         self.swap(set, version);
         *installed = Some((rules.clone(), version));
-        tracing::info!(version, rules = count, "rule set installed");
+        if count == 0 {
+            tracing::warn!(version, "the rule set is empty: every request is allowed");
+        } else {
+            tracing::info!(version, rules = count, "rule set installed");
+        }
         Ok(version)
     }
 

@@ -369,17 +369,17 @@ impl Node {
                 .push((s.key.clone(), s.slot.clone()));
         }
         let mut released = 0;
+        let metrics = &self.inner.shared.metrics;
         for (_, items) in by_identity {
             let req = SlotRelease::of_keys(items)?;
-            released += self
-                .inner
-                .shared
-                .store
-                .release_slots(&req)
-                .await?
-                .into_iter()
-                .filter(|r| *r)
-                .count();
+            for held in self.inner.shared.store.release_slots(&req).await? {
+                if held {
+                    released += 1;
+                    metrics.slots_released.inc();
+                } else {
+                    metrics.slots_release_missed.inc();
+                }
+            }
         }
         Ok(released)
     }
@@ -894,6 +894,7 @@ impl Node {
                     }
                     for (item, b) in items.iter().zip(outcome.buckets) {
                         if let Some(slot) = b.slot {
+                            self.inner.shared.metrics.slots_taken.inc();
                             undo.slots.push(HeldSlot {
                                 key: item.key.clone(),
                                 slot,

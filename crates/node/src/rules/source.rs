@@ -225,8 +225,7 @@ fn path_line(text: &str, path: &str) -> Option<usize> {
         let mut dash = None;
         let mut items = vec![];
         let mut list_end = end;
-        for i in key_at + 1..end {
-            let line = lines[i];
+        for (i, line) in lines.iter().enumerate().take(end).skip(key_at + 1) {
             let t = line.trim_start();
             if t.is_empty() || t.starts_with('#') {
                 continue;

@@ -38,7 +38,7 @@ impl Default for RedisConfig {
             call_timeout: Duration::from_millis(5),
             response_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_millis(250),
-            reconnect_max_delay: Duration::from_secs(2),
+            reconnect_max_delay: Duration::from_millis(500),
         }
     }
 }

@@ -247,11 +247,6 @@ impl Bucket {
         outcome
     }
 
-    /// Units requests are waiting for.
-    pub fn waiting(&self) -> u64 {
-        self.waiting.load(Ordering::Acquire)
-    }
-
     /// The largest cost a request waits with for a refill of this bucket.
     pub fn waiting_for(&self) -> u64 {
         self.largest_wait.load(Ordering::Acquire)

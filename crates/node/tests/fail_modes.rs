@@ -115,7 +115,7 @@ async fn readiness_stays_while_the_store_is_down_and_reports_it() {
     }
     assert!(matches!(
         served.node.breaker_state(),
-        BreakerState::Open { .. } | BreakerState::HalfOpen
+        BreakerState::Open { .. } | BreakerState::HalfOpen { .. }
     ));
     let (status, body) = served.get("/readyz").await;
     assert_eq!(status, 200, "a store outage is not a node outage: {body}");

@@ -151,10 +151,18 @@ impl Receiver {
             };
             let latest = epoch_until(&limit, skewed_now);
             if entry.until > latest || entry.at > skewed_now {
-                return Err(self.invalid(format!(
-                    "entry {i}: an epoch ending at {} µs (consumed at {} µs); rule {:?}'s window ends its epochs by {latest} µs",
-                    entry.until, entry.at, entry.rule
-                )));
+                // This entry only (the regions may hold the rule differently during a
+                // rollout): refusing the batch would stop every other total from landing.
+                self.reject("epoch beyond the window");
+                tracing::debug!(
+                    entry = i,
+                    rule = %entry.rule,
+                    until = entry.until,
+                    latest,
+                    "skipped an entry whose epoch ends past the rule's window"
+                );
+                skipped += 1;
+                continue;
             }
             synced.push((key, once, entry, limit));
         }

@@ -61,18 +61,12 @@ impl From<ControlError> for Problem {
                 id,
                 current: Some(v),
                 expected,
-            } => Problem::stale(if expected.starts_with("If-None-Match") {
-                format!("rule {id:?} exists (version {v}); {expected} creates only")
-            } else {
-                format!("rule {id:?} is at version {v}; If-Match named {expected}")
-            }),
+            } => Problem::stale(format!("rule {id:?} is at version {v}; {expected}")),
             ControlError::Stale {
                 id,
                 current: None,
                 expected,
-            } => Problem::stale(format!(
-                "rule {id:?} does not exist; If-Match named {expected}"
-            )),
+            } => Problem::stale(format!("rule {id:?} does not exist; {expected}")),
             ControlError::Unavailable(m) => Problem::unavailable(m),
             ControlError::Database(m) => {
                 tracing::error!(error = %m, "rule store error");
@@ -135,7 +129,9 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
+                    // Out of file descriptors, say: pause rather than spin.
                     tracing::warn!(error = %e, "admin API: accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
             },
@@ -166,7 +162,11 @@ pub async fn serve(
             }
         });
     }
+    // Connections finish their requests (for at most a few seconds), as axum's own graceful
+    // shutdown does.
+    drop(closed);
     let _ = closing.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), closing.closed()).await;
     Ok(())
 }
 

@@ -26,13 +26,13 @@ pub enum ControlError {
     #[error("no rule {0:?}")]
     NotFound(String),
     /// The precondition failed: the rule's version is not the one named.
-    #[error("rule {id:?} is at version {current:?}, not {expected}")]
+    #[error("rule {id:?} is at version {current:?}; {expected}")]
     Stale {
         /// The rule.
         id: String,
         /// Its current version (None: it does not exist).
         current: Option<i64>,
-        /// The version the caller named.
+        /// What the caller's precondition asked (`If-Match named 3`).
         expected: String,
     },
     /// PostgreSQL cannot be reached.
@@ -534,11 +534,11 @@ fn check(
     match (condition, current) {
         (None, _) => Ok(()),
         (Some(Precondition::Exists), Some(_)) => Ok(()),
-        (Some(Precondition::Exists), None) => Err(stale("*".into())),
+        (Some(Precondition::Exists), None) => Err(stale("If-Match named *".into())),
         (Some(Precondition::Absent), None) => Ok(()),
-        (Some(Precondition::Absent), Some(_)) => Err(stale("If-None-Match: *".into())),
+        (Some(Precondition::Absent), Some(_)) => Err(stale("If-None-Match: * creates only".into())),
         (Some(Precondition::Version(v)), Some(c)) if *v == c => Ok(()),
-        (Some(Precondition::Version(v)), _) => Err(stale(v.to_string())),
+        (Some(Precondition::Version(v)), _) => Err(stale(format!("If-Match named {v}"))),
     }
 }
 

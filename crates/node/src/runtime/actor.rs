@@ -3,10 +3,12 @@
 //! stops, and stops itself once the key has been idle.
 //!
 //! The decision path talks to it only when a lease cannot serve a request (a cold key, a lease
-//! run dry, a window ended), or to ask for a refill ahead of time. Store calls run in spawned
-//! tasks that report back as messages, so the actor never waits on the store: requests that
-//! arrive meanwhile queue as waiters and are served together when the lease arrives, or failed
-//! together if the store fails (none waits behind another's timeout).
+//! run dry, a window ended), or to ask for a refill ahead of time. Lease calls run in spawned
+//! tasks that report back as messages: requests that arrive meanwhile queue as waiters and are
+//! served together when the lease arrives, or failed together if the store fails or the call
+//! passes its budget (none waits behind another's timeout). Returns of unspent units are still
+//! awaited in the handler (each within the store budget), which delays the actor's next
+//! message by at most that.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -35,7 +37,8 @@ pub struct Want {
 pub struct Ask {
     /// The bucket.
     pub bucket: Arc<Bucket>,
-    /// Fewest units worth taking (what the first waiting request lacks).
+    /// Fewest units worth taking (what the first waiting request lacks; after
+    /// [`KeyState::consolidate`], that plus the units given back).
     pub min: u64,
     /// Units wanted (sized by demand).
     pub want: u64,
@@ -148,6 +151,8 @@ pub struct KeyState {
     held: HashMap<String, Held>,
     waiters: VecDeque<Waiter>,
     in_flight: bool,
+    /// The call out is past the store budget (requests are not kept waiting on it).
+    late: bool,
     /// Refills asked for while a store call was out: sent when it lands (bucket, min).
     refills: Vec<(Arc<Bucket>, u64)>,
     last_active: Micros,
@@ -174,6 +179,7 @@ impl Actor for KeyActor {
             held: HashMap::new(),
             waiters: VecDeque::new(),
             in_flight: false,
+            late: false,
             refills: vec![],
             last_active: now,
             next_tick: None,
@@ -194,8 +200,8 @@ impl Actor for KeyActor {
         match msg {
             KeyMsg::Acquire { wants, reply } => {
                 state.last_active = now;
-                if wants.iter().any(|w| w.bucket.is_late()) {
-                    // A call for it is already past its budget: no new request waits on it.
+                if state.late {
+                    // A call is out past its budget: no new request waits on it.
                     let _ = reply.send(AcquireOutcome::Failed(StoreError::Timeout {
                         budget: state.shared.store.budget(),
                     }));
@@ -225,19 +231,13 @@ impl Actor for KeyActor {
                 }
             }
             KeyMsg::Slow(buckets) => {
+                // No other call can go out before this one ends: every request waiting on this
+                // identity is decided now, and new ones are until it ends.
+                state.late = true;
                 let error = StoreError::Timeout {
                     budget: state.shared.store.budget(),
                 };
-                let (failed, kept): (VecDeque<Waiter>, VecDeque<Waiter>) =
-                    std::mem::take(&mut state.waiters)
-                        .into_iter()
-                        .partition(|w| {
-                            w.wants
-                                .iter()
-                                .any(|want| buckets.iter().any(|b| Arc::ptr_eq(b, &want.bucket)))
-                        });
-                state.waiters = kept;
-                for waiter in failed {
+                for waiter in state.waiters.drain(..) {
                     let _ = waiter.reply.send(AcquireOutcome::Failed(error.clone()));
                 }
                 for bucket in &buckets {
@@ -246,6 +246,7 @@ impl Actor for KeyActor {
             }
             KeyMsg::Granted { asks, result } => {
                 state.in_flight = false;
+                state.late = false;
                 for ask in &asks {
                     ask.bucket.call_done();
                 }
@@ -254,7 +255,6 @@ impl Actor for KeyActor {
                         let mut again = vec![];
                         let mut stale = vec![];
                         for (ask, grant) in asks.into_iter().zip(grants) {
-                            let bucket = ask.bucket.clone();
                             if !state.is_current(&ask.bucket) {
                                 // Granted to a definition superseded while the call was out:
                                 // given back at once, before the new definition leases (a
@@ -277,11 +277,6 @@ impl Actor for KeyActor {
                             } else {
                                 state.install(&myself, &ask.bucket, ask.min, grant, now);
                             }
-                            // What the fail modes admitted since the store last answered
-                            // (this call late, or the node too busy to wait for it) is charged
-                            // to it: an overloaded node degrades towards the limit, never away.
-                            let owed = bucket.charge_owed();
-                            state.shared.metrics.owed_units.inc_by(owed);
                         }
                         state.send_returns(stale).await;
                         if again.is_empty() {
@@ -442,6 +437,11 @@ impl KeyState {
     fn serve(&mut self, now: Micros) {
         let mut still = VecDeque::with_capacity(self.waiters.len());
         while let Some(waiter) = self.waiters.pop_front() {
+            // The decision path stopped waiting (and decided without these units): taking
+            // them now would strand them.
+            if waiter.reply.is_closed() {
+                continue;
+            }
             if let Some((index, retry_after)) = waiter
                 .wants
                 .iter()
@@ -452,7 +452,11 @@ impl KeyState {
                     .reply
                     .send(AcquireOutcome::Denied { index, retry_after });
             } else if take_all(&waiter.wants, now) {
-                let _ = waiter.reply.send(AcquireOutcome::Reserved);
+                if waiter.reply.send(AcquireOutcome::Reserved).is_err() {
+                    for want in &waiter.wants {
+                        want.bucket.give_back(want.cost);
+                    }
+                }
             } else {
                 still.push_back(waiter);
             }
@@ -567,9 +571,6 @@ impl KeyState {
         let request = LeaseRequest::new(lease_asks, policy.ttl);
         let shared = self.shared.clone();
         let myself = myself.clone();
-        for ask in &asks {
-            ask.bucket.call_started();
-        }
         tokio::spawn(async move {
             let result = match request {
                 Ok(req) => {
@@ -604,7 +605,7 @@ impl KeyState {
             .map(|w| w.cost)
             .max()
             .unwrap_or(0);
-        let need = queued.max(bucket.waiting_for());
+        let need = queued.max(bucket.waiting());
         held > 0 && need > held
     }
 
@@ -658,7 +659,11 @@ impl KeyState {
             NO_DEADLINE
         };
         bucket.clear_denial();
-        bucket.install(grant.units, spend_before, now);
+        // What the fail modes admitted since the store last answered (a late call, or a node
+        // too busy to wait for one) is charged to this grant: an overloaded node degrades
+        // towards the limit, never away from it.
+        let owed = bucket.install(grant.units, spend_before, now);
+        self.shared.metrics.owed_units.inc_by(owed);
         bucket.refill_done();
         let metrics = &self.shared.metrics;
         metrics.leases_acquired.inc();

@@ -49,8 +49,12 @@ pub enum BreakerState {
         /// When a probe may go through.
         until: Micros,
     },
-    /// One probe is out.
-    HalfOpen,
+    /// One probe is out; if it never reports (its caller gave up on it), another may go after
+    /// `until`.
+    HalfOpen {
+        /// When another probe may go.
+        until: Micros,
+    },
 }
 
 impl BreakerState {
@@ -58,7 +62,7 @@ impl BreakerState {
     pub fn code(self) -> i64 {
         match self {
             BreakerState::Closed => 0,
-            BreakerState::HalfOpen => 1,
+            BreakerState::HalfOpen { .. } => 1,
             BreakerState::Open { .. } => 2,
         }
     }
@@ -67,7 +71,7 @@ impl BreakerState {
     pub fn as_str(self) -> &'static str {
         match self {
             BreakerState::Closed => "closed",
-            BreakerState::HalfOpen => "half-open",
+            BreakerState::HalfOpen { .. } => "half-open",
             BreakerState::Open { .. } => "open",
         }
     }
@@ -115,12 +119,15 @@ impl Breaker {
     pub fn allow(&mut self, now: Micros) -> bool {
         match self.state {
             BreakerState::Closed => true,
-            BreakerState::HalfOpen => false,
-            BreakerState::Open { until } if now >= until => {
-                self.state = BreakerState::HalfOpen;
+            BreakerState::HalfOpen { until } | BreakerState::Open { until } if now >= until => {
+                // A probe's answer counts; a probe dropped unanswered must not leave the shard
+                // refused for good: past the longest cooldown another one goes.
+                self.state = BreakerState::HalfOpen {
+                    until: now + self.config.max_cooldown.as_micros() as u64,
+                };
                 true
             }
-            BreakerState::Open { .. } => false,
+            BreakerState::HalfOpen { .. } | BreakerState::Open { .. } => false,
         }
     }
 
@@ -139,7 +146,7 @@ impl Breaker {
     /// failure opened the breaker.
     pub fn on_failure(&mut self, now: Micros, jitter: f64) -> bool {
         let open = match self.state {
-            BreakerState::HalfOpen => {
+            BreakerState::HalfOpen { .. } => {
                 self.cooldown = (self.cooldown * 2).min(self.config.max_cooldown);
                 true
             }
@@ -235,6 +242,10 @@ mod tests {
         assert!(!b.allow(opened + 199 * MS));
         assert!(b.allow(opened + 200 * MS), "one probe after 200 ms");
         assert!(!b.allow(opened + 200 * MS), "only one");
+        assert!(
+            b.allow(opened + 1_200 * MS),
+            "a probe that never answers does not keep the breaker half-open for good"
+        );
         b.on_success(opened + 201 * MS);
         assert_eq!(b.state(), BreakerState::Closed);
         assert!(

@@ -40,7 +40,8 @@ pub struct Bucket {
     last_grant: AtomicU64,
     /// Set while a refill-ahead is queued, so only one is.
     refill_queued: AtomicBool,
-    /// The store said no units for costs ≥ `denied_cost` until `denied_until`: answer locally.
+    /// The store said no room for `denied_cost` units until `denied_until`: answered locally
+    /// until `recheck_at` (larger costs where the algorithm says, see `Limit::retry_for_more`).
     denied_until: AtomicU64,
     denied_cost: AtomicU64,
     /// When the recorded denial stops being believed (the store is asked again).
@@ -58,17 +59,15 @@ pub struct Bucket {
     arrived: tokio::sync::Notify,
     /// The last lease call for this bucket failed (the store could not answer).
     failed: AtomicBool,
-    /// Units requests are waiting for (a refill asks for at least this many).
+    /// Units requests waiting for a refill need, together.
     waiting: AtomicU64,
-    /// The largest cost among them (kept until the wait ends; an estimate).
-    largest_wait: AtomicU64,
     /// Until when the store's last answer (`global_remaining`) may decide while it is slow.
     trusted_until: AtomicU64,
     /// The store had room for `room_need` units; trusted until `room_until`.
     room_need: AtomicU64,
     room_until: AtomicU64,
-    /// Lease calls out for this bucket, and whether one is past the store budget.
-    calls_out: AtomicU64,
+    /// Whether the lease call out for this bucket is past the store budget (an actor has one
+    /// call out at a time).
     late: AtomicBool,
     /// Units fail modes admitted without the store since its last answer: charged to the next
     /// grant, forgiven if a lease call fails first.
@@ -82,8 +81,12 @@ pub enum RefillOutcome {
     Took,
     /// The store has no room: retry after this long.
     Denied(Duration),
-    /// The store could not answer.
-    Failed,
+    /// The store could not answer (`late`: the call is out past the budget; the store may
+    /// only be slow).
+    Failed {
+        /// Whether the call is past its budget rather than failed.
+        late: bool,
+    },
     /// Nothing conclusive (the refill was smaller than needed, or took too long).
     Missed,
 }
@@ -121,11 +124,9 @@ impl Bucket {
             arrived: tokio::sync::Notify::new(),
             failed: AtomicBool::new(false),
             waiting: AtomicU64::new(0),
-            largest_wait: AtomicU64::new(0),
             trusted_until: AtomicU64::new(0),
             room_need: AtomicU64::new(0),
             room_until: AtomicU64::new(0),
-            calls_out: AtomicU64::new(0),
             late: AtomicBool::new(false),
             owed: AtomicU64::new(0),
         }
@@ -198,7 +199,6 @@ impl Bucket {
     ) -> RefillOutcome {
         let deadline = tokio::time::Instant::now() + wait;
         self.waiting.fetch_add(cost, Ordering::AcqRel);
-        self.largest_wait.fetch_max(cost, Ordering::AcqRel);
         // Only a refill this request waited on can tell it the store failed: a failure seen
         // before (an outage since over) is not a reason not to ask again.
         let mut waited = false;
@@ -212,10 +212,11 @@ impl Bucket {
             if let Some(retry) = self.denied_for(cost, now()) {
                 break RefillOutcome::Denied(retry);
             }
-            if self.is_late()
-                || (waited && self.failed.load(Ordering::Acquire) && !self.refill_pending())
-            {
-                break RefillOutcome::Failed;
+            if self.is_late() {
+                break RefillOutcome::Failed { late: true };
+            }
+            if waited && self.failed.load(Ordering::Acquire) && !self.refill_pending() {
+                break RefillOutcome::Failed { late: false };
             }
             // Queue a refill unless one is on its way: at least what this request lacks, so a
             // denial says when this request fits.
@@ -241,15 +242,13 @@ impl Bucket {
                 };
             }
         };
-        if self.waiting.fetch_sub(cost, Ordering::AcqRel) == cost {
-            self.largest_wait.store(0, Ordering::Release);
-        }
+        self.waiting.fetch_sub(cost, Ordering::AcqRel);
         outcome
     }
 
-    /// The largest cost a request waits with for a refill of this bucket.
-    pub fn waiting_for(&self) -> u64 {
-        self.largest_wait.load(Ordering::Acquire)
+    /// Units requests waiting for a refill of this bucket need, together.
+    pub fn waiting(&self) -> u64 {
+        self.waiting.load(Ordering::Acquire)
     }
 
     /// Leased units that can still be spent at `at` (a window's units die with it).
@@ -294,16 +293,11 @@ impl Bucket {
     }
 
     /// Estimated units left globally at `now`: what the store last said (a token bucket
-    /// refilled since, at its rate) plus what this node holds, at most the capacity.
+    /// refilled since), plus what this node holds, less what was admitted without the store
+    /// since; at most the capacity.
     pub fn remaining(&self, now: Micros) -> u64 {
-        let mut store = self.global_remaining.load(Ordering::Relaxed);
-        if let Some(rate) = self.limit.refill_per_second() {
-            let since = now.saturating_sub(self.observed_at.load(Ordering::Relaxed));
-            store = store.saturating_add((rate * since as f64 / 1e6).floor() as u64);
-        }
-        store
-            .saturating_add(self.units().max(0) as u64)
-            .min(self.limit.capacity())
+        (self.store_estimate(now) as i64 + self.units() - self.owed.load(Ordering::Acquire) as i64)
+            .clamp(0, self.limit.capacity() as i64) as u64
     }
 
     /// Estimated time until the bucket is full.
@@ -339,26 +333,14 @@ impl Bucket {
 
     // ---- for the actor only ----------------------------------------------------------------
 
-    pub(crate) fn call_started(&self) {
-        self.calls_out.fetch_add(1, Ordering::AcqRel);
-    }
-
+    /// The lease call out for this bucket passed the store budget.
     pub(crate) fn set_late(&self) {
         self.late.store(true, Ordering::Release);
     }
 
+    /// The lease call out for this bucket ended.
     pub(crate) fn call_done(&self) {
-        if self.calls_out.fetch_sub(1, Ordering::AcqRel) <= 1 {
-            self.late.store(false, Ordering::Release);
-        }
-    }
-
-    /// Charges the units owed to what this bucket holds (it may go below zero: later grants
-    /// pay the rest); how many.
-    pub(crate) fn charge_owed(&self) -> u64 {
-        let owed = self.owed.swap(0, Ordering::AcqRel);
-        self.units.fetch_sub(owed as i64, Ordering::AcqRel);
-        owed
+        self.late.store(false, Ordering::Release);
     }
 
     /// The late call failed: the store never counted what was admitted meanwhile.
@@ -371,17 +353,24 @@ impl Bucket {
         self.arrived.notify_waiters();
     }
 
-    /// Adds a grant's units. Units of a window that has ended are dropped first.
-    pub(crate) fn install(&self, units: u64, spend_before: u64, now: Micros) {
+    /// Adds a grant's units, less what was admitted without the store since it last answered
+    /// (owed: charged before any waiter can spend the grant); how many units were owed. Units
+    /// of a window that has ended are dropped first (and what was owed in it: the store does
+    /// not count it in the new window either).
+    pub(crate) fn install(&self, units: u64, spend_before: u64, now: Micros) -> u64 {
         let old = self.spend_before.load(Ordering::Acquire);
+        let mut owed = self.owed.swap(0, Ordering::AcqRel);
         if old != NO_DEADLINE && now >= old {
             self.units.store(0, Ordering::Release);
+            owed = 0;
         }
-        self.units.fetch_add(units as i64, Ordering::AcqRel);
+        self.units
+            .fetch_add(units as i64 - owed as i64, Ordering::AcqRel);
         self.spend_before.store(spend_before, Ordering::Release);
         self.last_grant.store(units, Ordering::Relaxed);
         self.failed.store(false, Ordering::Release);
         self.arrived.notify_waiters();
+        owed
     }
 
     /// Takes up to `units` back (a lease's unspent share, to return it); how many it took.
@@ -396,9 +385,14 @@ impl Bucket {
         taken
     }
 
-    /// Takes every unit back (to return them to the store, or because their window ended).
+    /// Takes every unit back (to return them to the store): only what is held; a debt (units
+    /// admitted without the store, charged to a grant) stays for the next grants to repay.
     pub(crate) fn reclaim(&self) -> u64 {
-        self.units.swap(0, Ordering::AcqRel).max(0) as u64
+        self.units
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                (u > 0).then_some(0)
+            })
+            .map_or(0, |held| held as u64)
     }
 
     /// Records what the store said about the bucket; it is trusted to decide by for `trust`
@@ -484,13 +478,13 @@ impl Bucket {
         );
     }
 
-    /// The refill the decision path queued is done (or failed).
     /// A lease call for this bucket failed.
     pub(crate) fn lease_failed(&self) {
         self.failed.store(true, Ordering::Release);
         self.refill_done();
     }
 
+    /// The refill the decision path queued is done (or failed, or will not be made).
     pub(crate) fn refill_done(&self) {
         self.refill_queued.store(false, Ordering::Release);
         self.arrived.notify_waiters();

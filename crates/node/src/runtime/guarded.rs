@@ -94,13 +94,12 @@ impl GuardedStore {
     }
 
     fn publish_state(&self) {
-        self.metrics.breaker_state.set(self.breaker_state().code());
-        self.metrics.breakers_open.set(
-            self.breakers
-                .iter()
-                .filter(|b| b.state() != BreakerState::Closed)
-                .count() as i64,
-        );
+        let (worst, open) = self.breakers.iter().fold((0, 0), |(worst, open), b| {
+            let code = b.state().code();
+            (worst.max(code), open + i64::from(code > 0))
+        });
+        self.metrics.breaker_state.set(worst);
+        self.metrics.breakers_open.set(open);
     }
 
     /// Whether the breaker of `shard` lets a call through now.

@@ -1,11 +1,12 @@
 //! The node: matches a request against the active rules and decides it, all or nothing.
 //!
 //! The decision path, for each matched bucket: the local pre-limit (a coarse per-node bucket
-//! that rejects floods without touching the store); a recent denial from the store (answered
-//! locally until its retry-after); then the lease, taken from one atomic counter with no lock,
-//! mailbox hop or store call. Only when a lease cannot serve the request does it go to the
-//! key's actor, which leases more. When the store cannot answer, each rule's fail mode decides.
-//! A denied request spends nothing: whatever it took is given back.
+//! that rejects floods without touching the store); the lease, taken from one atomic counter
+//! with no lock, mailbox hop or store call; a recent denial from the store for what the lease
+//! lacks (answered locally for at most a lease TTL). Only when a lease cannot serve the request
+//! does it go to the key's actor, which leases more. When the store cannot answer, each rule's
+//! fail mode decides (an OPEN rule on a store that is only slow, its last answer). A denied
+//! request spends nothing: whatever it took is given back.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -385,7 +386,7 @@ impl Node {
     }
 
     /// Stops the node: every key actor returns its unspent leased units to the store, then
-    /// stops. Decisions after this fail open.
+    /// stops. Decisions after this are direct store checks (nothing is leased any more).
     pub async fn shutdown(&self) {
         self.inner.stopping.store(true, Ordering::Release);
         let actors = self.inner.shared.registry.actors();
@@ -738,8 +739,8 @@ impl Node {
                         statuses[i] = Some(hit.over_limit(wait, bucket.reset_after(now)));
                         return false;
                     }
-                    RefillOutcome::Failed => {
-                        let error = if bucket.is_late() {
+                    RefillOutcome::Failed { late } => {
+                        let error = if late {
                             StoreError::Timeout {
                                 budget: shared.store.budget(),
                             }
@@ -1048,8 +1049,9 @@ impl Node {
         tracing::debug!(rule = %hit.rule.id, %error, outcome = ?status.outcome, "store failed; the rule's fail mode decided");
         let allowed = status.allowed;
         if allowed && let Some(bucket) = bucket {
-            // Should a late lease call for this bucket land after all, it pays for this.
+            // The bucket's next grant pays for this (given back if the request is denied).
             bucket.admitted_without_store(hit.cost);
+            undo.owed.push((bucket.clone(), hit.cost));
         }
         statuses[index] = Some(status);
         allowed

@@ -47,6 +47,15 @@ fn batch(origin: &Origin, seq: u64, entries: &[(&str, &str, u64)]) -> Batch {
     }
 }
 
+/// A store on eu's Redis (to look at what the link applied).
+fn store_of(redis: &RedisServer) -> RedisStore {
+    RedisStore::open(&RedisConfig {
+        urls: vec![redis.url()],
+        ..RedisConfig::default()
+    })
+    .expect("store")
+}
+
 /// What eu's store says has been spent on `rule` for `key`.
 async fn spent(store: &RedisStore, rule: &str, key: &str) -> u64 {
     let key = BucketKey::new(key.as_bytes(), rule).expect("key");
@@ -69,11 +78,7 @@ async fn the_link_applies_each_total_once_and_refuses_what_it_should() {
         ..Default::default()
     };
     let mut eu = Running::start(settings, RULES).await;
-    let store = RedisStore::open(&RedisConfig {
-        urls: vec![redis.url()],
-        ..RedisConfig::default()
-    })
-    .expect("store");
+    let store = store_of(&redis);
     let url = format!("http://{}", eu.region_addr);
     let us = PeerClient::new(&url, "us", SECRET).expect("client");
     let timeout = Duration::from_secs(5);
@@ -256,11 +261,7 @@ async fn the_link_reports_the_truth_and_serves_only_what_is_the_peers() {
     assert!(!status.peer_up);
     assert_eq!(eu.node.metrics().region.peer_up.get(), 0);
 
-    let store = RedisStore::open(&RedisConfig {
-        urls: vec![redis.url()],
-        ..RedisConfig::default()
-    })
-    .expect("store");
+    let store = store_of(&redis);
     let url = format!("http://{}", eu.region_addr);
     let us = PeerClient::new(&url, "us", SECRET).expect("client");
     let timeout = Duration::from_secs(5);

@@ -488,22 +488,8 @@ impl KeyState {
             if total <= held {
                 continue;
             }
-            let capacity = bucket.limit.capacity();
-            let min = first.saturating_sub(held).clamp(1, capacity);
-            let shared = self.shared.clone();
-            let entry = self.hold(&bucket);
-            entry.demand.on_refill(now);
-            let want = shared
-                .config
-                .lease
-                .want(&entry.demand, total - held, capacity)
-                .max(min);
-            asks.push(Ask {
-                bucket,
-                min,
-                want,
-                returned: 0,
-            });
+            let min = first.saturating_sub(held);
+            asks.push(self.ask(bucket, min, total - held, now));
         }
         if !asks.is_empty() {
             self.send_request(myself, asks);
@@ -516,7 +502,6 @@ impl KeyState {
         if self.in_flight || self.refills.is_empty() {
             return;
         }
-        let shared = self.shared.clone();
         let mut asks = vec![];
         for (bucket, min) in std::mem::take(&mut self.refills) {
             // A definition superseded (and settled) meanwhile leases nothing more: its units
@@ -525,20 +510,27 @@ impl KeyState {
                 bucket.refill_done();
                 continue;
             }
-            let capacity = bucket.limit.capacity();
-            let min = min.clamp(1, capacity);
-            let held = self.hold(&bucket);
-            held.demand.on_refill(now);
-            let want = shared.config.lease.want(&held.demand, min, capacity);
-            asks.push(Ask {
-                bucket,
-                min,
-                want,
-                returned: 0,
-            });
+            asks.push(self.ask(bucket, min, min, now));
         }
         if !asks.is_empty() {
             self.send_request(myself, asks);
+        }
+    }
+
+    /// An ask of at least `min` units of `bucket` (at least 1, at most its capacity), sized by
+    /// the key's demand to cover `need`.
+    fn ask(&mut self, bucket: Arc<Bucket>, min: u64, need: u64, now: Micros) -> Ask {
+        let capacity = bucket.limit.capacity();
+        let min = min.clamp(1, capacity);
+        let policy = self.shared.config.lease.clone();
+        let held = self.hold(&bucket);
+        held.demand.on_refill(now);
+        let want = policy.want(&held.demand, need, capacity).max(min);
+        Ask {
+            bucket,
+            min,
+            want,
+            returned: 0,
         }
     }
 

@@ -47,6 +47,19 @@ fn batch(origin: &Origin, seq: u64, entries: &[(&str, &str, u64)]) -> Batch {
     }
 }
 
+/// Region eu on `redis`, its peer us at an address nobody answers: the test plays us, calling
+/// in.
+fn eu_alone(redis: &RedisServer) -> tollgate_node::config::Settings {
+    tollgate_node::config::Settings {
+        redis_url: Some(vec![redis.url()]),
+        region: Some("eu".into()),
+        peer_region: Some("us".into()),
+        peer_url: Some("http://127.0.0.1:9".into()),
+        region_secret: Some(SECRET.into()),
+        ..Default::default()
+    }
+}
+
 /// A store on eu's Redis (to look at what the link applied).
 fn store_of(redis: &RedisServer) -> RedisStore {
     RedisStore::open(&RedisConfig {
@@ -68,16 +81,7 @@ async fn the_link_applies_each_total_once_and_refuses_what_it_should() {
     let redis = tokio::task::spawn_blocking(|| RedisServer::start().expect("redis"))
         .await
         .expect("join");
-    let settings = tollgate_node::config::Settings {
-        redis_url: Some(vec![redis.url()]),
-        region: Some("eu".into()),
-        peer_region: Some("us".into()),
-        // Nobody answers there: this test is the peer, calling in.
-        peer_url: Some("http://127.0.0.1:9".into()),
-        region_secret: Some(SECRET.into()),
-        ..Default::default()
-    };
-    let mut eu = Running::start(settings, RULES).await;
+    let mut eu = Running::start(eu_alone(&redis), RULES).await;
     let store = store_of(&redis);
     let url = format!("http://{}", eu.region_addr);
     let us = PeerClient::new(&url, "us", SECRET).expect("client");
@@ -245,14 +249,8 @@ async fn the_link_reports_the_truth_and_serves_only_what_is_the_peers() {
       - {id: local, match: {user: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1h}\n\
       - {id: homed, match: {tenant: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1h, regional: {policy: HOME_REGION, homeRegion: eu}}\n";
     let settings = tollgate_node::config::Settings {
-        redis_url: Some(vec![redis.url()]),
-        region: Some("eu".into()),
-        peer_region: Some("us".into()),
-        // Nobody answers there: eu never reaches its peer.
-        peer_url: Some("http://127.0.0.1:9".into()),
-        region_secret: Some(SECRET.into()),
         region_heartbeat_ms: Some(50),
-        ..Default::default()
+        ..eu_alone(&redis)
     };
     let mut eu = Running::start(settings, rules).await;
     tokio::time::sleep(Duration::from_millis(300)).await;

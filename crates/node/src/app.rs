@@ -261,6 +261,7 @@ impl App {
             region_link = %optional(self.region_addr),
             store = if self.config.redis.is_some() { "redis" } else { "memory" },
             rules = self.node.rules().load().rules().len(),
+            worker_threads = self.config.worker_threads,
             "tollgate node serving"
         );
         let watcher = match self.control {

@@ -159,6 +159,10 @@ pub struct Settings {
     /// Log format: text or json [default: text]
     #[arg(long, env = "TOLLGATE_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// Threads that run the node; 0 or unset: one per CPU the process may use (its affinity
+    /// and cgroup quota), and a single-threaded runtime when that is one.
+    #[arg(long, env = "TOLLGATE_WORKER_THREADS")]
+    pub worker_threads: Option<usize>,
     /// PostgreSQL URL of the rule store (postgres://user@host:5432/db); enables the admin API.
     #[arg(long, env = "TOLLGATE_DATABASE_URL")]
     pub database_url: Option<String>,
@@ -256,6 +260,7 @@ impl Settings {
             breaker_max_cooldown_ms,
             memory_max_keys,
             log_format,
+            worker_threads,
             database_url,
             admin_listen,
             admin_tokens,
@@ -326,6 +331,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// Logs as JSON lines.
     pub log_json: bool,
+    /// Threads that run the node (at least 1; 1 means a single-threaded runtime).
+    pub worker_threads: usize,
     /// The rule store and admin API, when a database is configured.
     pub control: Option<ControlConfig>,
     /// Region sync, when the node runs in one of two regions.
@@ -362,6 +369,12 @@ pub struct ControlConfig {
     pub listen: bool,
     /// Snapshot file.
     pub snapshot: PathBuf,
+}
+
+/// The CPUs this process may use: its CPU affinity and its cgroup's CPU quota (a Kubernetes
+/// CPU limit) both count; at least 1.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 fn bad(field: &str, reason: impl Into<String>) -> ConfigError {
@@ -578,6 +591,13 @@ impl TryFrom<Settings> for Config {
                 idle_timeout: ms(s.idle_timeout_ms.unwrap_or(10_000)).max(lease_ttl * 2),
             },
             log_json,
+            worker_threads: match s.worker_threads {
+                None | Some(0) => available_cpus(),
+                Some(n) if n > 1024 => {
+                    return Err(bad("worker_threads", "must be at most 1024"));
+                }
+                Some(n) => n,
+            },
         })
     }
 }
@@ -617,6 +637,27 @@ mod tests {
         assert_eq!(redis.urls.len(), 2);
         assert!(redis.cluster);
         assert_eq!(config.grpc_listen.port(), 8081);
+        assert_eq!(config.worker_threads, available_cpus());
+    }
+
+    #[test]
+    fn worker_threads_default_to_the_cpus_given_and_zero_means_default() {
+        let threads = |args: &[&str]| {
+            let cli = Cli::try_parse_from([&["tollgate"], args].concat()).expect("flags");
+            Config::try_from(cli.settings).map(|c| c.worker_threads)
+        };
+        assert_eq!(threads(&["--worker-threads", "1"]).expect("valid"), 1);
+        assert_eq!(threads(&["--worker-threads", "3"]).expect("valid"), 3);
+        assert_eq!(
+            threads(&["--worker-threads", "0"]).expect("valid"),
+            available_cpus()
+        );
+        assert_eq!(
+            threads(&["--worker-threads", "4096"])
+                .expect_err("too many")
+                .field,
+            "worker_threads"
+        );
     }
 
     #[test]

@@ -22,10 +22,16 @@ fn main() -> std::process::ExitCode {
         }
     };
     init_logging(config.log_json);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    // One thread per CPU the process may use. On one CPU a single-threaded runtime: worker
+    // threads sharing one core cost more in wake-ups and work stealing than they add.
+    let mut builder = if config.worker_threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(config.worker_threads);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("tollgate: cannot start the async runtime: {e}");

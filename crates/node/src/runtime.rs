@@ -5,26 +5,22 @@
 //! - [`node`]: the node; matches requests and decides them, all or nothing.
 //! - [`prepared`]: a request resolved once, decided from leases with atomics only.
 //! - [`request`], [`verdict`]: what goes in and what comes out.
-//! - [`bucket`]: one bucket's state on this node (the atomic lease counter of the hot path).
-//! - [`actor`]: the per-key actor that leases, refills and returns.
-//! - [`supervisor`]: spawns key actors and cleans up after a failed one.
-//! - [`registry`]: buckets and actors by key, bounded.
+//! - [`keys`]: the keys this node decides: buckets (the atomic lease counter of the hot
+//!   path), the per-identity actors that lease, refill and return, their messages, their
+//!   supervisor and the registry that finds them.
 //! - [`guarded`]: the store behind the circuit breaker, with metrics.
 //! - [`breaker`], [`sizing`], [`local`]: the pure pieces (breaker states, lease sizes, GCRA).
 //! - [`shared`]: settings and what every part shares.
 
-pub mod actor;
 pub mod breaker;
-pub mod bucket;
 pub mod guarded;
+pub mod keys;
 pub mod local;
 pub mod node;
 pub mod prepared;
-pub mod registry;
 pub mod request;
 pub mod shared;
 pub mod sizing;
-pub mod supervisor;
 pub mod verdict;
 
 pub use node::{MAX_OVERRIDE_RULES, Node};

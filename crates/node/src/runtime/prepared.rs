@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::rules::{Mode, RuleKind};
-use crate::runtime::actor::KeyMsg;
-use crate::runtime::bucket::Bucket;
+use crate::runtime::keys::bucket::Bucket;
+use crate::runtime::keys::messages::KeyMsg;
 use crate::runtime::node::Node;
 use crate::runtime::request::{Request, RequestError};
 use crate::runtime::verdict::Verdict;

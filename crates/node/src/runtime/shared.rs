@@ -9,7 +9,7 @@ use tollgate_lease::SharedClock;
 use crate::metrics::Metrics;
 use crate::runtime::breaker::BreakerConfig;
 use crate::runtime::guarded::GuardedStore;
-use crate::runtime::registry::Registry;
+use crate::runtime::keys::registry::Registry;
 use crate::runtime::sizing::LeasePolicy;
 
 /// Settings of the decision runtime.

@@ -14,7 +14,7 @@ use ractor::ActorRef;
 use tollgate_lease::{Algorithm, BucketKey, Limit, Micros};
 
 use crate::rules::CompiledRule;
-use crate::runtime::actor::KeyMsg;
+use crate::runtime::keys::messages::KeyMsg;
 use crate::runtime::local::LocalBucket;
 
 /// No deadline: token bucket units may be spent whenever (they were taken from the global

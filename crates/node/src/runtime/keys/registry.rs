@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use dashmap::DashMap;
 use ractor::ActorRef;
 
-use crate::runtime::actor::KeyMsg;
-use crate::runtime::bucket::Bucket;
+use crate::runtime::keys::bucket::Bucket;
+use crate::runtime::keys::messages::KeyMsg;
 
 /// A bucket's registry key: the rule's uid, then the identity.
 pub fn bucket_key(uid: u64, identity: &[u8]) -> Vec<u8> {

@@ -6,9 +6,10 @@
 //! run dry, a window ended), or to ask for a refill ahead of time. Lease calls run in spawned
 //! tasks that report back as messages: requests that arrive meanwhile queue as waiters and are
 //! served together when the lease arrives, or failed together if the store fails or the call
-//! passes its budget (none waits behind another's timeout). Returns of unspent units are still
-//! awaited in the handler (each within the store budget), which delays the actor's next
-//! message by at most that.
+//! passes its budget (none waits behind another's timeout). Returns of unspent units run in
+//! spawned tasks too: the actor never awaits the store. A return that must reach the store
+//! before the next lease call (a superseded definition's units, or units given back to ask
+//! for all of a request at once) rides in front of that call, in the same task.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -16,86 +17,14 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tollgate_lease::{
-    LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, Micros, ReturnRequest, StoreError,
+    BucketKey, LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, Micros, ReturnRequest,
+    StoreError,
 };
 
-use crate::runtime::bucket::{Bucket, NO_DEADLINE};
+use crate::runtime::keys::bucket::{Bucket, NO_DEADLINE};
+use crate::runtime::keys::messages::{AcquireOutcome, Ask, KeyMsg, Want};
 use crate::runtime::shared::Shared;
 use crate::runtime::sizing::Demand;
-
-/// Units of one bucket a request needs.
-#[derive(Debug, Clone)]
-pub struct Want {
-    /// The bucket.
-    pub bucket: Arc<Bucket>,
-    /// Units.
-    pub cost: u64,
-}
-
-/// One bucket's part in a lease call.
-#[derive(Debug, Clone)]
-pub struct Ask {
-    /// The bucket.
-    pub bucket: Arc<Bucket>,
-    /// Fewest units worth taking (what the first waiting request lacks; after
-    /// [`KeyState::consolidate`], that plus the units given back).
-    pub min: u64,
-    /// Units wanted (sized by demand).
-    pub want: u64,
-    /// Units this node held and gave back before asking (see [`KeyState::consolidate`]).
-    pub returned: u64,
-}
-
-/// What the actor did for a request.
-#[derive(Debug)]
-pub enum AcquireOutcome {
-    /// The units were taken from the leases, for this request.
-    Reserved,
-    /// The store has no room in `wants[index]` for now.
-    Denied {
-        /// Which want.
-        index: usize,
-        /// When it will, as the store says.
-        retry_after: Duration,
-    },
-    /// The store could not answer.
-    Failed(StoreError),
-}
-
-/// Messages of the key actor.
-#[derive(Debug)]
-pub enum KeyMsg {
-    /// Reserve every want's units for one request, or none.
-    Acquire {
-        /// The units needed.
-        wants: Vec<Want>,
-        /// Where the outcome goes.
-        reply: RpcReplyPort<AcquireOutcome>,
-    },
-    /// The decision path saw a lease running low, or requests wait on it: refill it with at
-    /// least `min` units (what a waiting request lacks; 1 to refill ahead).
-    Refill {
-        /// The bucket.
-        bucket: Arc<Bucket>,
-        /// Fewest units worth taking.
-        min: u64,
-    },
-    /// A lease call outlived the store budget: the requests waiting on it are decided by their
-    /// fail modes now; the call goes on, and its grant, when it comes, is charged with what they
-    /// admitted.
-    Slow(Vec<Arc<Bucket>>),
-    /// A store call finished.
-    Granted {
-        /// What was asked.
-        asks: Vec<Ask>,
-        /// The store's answer, one grant per ask.
-        result: Result<Vec<LeaseGrant>, StoreError>,
-    },
-    /// Time to look at lease expiries and idleness.
-    Tick,
-    /// Return everything and stop.
-    Shutdown(RpcReplyPort<()>),
-}
 
 /// The actor's behaviour (stateless; state lives in [`KeyState`]).
 #[derive(Debug)]
@@ -130,6 +59,25 @@ struct Return {
     recorded: bool,
 }
 
+/// Which leases: a rule definition's bucket. When a rule changes, the old definition's
+/// leases are kept apart under their own key, never spent again, and returned when they end.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct HeldKey {
+    /// The rule definition.
+    uid: u64,
+    /// The bucket's store key.
+    key: BucketKey,
+}
+
+impl HeldKey {
+    fn of(bucket: &Bucket) -> Self {
+        HeldKey {
+            uid: bucket.rule.uid,
+            key: bucket.key.clone(),
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Held {
     bucket: Arc<Bucket>,
@@ -148,7 +96,7 @@ struct Waiter {
 pub struct KeyState {
     identity: Vec<u8>,
     shared: Arc<Shared>,
-    held: HashMap<String, Held>,
+    held: HashMap<HeldKey, Held>,
     waiters: VecDeque<Waiter>,
     in_flight: bool,
     /// The call out is past the store budget (requests are not kept waiting on it).
@@ -159,6 +107,9 @@ pub struct KeyState {
     next_tick: Option<Micros>,
     /// A shutdown waiting for the lease call in flight, whose units must be returned too.
     stopping: Option<RpcReplyPort<()>>,
+    /// Returns that must reach the store before the next lease call goes out: they ride in
+    /// front of it, or go alone when no call follows (see [`KeyState::flush_returns`]).
+    returns_first: Vec<Return>,
 }
 
 impl Actor for KeyActor {
@@ -184,6 +135,7 @@ impl Actor for KeyActor {
             last_active: now,
             next_tick: None,
             stopping: None,
+            returns_first: vec![],
         };
         let idle = state.shared.config.idle_timeout;
         state.schedule_tick(&myself, now + idle.as_micros() as u64, now);
@@ -208,7 +160,7 @@ impl Actor for KeyActor {
                     return Ok(());
                 }
                 for want in &wants {
-                    state.settle_superseded(&want.bucket, now).await;
+                    state.settle_superseded(&want.bucket, now);
                     state.hold(&want.bucket);
                 }
                 state.waiters.push_back(Waiter { wants, reply });
@@ -217,7 +169,7 @@ impl Actor for KeyActor {
             }
             KeyMsg::Refill { bucket, min } => {
                 state.last_active = now;
-                state.settle_superseded(&bucket, now).await;
+                state.settle_superseded(&bucket, now);
                 match state
                     .refills
                     .iter_mut()
@@ -278,13 +230,13 @@ impl Actor for KeyActor {
                                 state.install(&myself, &ask.bucket, ask.min, grant, now);
                             }
                         }
-                        state.send_returns(stale).await;
+                        state.returns_first.extend(stale);
                         if again.is_empty() {
                             state.serve(now);
                             state.request_for_waiters(&myself, now);
                             state.send_refills(&myself, now);
                         } else {
-                            let asks = state.consolidate(again, now).await;
+                            let asks = state.consolidate(again, now);
                             state.send_request(&myself, asks);
                         }
                     }
@@ -310,12 +262,12 @@ impl Actor for KeyActor {
                     }
                 }
                 if let Some(reply) = state.stopping.take() {
-                    state.finish_shutdown(&myself, reply, now).await;
+                    state.finish_shutdown(&myself, reply, now);
                 }
             }
             KeyMsg::Tick => {
                 state.next_tick = None;
-                state.expire_leases(now).await;
+                state.expire_leases(now);
                 let idle_for = Duration::from_micros(now.saturating_sub(state.last_active));
                 let holding = state.held.values().any(|h| !h.leases.is_empty());
                 if !holding
@@ -338,10 +290,11 @@ impl Actor for KeyActor {
                     // The lease on its way must be returned too: finish when it lands.
                     state.stopping = Some(reply);
                 } else {
-                    state.finish_shutdown(&myself, reply, now).await;
+                    state.finish_shutdown(&myself, reply, now);
                 }
             }
         }
+        state.flush_returns();
         Ok(())
     }
 
@@ -355,7 +308,7 @@ impl Actor for KeyActor {
             state
                 .shared
                 .registry
-                .remove_bucket(&crate::runtime::registry::bucket_key(
+                .remove_bucket(&crate::runtime::keys::registry::bucket_key(
                     held.bucket.rule.uid,
                     &state.identity,
                 ));
@@ -382,7 +335,7 @@ impl KeyState {
     /// definition's leases are kept apart, never spent again, and returned when they end.
     fn hold(&mut self, bucket: &Arc<Bucket>) -> &mut Held {
         self.held
-            .entry(format!("{:016x}/{}", bucket.rule.uid, bucket.key))
+            .entry(HeldKey::of(bucket))
             .or_insert_with(|| Held {
                 bucket: bucket.clone(),
                 leases: VecDeque::new(),
@@ -395,13 +348,13 @@ impl KeyState {
     /// under) before the new definition leases anything, so a changed limit starts from the
     /// key's true count: neither the units spent under the old definition nor the ones held
     /// unspent are lost or counted twice.
-    async fn settle_superseded(&mut self, bucket: &Arc<Bucket>, now: Micros) {
+    fn settle_superseded(&mut self, bucket: &Arc<Bucket>, now: Micros) {
         let uid = bucket.rule.uid;
-        let superseded: Vec<String> = self
+        let superseded: Vec<HeldKey> = self
             .held
-            .iter()
-            .filter(|(_, h)| h.bucket.key == bucket.key && h.bucket.rule.uid != uid)
-            .map(|(name, _)| name.clone())
+            .keys()
+            .filter(|k| k.key == bucket.key && k.uid != uid)
+            .cloned()
             .collect();
         if superseded.is_empty() {
             return;
@@ -420,7 +373,7 @@ impl KeyState {
                 let held = self.held.remove(&name).expect("listed above");
                 self.shared
                     .registry
-                    .remove_bucket(&crate::runtime::registry::bucket_key(
+                    .remove_bucket(&crate::runtime::keys::registry::bucket_key(
                         held.bucket.rule.uid,
                         &self.identity,
                     ));
@@ -430,7 +383,7 @@ impl KeyState {
             let leases = std::mem::take(&mut held.leases);
             returns.extend(unspent_returns(held.bucket.clone(), leases, now));
         }
-        self.send_returns(returns).await;
+        self.returns_first.extend(returns);
     }
 
     /// Serves every waiter that the leases (or a recorded denial) can answer now.
@@ -539,7 +492,7 @@ impl KeyState {
     fn is_current(&self, bucket: &Arc<Bucket>) -> bool {
         self.shared
             .registry
-            .bucket(&crate::runtime::registry::bucket_key(
+            .bucket(&crate::runtime::keys::registry::bucket_key(
                 bucket.rule.uid,
                 &self.identity,
             ))
@@ -563,7 +516,11 @@ impl KeyState {
         let request = LeaseRequest::new(lease_asks, policy.ttl);
         let shared = self.shared.clone();
         let myself = myself.clone();
+        // Returns that must precede this call go first, in the same task.
+        let returns = std::mem::take(&mut self.returns_first);
+        let identity = self.identity.clone();
         tokio::spawn(async move {
+            give_back(&shared, &identity, returns).await;
             let result = match request {
                 Ok(req) => {
                     let buckets: Vec<Arc<Bucket>> = asks.iter().map(|a| a.bucket.clone()).collect();
@@ -606,7 +563,7 @@ impl KeyState {
     /// own count, whether the request fits and, if not, when it will. (Asking only for the
     /// lacking part would be told a retry-after that assumes the held units survive, and a
     /// window's units die with their window.)
-    async fn consolidate(&mut self, asks: Vec<Ask>, now: Micros) -> Vec<Ask> {
+    fn consolidate(&mut self, asks: Vec<Ask>, now: Micros) -> Vec<Ask> {
         let mut returns = vec![];
         let mut out = Vec::with_capacity(asks.len());
         for mut ask in asks {
@@ -621,7 +578,7 @@ impl KeyState {
             ask.returned = units.max(1);
             out.push(ask);
         }
-        self.send_returns(returns).await;
+        self.returns_first.extend(returns);
         out
     }
 
@@ -676,7 +633,7 @@ impl KeyState {
 
     /// Returns leases shortly before they end (older ones are spent first, so what is unspent
     /// belongs to the newest), and a window's units die with the window.
-    async fn expire_leases(&mut self, now: Micros) {
+    fn expire_leases(&mut self, now: Micros) {
         let margin = self.return_margin();
         let mut returns = vec![];
         for held in self.held.values_mut() {
@@ -704,16 +661,18 @@ impl KeyState {
                 }
             }
         }
-        self.send_returns(returns).await;
+        // Not ordered with lease calls: these go now.
+        self.spawn_returns(returns, None);
     }
 
-    async fn finish_shutdown(
-        &mut self,
-        myself: &ActorRef<KeyMsg>,
-        reply: RpcReplyPort<()>,
-        now: Micros,
-    ) {
-        self.return_all(now).await;
+    /// Returns everything unspent and stops; `reply` is answered once the store has the
+    /// units back (or could not take them).
+    fn finish_shutdown(&mut self, myself: &ActorRef<KeyMsg>, reply: RpcReplyPort<()>, now: Micros) {
+        let mut returns = std::mem::take(&mut self.returns_first);
+        for held in self.held.values_mut() {
+            let leases = std::mem::take(&mut held.leases);
+            returns.extend(unspent_returns(held.bucket.clone(), leases, now));
+        }
         for waiter in self.waiters.drain(..) {
             let _ = waiter
                 .reply
@@ -721,63 +680,35 @@ impl KeyState {
                     "node shutting down".into(),
                 )));
         }
-        let _ = reply.send(());
+        self.spawn_returns(returns, Some(reply));
         myself.stop(Some("shutdown".into()));
     }
 
-    /// Every unspent unit goes back to the store (node shutdown).
-    async fn return_all(&mut self, now: Micros) {
-        let mut returns = vec![];
-        for held in self.held.values_mut() {
-            let leases = std::mem::take(&mut held.leases);
-            returns.extend(unspent_returns(held.bucket.clone(), leases, now));
+    /// Sends the returns that wait for the next lease call alone, when no call is out (a call
+    /// out carries them when the next one goes).
+    fn flush_returns(&mut self) {
+        if !self.in_flight && !self.returns_first.is_empty() {
+            let returns = std::mem::take(&mut self.returns_first);
+            self.spawn_returns(returns, None);
         }
-        self.send_returns(returns).await;
     }
 
-    async fn send_returns(&self, returns: Vec<Return>) {
+    /// Gives `returns` back to the store in a task of their own; `done` is answered after.
+    fn spawn_returns(&self, returns: Vec<Return>, done: Option<RpcReplyPort<()>>) {
         if returns.is_empty() {
-            return;
-        }
-        let items = returns
-            .iter()
-            .map(|r| LeaseReturn {
-                key: r.bucket.key.clone(),
-                limit: r.bucket.limit,
-                lease: r.lease.clone(),
-                unspent: r.units,
-            })
-            .collect();
-        let Ok(req) = ReturnRequest::new(items) else {
-            return;
-        };
-        match self.shared.store.return_leases(&req).await {
-            Ok(credited) => {
-                let metrics = &self.shared.metrics;
-                for (r, units) in returns.iter().zip(credited) {
-                    if units == 0 {
-                        continue;
-                    }
-                    metrics.leases_returned.inc();
-                    metrics.lease_units_returned.inc_by(units);
-                    // Back in this region's store: not the peer's to count any more.
-                    if r.recorded
-                        && r.bucket.rule.synced()
-                        && let Some(region) = self.shared.region.get()
-                    {
-                        region.unrecord(
-                            &r.bucket.rule.key,
-                            &self.identity,
-                            &r.bucket.limit,
-                            units,
-                            r.granted_at,
-                        );
-                    }
-                }
+            if let Some(done) = done {
+                let _ = done.send(());
             }
-            // Unreturned units stay consumed until the lease expires: under-admission only.
-            Err(e) => tracing::debug!(error = %e, "lease return failed"),
+            return;
         }
+        let shared = self.shared.clone();
+        let identity = self.identity.clone();
+        tokio::spawn(async move {
+            give_back(&shared, &identity, returns).await;
+            if let Some(done) = done {
+                let _ = done.send(());
+            }
+        });
     }
 
     fn next_expiry(&self) -> Option<Micros> {
@@ -808,6 +739,53 @@ impl KeyState {
         myself.send_after(Duration::from_micros(at.saturating_sub(now)), || {
             KeyMsg::Tick
         });
+    }
+}
+
+/// Gives `returns` back to the store, and takes what it credits back from the peer region's
+/// count.
+async fn give_back(shared: &Shared, identity: &[u8], returns: Vec<Return>) {
+    if returns.is_empty() {
+        return;
+    }
+    let items = returns
+        .iter()
+        .map(|r| LeaseReturn {
+            key: r.bucket.key.clone(),
+            limit: r.bucket.limit,
+            lease: r.lease.clone(),
+            unspent: r.units,
+        })
+        .collect();
+    let Ok(req) = ReturnRequest::new(items) else {
+        return;
+    };
+    match shared.store.return_leases(&req).await {
+        Ok(credited) => {
+            let metrics = &shared.metrics;
+            for (r, units) in returns.iter().zip(credited) {
+                if units == 0 {
+                    continue;
+                }
+                metrics.leases_returned.inc();
+                metrics.lease_units_returned.inc_by(units);
+                // Back in this region's store: not the peer's to count any more.
+                if r.recorded
+                    && r.bucket.rule.synced()
+                    && let Some(region) = shared.region.get()
+                {
+                    region.unrecord(
+                        &r.bucket.rule.key,
+                        identity,
+                        &r.bucket.limit,
+                        units,
+                        r.granted_at,
+                    );
+                }
+            }
+        }
+        // Unreturned units stay consumed until the lease expires: under-admission only.
+        Err(e) => tracing::debug!(error = %e, "lease return failed"),
     }
 }
 

@@ -1,0 +1,83 @@
+//! What the decision path and a key actor say to each other.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::RpcReplyPort;
+use tollgate_lease::{LeaseGrant, StoreError};
+
+use crate::runtime::keys::bucket::Bucket;
+
+/// Units of one bucket a request needs.
+#[derive(Debug, Clone)]
+pub struct Want {
+    /// The bucket.
+    pub bucket: Arc<Bucket>,
+    /// Units.
+    pub cost: u64,
+}
+
+/// One bucket's part in a lease call.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    /// The bucket.
+    pub bucket: Arc<Bucket>,
+    /// Fewest units worth taking (what the first waiting request lacks; after
+    /// [`KeyState::consolidate`], that plus the units given back).
+    pub min: u64,
+    /// Units wanted (sized by demand).
+    pub want: u64,
+    /// Units this node held and gave back before asking (see [`KeyState::consolidate`]).
+    pub returned: u64,
+}
+
+/// What the actor did for a request.
+#[derive(Debug)]
+pub enum AcquireOutcome {
+    /// The units were taken from the leases, for this request.
+    Reserved,
+    /// The store has no room in `wants[index]` for now.
+    Denied {
+        /// Which want.
+        index: usize,
+        /// When it will, as the store says.
+        retry_after: Duration,
+    },
+    /// The store could not answer.
+    Failed(StoreError),
+}
+
+/// Messages of the key actor.
+#[derive(Debug)]
+pub enum KeyMsg {
+    /// Reserve every want's units for one request, or none.
+    Acquire {
+        /// The units needed.
+        wants: Vec<Want>,
+        /// Where the outcome goes.
+        reply: RpcReplyPort<AcquireOutcome>,
+    },
+    /// The decision path saw a lease running low, or requests wait on it: refill it with at
+    /// least `min` units (what a waiting request lacks; 1 to refill ahead).
+    Refill {
+        /// The bucket.
+        bucket: Arc<Bucket>,
+        /// Fewest units worth taking.
+        min: u64,
+    },
+    /// A lease call outlived the store budget: the requests waiting on it are decided by their
+    /// fail modes now; the call goes on, and its grant, when it comes, is charged with what they
+    /// admitted.
+    Slow(Vec<Arc<Bucket>>),
+    /// A store call finished.
+    Granted {
+        /// What was asked.
+        asks: Vec<Ask>,
+        /// The store's answer, one grant per ask.
+        result: Result<Vec<LeaseGrant>, StoreError>,
+    },
+    /// Time to look at lease expiries and idleness.
+    Tick,
+    /// Return everything and stop.
+    Shutdown(RpcReplyPort<()>),
+}

@@ -5,8 +5,10 @@
 //! - [`rls`]: Envoy's `ShouldRateLimit` (`envoy.service.ratelimit.v3.RateLimitService`).
 //! - [`check`]: `tollgate.ratelimit.v1.RateLimiter` (`CheckRateLimit`, `ReleaseSlots`).
 //! - [`server`]: the server, on a listener and a shutdown signal the caller owns.
+//! - [`connection`]: the TCP connection as the server tells it to h2 (responses coalesced).
 
 pub mod check;
+pub mod connection;
 pub mod rls;
 pub mod server;
 

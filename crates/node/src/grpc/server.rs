@@ -3,6 +3,7 @@
 
 use std::future::Future;
 
+use futures::TryStreamExt;
 use tokio::net::TcpListener;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiterServer;
@@ -10,6 +11,7 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 
 use crate::grpc::check::Check;
+use crate::grpc::connection::CoalescedConnection;
 use crate::grpc::rls::Rls;
 use crate::runtime::Node;
 
@@ -68,7 +70,9 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            TcpIncoming::from(listener)
+                .with_nodelay(Some(true))
+                .map_ok(CoalescedConnection::new),
             shutdown,
         )
         .await

@@ -717,6 +717,7 @@ impl Node {
                     let _ = bucket.actor.cast(KeyMsg::Refill {
                         bucket: bucket.clone(),
                         min: 1,
+                        asked_at: now,
                     });
                 }
             } else if let Some(wait) = bucket.denied_for(hit.cost, now) {

@@ -126,6 +126,7 @@ impl Prepared {
                 let _ = part.bucket.actor.cast(KeyMsg::Refill {
                     bucket: part.bucket.clone(),
                     min: 1,
+                    asked_at: now,
                 });
             }
         }

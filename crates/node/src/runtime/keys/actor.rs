@@ -85,6 +85,16 @@ struct Held {
     demand: Demand,
 }
 
+/// A refill the decision path asked for, waiting for the call out to land.
+#[derive(Debug)]
+struct PendingRefill {
+    bucket: Arc<Bucket>,
+    /// Fewest units worth taking.
+    min: u64,
+    /// When the decision path first asked.
+    asked_at: Micros,
+}
+
 #[derive(Debug)]
 struct Waiter {
     wants: Vec<Want>,
@@ -102,7 +112,7 @@ pub struct KeyState {
     /// The call out is past the store budget (requests are not kept waiting on it).
     late: bool,
     /// Refills asked for while a store call was out: sent when it lands (bucket, min).
-    refills: Vec<(Arc<Bucket>, u64)>,
+    refills: Vec<PendingRefill>,
     last_active: Micros,
     next_tick: Option<Micros>,
     /// A shutdown waiting for the lease call in flight, whose units must be returned too.
@@ -167,16 +177,27 @@ impl Actor for KeyActor {
                 state.serve(now);
                 state.request_for_waiters(&myself, now);
             }
-            KeyMsg::Refill { bucket, min } => {
+            KeyMsg::Refill {
+                bucket,
+                min,
+                asked_at,
+            } => {
                 state.last_active = now;
                 state.settle_superseded(&bucket, now);
                 match state
                     .refills
                     .iter_mut()
-                    .find(|(b, _)| Arc::ptr_eq(b, &bucket))
+                    .find(|p| Arc::ptr_eq(&p.bucket, &bucket))
                 {
-                    Some(pending) => pending.1 = pending.1.max(min),
-                    None => state.refills.push((bucket, min)),
+                    Some(pending) => {
+                        pending.min = pending.min.max(min);
+                        pending.asked_at = pending.asked_at.min(asked_at);
+                    }
+                    None => state.refills.push(PendingRefill {
+                        bucket,
+                        min,
+                        asked_at,
+                    }),
                 }
                 if !state.in_flight {
                     state.send_refills(&myself, now);
@@ -227,7 +248,7 @@ impl Actor for KeyActor {
                             {
                                 again.push(ask);
                             } else {
-                                state.install(&myself, &ask.bucket, ask.min, grant, now);
+                                state.install(&myself, &ask, grant, now);
                             }
                         }
                         state.returns_first.extend(stale);
@@ -251,7 +272,7 @@ impl Actor for KeyActor {
                         // Refills asked for meanwhile would fail alike: the breaker decides
                         // when the store is tried again, not a queue of refills. Units admitted
                         // meanwhile by a fail mode are forgiven: the store never counted them.
-                        let pending = state.refills.drain(..).map(|(b, _)| b);
+                        let pending = state.refills.drain(..).map(|p| p.bucket);
                         for bucket in asks.into_iter().map(|a| a.bucket).chain(pending) {
                             bucket.forgive_owed();
                             bucket.lease_failed();
@@ -456,14 +477,21 @@ impl KeyState {
             return;
         }
         let mut asks = vec![];
-        for (bucket, min) in std::mem::take(&mut self.refills) {
+        for PendingRefill {
+            bucket,
+            min,
+            asked_at,
+        } in std::mem::take(&mut self.refills)
+        {
             // A definition superseded (and settled) meanwhile leases nothing more: its units
             // would be credited back under the old limit after the new one had leased.
             if !self.is_current(&bucket) {
                 bucket.refill_done();
                 continue;
             }
-            asks.push(self.ask(bucket, min, min, now));
+            let mut ask = self.ask(bucket, min, min, now);
+            ask.asked_at = asked_at.min(now);
+            asks.push(ask);
         }
         if !asks.is_empty() {
             self.send_request(myself, asks);
@@ -484,6 +512,7 @@ impl KeyState {
             min,
             want,
             returned: 0,
+            asked_at: now,
         }
     }
 
@@ -576,20 +605,15 @@ impl KeyState {
             ask.min = (ask.min + units).min(capacity);
             ask.want = ask.want.max(ask.min);
             ask.returned = units.max(1);
+            ask.asked_at = now;
             out.push(ask);
         }
         self.returns_first.extend(returns);
         out
     }
 
-    fn install(
-        &mut self,
-        myself: &ActorRef<KeyMsg>,
-        bucket: &Arc<Bucket>,
-        min: u64,
-        grant: LeaseGrant,
-        now: Micros,
-    ) {
+    fn install(&mut self, myself: &ActorRef<KeyMsg>, ask: &Ask, grant: LeaseGrant, now: Micros) {
+        let (bucket, min) = (&ask.bucket, ask.min);
         bucket.observe(
             grant.remaining,
             grant.reset_after,
@@ -620,7 +644,7 @@ impl KeyState {
         self.record_for_peer(bucket, grant.units, now);
         let expires_at = now + valid;
         let held = self.hold(bucket);
-        held.demand.on_grant(now, grant.units);
+        held.demand.on_grant(now, grant.units, ask.asked_at);
         held.leases.push_back(HeldLease {
             id,
             units: grant.units,

@@ -227,6 +227,7 @@ impl Bucket {
                     .cast(KeyMsg::Refill {
                         bucket: self.clone(),
                         min: need,
+                        asked_at: now(),
                     })
                     .is_err()
             {

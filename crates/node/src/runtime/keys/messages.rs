@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::RpcReplyPort;
-use tollgate_lease::{LeaseGrant, StoreError};
+use tollgate_lease::{LeaseGrant, Micros, StoreError};
 
 use crate::runtime::keys::bucket::Bucket;
 
@@ -23,12 +23,15 @@ pub struct Ask {
     /// The bucket.
     pub bucket: Arc<Bucket>,
     /// Fewest units worth taking (what the first waiting request lacks; after
-    /// [`KeyState::consolidate`], that plus the units given back).
+    /// the actor's `consolidate`, that plus the units given back).
     pub min: u64,
     /// Units wanted (sized by demand).
     pub want: u64,
-    /// Units this node held and gave back before asking (see [`KeyState::consolidate`]).
+    /// Units this node held and gave back before asking (see the actor's `consolidate`).
     pub returned: u64,
+    /// When the ask was made (node clock, µs): how long refills take is part of a lease's
+    /// size.
+    pub asked_at: Micros,
 }
 
 /// What the actor did for a request.
@@ -64,6 +67,9 @@ pub enum KeyMsg {
         bucket: Arc<Bucket>,
         /// Fewest units worth taking.
         min: u64,
+        /// When the decision path asked (node clock, µs): a refill's time includes its wait
+        /// in this mailbox.
+        asked_at: Micros,
     },
     /// A lease call outlived the store budget: the requests waiting on it are decided by their
     /// fail modes now; the call goes on, and its grant, when it comes, is charged with what they

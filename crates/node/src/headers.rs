@@ -8,6 +8,7 @@
 //! retry-after: 2
 //! ```
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use tollgate_lease::{Algorithm, Limit};
@@ -17,9 +18,9 @@ use crate::runtime::{RuleStatus, Verdict};
 
 /// A quota as the headers state it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Policy {
+pub struct Policy<'a> {
     /// The policy name.
-    pub name: String,
+    pub name: &'a str,
     /// Quota units per window.
     pub quota: u64,
     /// Window, seconds (absent for concurrency).
@@ -36,18 +37,18 @@ pub fn ceil_secs(d: Duration) -> u64 {
 /// How a rule's limit reads as a quota policy. A token bucket is stated as its sustained rate
 /// per minute when that is a whole number (the seed's `q=600;w=60` for 10 per second), else
 /// per second, else as its burst over its refill time.
-pub fn policy(rule: &CompiledRule) -> Option<Policy> {
+pub fn policy(rule: &CompiledRule) -> Option<Policy<'_>> {
     policy_for(rule, rule.limit())
 }
 
 /// The quota policy of a decision: the rule's, stated with the limit that decided it (the
 /// home region's whole limit for a forwarded decision, this region's share otherwise).
-pub fn status_policy(status: &RuleStatus) -> Option<Policy> {
+pub fn status_policy(status: &RuleStatus) -> Option<Policy<'_>> {
     policy_for(&status.rule, status.limit)
 }
 
-fn policy_for(rule: &CompiledRule, limit: Option<Limit>) -> Option<Policy> {
-    let name = rule.name.clone();
+fn policy_for(rule: &CompiledRule, limit: Option<Limit>) -> Option<Policy<'_>> {
+    let name = rule.name.as_str();
     match (rule.kind, limit) {
         (RuleKind::Unlimited, _) => None,
         (RuleKind::Block(window), _) => Some(Policy {
@@ -101,10 +102,9 @@ fn policy_for(rule: &CompiledRule, limit: Option<Limit>) -> Option<Policy> {
     }
 }
 
-/// A string as a Structured Field String: quotes and backslashes escaped, anything outside
+/// Appends `s` as a Structured Field String: quotes and backslashes escaped, anything outside
 /// printable ASCII replaced.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
+fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -117,18 +117,13 @@ fn sf_string(s: &str) -> String {
         }
     }
     out.push('"');
-    out
 }
 
-fn policy_item(p: &Policy) -> String {
-    let mut item = format!("{};q={}", sf_string(&p.name), p.quota);
-    if let Some(unit) = p.unit {
-        item.push_str(&format!(";qu=\"{unit}\""));
-    }
-    if let Some(w) = p.window {
-        item.push_str(&format!(";w={w}"));
-    }
-    item
+#[cfg(test)]
+fn sf_string(s: &str) -> String {
+    let mut out = String::new();
+    push_sf_string(&mut out, s);
+    out
 }
 
 /// Seconds until more quota is available: the retry-after when denied, else the reset.
@@ -144,28 +139,35 @@ fn t_of(s: &RuleStatus) -> u64 {
 /// wait can help): `over-limit`, `store-unavailable`, `cost-exceeds-limit`, `blocked`.
 pub const REASON_HEADER: &str = "tollgate-reason";
 
+/// One limit as the headers show it.
+struct Shown<'a> {
+    policy: Policy<'a>,
+    remaining: u64,
+    t: u64,
+    allowed: bool,
+}
+
 /// The headers for a decision. Only ENFORCE rules appear: SHADOW rules show in metrics and
-/// logs, never to clients.
+/// logs, never to clients. Written straight into their values (this runs for every answer).
 pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
-    let mut seen = vec![];
-    let mut policies = vec![];
-    let mut limits = vec![];
+    let mut shown: Vec<Shown<'_>> = Vec::with_capacity(verdict.statuses.len());
+    let mut keys: Vec<&str> = Vec::with_capacity(verdict.statuses.len());
     for s in verdict.statuses.iter().filter(|s| s.shown()) {
-        let Some(p) = status_policy(s) else { continue };
-        if seen.contains(&&s.rule.key) {
+        let Some(policy) = status_policy(s) else {
+            continue;
+        };
+        if keys.contains(&s.rule.key.as_str()) {
             continue;
         }
-        seen.push(&s.rule.key);
-        let remaining = if s.allowed { s.remaining } else { 0 };
-        let t = t_of(s);
-        let mut item = format!("{};r={remaining}", sf_string(&p.name));
-        if t > 0 {
-            item.push_str(&format!(";t={t}"));
-        }
-        limits.push((item, p.clone(), remaining, t, s.allowed));
-        policies.push(policy_item(&p));
+        keys.push(&s.rule.key);
+        shown.push(Shown {
+            policy,
+            remaining: if s.allowed { s.remaining } else { 0 },
+            t: t_of(s),
+            allowed: s.allowed,
+        });
     }
-    let mut out = vec![];
+    let mut out = Vec::with_capacity(7);
     if let Some(denial) = verdict.denial() {
         out.push((REASON_HEADER, denial.as_str().to_owned()));
         if denial.retryable() {
@@ -175,36 +177,55 @@ pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
             ));
         }
     }
-    if policies.is_empty() {
+    if shown.is_empty() {
         return out;
     }
-    out.push(("ratelimit-policy", policies.join(", ")));
-    out.push((
-        "ratelimit",
-        limits
-            .iter()
-            .map(|l| l.0.clone())
-            .collect::<Vec<_>>()
-            .join(", "),
-    ));
-    // The X- trio describes the one limit that decides: a denying one, else the closest.
-    let decisive = limits
-        .iter()
-        .filter(|l| !l.4)
-        .max_by_key(|l| l.3)
-        .or_else(|| limits.iter().min_by_key(|l| l.2))
-        .expect("at least one limit");
-    let mut limit_header = decisive.1.quota.to_string();
-    for (_, p, _, _, _) in &limits {
-        limit_header.push_str(&format!(", {}", p.quota));
-        if let Some(w) = p.window {
-            limit_header.push_str(&format!(";w={w}"));
+    let names: usize = shown.iter().map(|l| l.policy.name.len() + 40).sum();
+    let (mut policies, mut limits) = (String::with_capacity(names), String::with_capacity(names));
+    for (i, l) in shown.iter().enumerate() {
+        if i > 0 {
+            policies.push_str(", ");
+            limits.push_str(", ");
         }
-        limit_header.push_str(&format!(";name={}", sf_string(&p.name)));
+        let p = &l.policy;
+        push_sf_string(&mut policies, p.name);
+        let _ = write!(policies, ";q={}", p.quota);
+        if let Some(unit) = p.unit {
+            let _ = write!(policies, ";qu=\"{unit}\"");
+        }
+        if let Some(w) = p.window {
+            let _ = write!(policies, ";w={w}");
+        }
+        push_sf_string(&mut limits, p.name);
+        let _ = write!(limits, ";r={}", l.remaining);
+        if l.t > 0 {
+            let _ = write!(limits, ";t={}", l.t);
+        }
     }
+    // The X- trio describes the one limit that decides: a denying one, else the closest.
+    let decisive = shown
+        .iter()
+        .filter(|l| !l.allowed)
+        .max_by_key(|l| l.t)
+        .or_else(|| shown.iter().min_by_key(|l| l.remaining))
+        .expect("at least one limit");
+    let mut limit_header = String::with_capacity(names + 20);
+    let _ = write!(limit_header, "{}", decisive.policy.quota);
+    for l in &shown {
+        let p = &l.policy;
+        let _ = write!(limit_header, ", {}", p.quota);
+        if let Some(w) = p.window {
+            let _ = write!(limit_header, ";w={w}");
+        }
+        limit_header.push_str(";name=");
+        push_sf_string(&mut limit_header, p.name);
+    }
+    let (remaining, reset) = (decisive.remaining.to_string(), decisive.t.to_string());
+    out.push(("ratelimit-policy", policies));
+    out.push(("ratelimit", limits));
     out.push(("x-ratelimit-limit", limit_header));
-    out.push(("x-ratelimit-remaining", decisive.2.to_string()));
-    out.push(("x-ratelimit-reset", decisive.3.to_string()));
+    out.push(("x-ratelimit-remaining", remaining));
+    out.push(("x-ratelimit-reset", reset));
     out
 }
 

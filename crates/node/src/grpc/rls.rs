@@ -18,7 +18,7 @@ use tollgate_proto::envoy::r#type::v3::RateLimitUnit;
 use tonic::{Request, Response, Status};
 
 use crate::grpc::invalid;
-use crate::headers::{headers, status_policy};
+use crate::headers::{Policy, headers, status_policy};
 use crate::rules::RuleKind;
 use crate::runtime::{Descriptor, LimitOverride, Matching, Node, RuleStatus, Verdict};
 
@@ -80,9 +80,8 @@ pub fn to_request(req: RateLimitRequest) -> Result<crate::runtime::Request, Stat
     })
 }
 
-/// How a status's limit reads in Envoy's terms: requests per unit.
-fn current_limit(s: &RuleStatus) -> Option<RateLimit> {
-    let p = status_policy(s)?;
+/// How a limit reads in Envoy's terms: requests per unit.
+fn current_limit(p: &Policy<'_>) -> RateLimit {
     let (requests, unit) = match p.window {
         None => (p.quota, Unit::Unknown),
         Some(1) => (p.quota, Unit::Second),
@@ -95,11 +94,11 @@ fn current_limit(s: &RuleStatus) -> Option<RateLimit> {
         // Other windows: the same rate, per second, rounded up.
         Some(w) => (p.quota.div_ceil(w), Unit::Second),
     };
-    Some(RateLimit {
-        name: p.name,
+    RateLimit {
+        name: p.name.to_owned(),
         requests_per_unit: u32::try_from(requests).unwrap_or(u32::MAX),
         unit: unit as i32,
-    })
+    }
 }
 
 fn duration(d: Duration) -> prost_types::Duration {
@@ -111,29 +110,31 @@ fn duration(d: Duration) -> prost_types::Duration {
 
 /// The response for a decision over `descriptors` request descriptors.
 pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
+    // SHADOW rules never show: they are counted in metrics and logged, nothing else.
+    let shown: Vec<(&RuleStatus, Option<Policy<'_>>)> = verdict
+        .statuses
+        .iter()
+        .filter(|s| s.shown())
+        .map(|s| (s, status_policy(s)))
+        .collect();
     let mut statuses = Vec::with_capacity(descriptors);
     for i in 0..descriptors {
-        // SHADOW rules never show: they are counted in metrics and logged, nothing else.
-        let mine: Vec<&RuleStatus> = verdict
-            .statuses
-            .iter()
-            .filter(|s| s.covers(i) && s.shown())
-            .collect();
-        let over = mine.iter().any(|s| s.denies());
-        let code = if over { Code::OverLimit } else { Code::Ok };
-        let shown = if over {
-            mine.iter()
-                .filter(|s| s.denies())
-                .max_by_key(|s| s.retry_after)
+        let mine = || shown.iter().filter(|(s, _)| s.covers(i));
+        let over = mine().any(|(s, _)| s.denies());
+        let code = if over { Code::OverLimit } else { Code::Ok } as i32;
+        let decisive = if over {
+            mine()
+                .filter(|(s, _)| s.denies())
+                .max_by_key(|(s, _)| s.retry_after)
         } else {
-            mine.iter()
-                .filter(|s| status_policy(s).is_some())
-                .min_by_key(|s| s.remaining)
+            mine()
+                .filter(|(_, p)| p.is_some())
+                .min_by_key(|(s, _)| s.remaining)
         };
-        let status = match shown {
-            Some(s) => DescriptorStatus {
-                code: code as i32,
-                current_limit: current_limit(s),
+        let status = match decisive {
+            Some((s, policy)) => DescriptorStatus {
+                code,
+                current_limit: policy.as_ref().map(current_limit),
                 limit_remaining: if s.allowed {
                     u32::try_from(s.remaining).unwrap_or(u32::MAX)
                 } else {
@@ -148,22 +149,15 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
                 )),
                 quota: None,
             },
-            None if mine
-                .iter()
-                .any(|s| matches!(s.rule.kind, RuleKind::Unlimited)) =>
-            {
-                DescriptorStatus {
-                    code: code as i32,
-                    current_limit: None,
-                    limit_remaining: u32::MAX,
-                    duration_until_reset: None,
-                    quota: None,
-                }
-            }
             None => DescriptorStatus {
-                code: code as i32,
+                code,
                 current_limit: None,
-                limit_remaining: 0,
+                limit_remaining: if mine().any(|(s, _)| matches!(s.rule.kind, RuleKind::Unlimited))
+                {
+                    u32::MAX
+                } else {
+                    0
+                },
                 duration_until_reset: None,
                 quota: None,
             },

@@ -5,8 +5,9 @@
 //!
 //! A lease must also outlast its own refill, or the key's requests wait on every one: a key
 //! that spends its lease faster than a refill comes back (50 units at 100,000 decisions/s last
-//! 0.5 ms; a refill on a busy node takes a few) leases what it spends in twice the refill time
-//! it observes, never more than half a lease lifetime of its demand.
+//! 0.5 ms; a refill on a busy node takes a few) leases what it spends in four times the refill
+//! time it observes, never more than half a lease lifetime of its demand: refilled at half, a
+//! lease then has two refill times of headroom, which covers their jitter.
 
 use std::time::Duration;
 
@@ -92,12 +93,12 @@ impl Demand {
 
 impl LeasePolicy {
     /// Units to ask for: enough for half a lease lifetime at the observed rate, at most the
-    /// maximum, unless that would not outlast two refills (then what two refills take to
+    /// maximum, unless that would not outlast four refills (then what four refills take to
     /// spend); at least `need`, at most the bucket's capacity.
     pub fn want(&self, demand: &Demand, need: u64, capacity: u64) -> u64 {
         let rate = demand.rate();
         let by_rate = (rate * self.ttl.as_secs_f64() / 2.0).ceil() as u64;
-        let outlast_refills = ((rate * 2.0 * demand.refill_latency()).ceil() as u64).min(by_rate);
+        let outlast_refills = ((rate * 4.0 * demand.refill_latency()).ceil() as u64).min(by_rate);
         by_rate
             .min(self.max_units)
             .max(outlast_refills)
@@ -137,7 +138,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_outlasts_two_refills_of_it() {
+    fn a_lease_outlasts_four_refills_of_it() {
         let policy = LeasePolicy::default();
         let mut hot = Demand::default();
         // 50 units spent in 0.5 ms (100,000/s); the refill took 5 ms to come back.
@@ -146,10 +147,10 @@ mod tests {
         assert_eq!(policy.want(&hot, 1, 1_000_000), 50, "no refill timed yet");
         hot.on_grant(5_500, 50, 500);
         hot.on_refill(6_000);
-        assert_eq!(policy.want(&hot, 1, 1_000_000), 1_000, "10 ms at 100,000/s");
+        assert_eq!(policy.want(&hot, 1, 1_000_000), 2_000, "20 ms at 100,000/s");
         assert_eq!(policy.want(&hot, 1, 300), 300, "never above capacity");
         let mut slow = Demand::default();
-        // 1,000/s with refills of 400 ms: two refills would be 800 units, half a lifetime 500.
+        // 1,000/s with refills of 400 ms: four refills would be 1,600 units, half a lifetime 500.
         slow.on_grant(0, 10, 0);
         slow.on_refill(10_000);
         slow.on_grant(410_000, 10, 10_000);

@@ -56,25 +56,25 @@ async fn a_hot_key_is_served_from_leases_with_few_store_calls() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_trickle_leases_one_unit_at_a_time() {
+async fn a_trickle_is_decided_by_store_checks_without_an_actor() {
     let (node, memory) = memory_node(HOT, RuntimeConfig::default()).await;
     let request = Request::new("api").descriptor([("api_key", "slow")]);
     for _ in 0..3 {
         assert!(check(&node, &request).await.allowed);
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    // One request every two seconds: each lease is one unit, nothing is stranded.
+    // One request every two seconds: never back within a lease lifetime, so each decision is
+    // one store check and the key costs no actor and holds nothing.
     let key = BucketKey::new(b"slow", "hot").expect("key");
     let limit = Limit::token_bucket(1000, 0.001).expect("limit");
     let peek = memory
         .check(&CheckRequest::single(key, limit, 0).expect("peek"))
         .await
         .expect("check");
-    assert_eq!(
-        peek.buckets[0].remaining, 997,
-        "leases were sized to demand"
-    );
-    assert_eq!(node.metrics().lease_units_acquired.get(), 3);
+    assert_eq!(peek.buckets[0].remaining, 997, "nothing is stranded");
+    assert_eq!(node.metrics().lease_units_acquired.get(), 0);
+    assert_eq!(node.metrics().key_actors.get(), 0, "a trickle needs no actor");
+    assert_eq!(node.metrics().store_calls.get(), 3);
 }
 
 #[tokio::test]
@@ -152,12 +152,30 @@ async fn the_prelimit_rejects_a_flood_without_the_store() {
     let request = Request::new("api").descriptor([("ip", "6.6.6.6")]);
     assert_eq!(allowed(&node, &request, 200).await, 10);
     let m = node.metrics();
+    // The key's first decision is a store check (it has no bucket yet, so no pre-limit
+    // either): the pre-limit then holds the other nine and the store's denial, recorded on
+    // the bucket, answers the rest of the flood. Either way the flood stays off the store.
     assert!(
-        m.prelimit_denied.get() >= 189,
+        m.store_calls.get() <= 12,
+        "the flood stayed off the store: {} store calls",
+        m.store_calls.get()
+    );
+    assert!(m.leases_acquired.get() <= 10, "{}", m.leases_acquired.get());
+    // A pre-limit below the store's count (half the limit per node): it refuses the flood
+    // itself, before the leases run out.
+    let half = RuntimeConfig {
+        prelimit_factor: Some(0.5),
+        ..RuntimeConfig::default()
+    };
+    let (node, _) = memory_node(yaml, half).await;
+    assert_eq!(allowed(&node, &request, 200).await, 6, "one store check, then five");
+    let m = node.metrics();
+    assert!(
+        m.prelimit_denied.get() >= 190,
         "the flood stopped at the pre-limit: {}",
         m.prelimit_denied.get()
     );
-    assert!(m.leases_acquired.get() <= 10, "{}", m.leases_acquired.get());
+    assert!(m.store_calls.get() <= 7, "{}", m.store_calls.get());
 }
 
 #[tokio::test]
@@ -196,8 +214,9 @@ async fn shutdown_returns_unspent_leases_to_the_store() {
     let (node, memory) = memory_node(HOT, no_prelimit()).await;
     let request = Request::new("api").descriptor([("api_key", "k")]);
     assert_eq!(allowed(&node, &request, 100).await, 100);
+    // The key's first decision was a store check; the other 99 were spent from leases.
     let leased = node.metrics().lease_units_acquired.get();
-    assert!(leased > 100, "the node holds units ahead: {leased}");
+    assert!(leased > 99, "the node holds units ahead: {leased}");
     node.shutdown().await;
     let peek = memory
         .check(
@@ -214,7 +233,7 @@ async fn shutdown_returns_unspent_leases_to_the_store() {
     let m = node.metrics();
     assert_eq!(
         m.lease_units_returned.get(),
-        m.lease_units_acquired.get() - 100,
+        m.lease_units_acquired.get() - 99,
         "a refill in flight at shutdown is returned too"
     );
 }

@@ -1073,8 +1073,16 @@ impl Node {
         let key = bucket_key(hit.rule.uid, &hit.identity);
         let store_key = BucketKey::new(&hit.identity, &hit.rule.key).ok()?;
         let actor = match shared.registry.actor(&hit.identity) {
+            // The identity's actor serves this bucket too (and settles what an older
+            // definition of the rule holds before it leases).
             Some(actor) => actor,
             None => {
+                // A key that does not come back within a lease lifetime is not worth an
+                // actor: its decision is a store check, as its one-unit lease would be.
+                let within = shared.config.lease.ttl.as_micros() as u64;
+                if !shared.registry.seen_again(&key, self.now(), within) {
+                    return None;
+                }
                 if !shared.registry.reserve_actor() {
                     shared.metrics.key_actors_refused.inc();
                     return None;
@@ -1105,13 +1113,21 @@ impl Node {
                 kept
             }
         };
+        // The LOCAL fail mode's count the key had without a bucket carries over.
+        let fallback = match self.inner.fallbacks.remove(&key) {
+            Some((_, kept)) => kept.bucket,
+            None => Arc::new(LocalBucket::for_limit(
+                &limit,
+                1.0 / f64::from(shared.config.cluster_nodes.max(1)),
+            )),
+        };
         let bucket = Arc::new(Bucket::new(
             store_key,
             hit.rule.clone(),
             limit,
             actor,
             shared.config.prelimit_factor,
-            shared.config.cluster_nodes,
+            fallback,
         ));
         Some(shared.registry.insert_bucket(key, bucket))
     }

@@ -92,21 +92,19 @@ pub enum RefillOutcome {
 }
 
 impl Bucket {
-    /// A bucket holding nothing yet.
+    /// A bucket holding nothing yet; `fallback` is its LOCAL fail mode's bucket (the one
+    /// the key had before it had a bucket, if any, so an outage's count carries over).
     pub fn new(
         key: BucketKey,
         rule: Arc<CompiledRule>,
         limit: Limit,
         actor: ActorRef<KeyMsg>,
         prelimit_factor: Option<f64>,
-        cluster_nodes: u32,
+        fallback: Arc<LocalBucket>,
     ) -> Self {
         Self {
             prelimit: prelimit_factor.map(|f| LocalBucket::prelimit(&limit, f)),
-            fallback: Arc::new(LocalBucket::for_limit(
-                &limit,
-                1.0 / f64::from(cluster_nodes.max(1)),
-            )),
+            fallback,
             key,
             rule,
             limit,

@@ -1,9 +1,16 @@
 //! The buckets and key actors alive on this node, found by the decision path without locks
 //! held across awaits. Their number is bounded: past the cap, new keys are decided by a direct
 //! store call and leave nothing behind, so a flood of new keys cannot exhaust memory.
+//!
+//! A key gets a bucket and an actor only when it comes back within a lease lifetime: until
+//! then each decision is one store check, as a one-unit lease would be, and the key costs one
+//! entry in a bounded map of when keys were last seen (a hash and a time, not an actor of
+//! several kilobytes). Many keys that come once or rarely (a scan, a uniform spread over a
+//! million keys) stay that cheap.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use dashmap::DashMap;
 use ractor::ActorRef;
@@ -30,6 +37,11 @@ pub struct Registry {
     actors: DashMap<Vec<u8>, ActorRef<KeyMsg>, Fast>,
     live: AtomicUsize,
     max_actors: usize,
+    /// When keys without a bucket were last decided (µs), by a hash of their bucket key.
+    seen: DashMap<u64, u64, Fast>,
+    seen_hasher: Fast,
+    max_seen: usize,
+    seen_swept: AtomicU64,
 }
 
 impl Registry {
@@ -40,7 +52,48 @@ impl Registry {
             actors: DashMap::with_hasher(Fast::default()),
             live: AtomicUsize::new(0),
             max_actors,
+            seen: DashMap::with_hasher(Fast::default()),
+            seen_hasher: Fast::default(),
+            max_seen: max_actors.saturating_mul(10).max(1024),
+            seen_swept: AtomicU64::new(0),
         }
+    }
+
+    /// Whether the bucket under `key` was decided within `within` µs before `now` (it comes
+    /// back: worth a bucket and an actor), recording this decision. A key seen for the first
+    /// time, or not for `within`, is decided by a store check. When the map is full it is
+    /// swept of keys older than `within` (at most once per `within`); a key that still finds
+    /// no room is not recorded (decided directly until there is room).
+    pub fn seen_again(&self, key: &[u8], now: u64, within: u64) -> bool {
+        let hash = self.seen_hasher.hash_one(key);
+        if let Some(mut at) = self.seen.get_mut(&hash) {
+            // Kept after it comes back: requests that find no bucket while the first of them
+            // spawns its actor go that way too. Swept when the map is full.
+            let again = now.saturating_sub(*at) <= within;
+            *at = now;
+            return again;
+        }
+        if self.seen.len() >= self.max_seen {
+            let last = self.seen_swept.load(Ordering::Relaxed);
+            if now.saturating_sub(last) >= within
+                && self
+                    .seen_swept
+                    .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.seen.retain(|_, at| now.saturating_sub(*at) <= within);
+            }
+            if self.seen.len() >= self.max_seen {
+                return false;
+            }
+        }
+        self.seen.insert(hash, now);
+        false
+    }
+
+    /// Keys decided without a bucket and remembered (see [`Registry::seen_again`]).
+    pub fn seen_keys(&self) -> usize {
+        self.seen.len()
     }
 
     /// The bucket under `key` ([`bucket_key`]).

@@ -2,7 +2,9 @@
 //! fail modes, and the node that ties them together.
 //!
 //! # Layout
-//! - [`node`]: the node; matches requests and decides them, all or nothing.
+//! - [`node`]: the node; decides what a request matched, all or nothing.
+//! - [`matching`]: what a request matches (rules, identities, costs; limit overrides).
+//! - [`attempt`]: one request's statuses and what it took, rolled back all or nothing.
 //! - [`prepared`]: a request resolved once, decided from leases with atomics only.
 //! - [`request`], [`verdict`]: what goes in and what comes out.
 //! - [`keys`]: the keys this node decides: buckets (the atomic lease counter of the hot
@@ -12,10 +14,12 @@
 //! - [`breaker`], [`sizing`], [`local`]: the pure pieces (breaker states, lease sizes, GCRA).
 //! - [`shared`]: settings and what every part shares.
 
+pub mod attempt;
 pub mod breaker;
 pub mod guarded;
 pub mod keys;
 pub mod local;
+pub mod matching;
 pub mod node;
 pub mod prepared;
 pub mod request;
@@ -23,7 +27,8 @@ pub mod shared;
 pub mod sizing;
 pub mod verdict;
 
-pub use node::{MAX_OVERRIDE_RULES, Node};
+pub use matching::MAX_OVERRIDE_RULES;
+pub use node::Node;
 pub use prepared::{Decision, Prepared};
 pub use request::{Descriptor, LimitOverride, Matching, Request, RequestError};
 pub use shared::RuntimeConfig;

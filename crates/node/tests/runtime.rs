@@ -73,7 +73,11 @@ async fn a_trickle_is_decided_by_store_checks_without_an_actor() {
         .expect("check");
     assert_eq!(peek.buckets[0].remaining, 997, "nothing is stranded");
     assert_eq!(node.metrics().lease_units_acquired.get(), 0);
-    assert_eq!(node.metrics().key_actors.get(), 0, "a trickle needs no actor");
+    assert_eq!(
+        node.metrics().key_actors.get(),
+        0,
+        "a trickle needs no actor"
+    );
     assert_eq!(node.metrics().store_calls.get(), 3);
 }
 
@@ -168,7 +172,11 @@ async fn the_prelimit_rejects_a_flood_without_the_store() {
         ..RuntimeConfig::default()
     };
     let (node, _) = memory_node(yaml, half).await;
-    assert_eq!(allowed(&node, &request, 200).await, 6, "one store check, then five");
+    assert_eq!(
+        allowed(&node, &request, 200).await,
+        6,
+        "one store check, then five"
+    );
     let m = node.metrics();
     assert!(
         m.prelimit_denied.get() >= 190,

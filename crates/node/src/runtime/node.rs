@@ -23,7 +23,8 @@ use tollgate_lease::{
 
 use crate::metrics::{Metrics, Outcome};
 use crate::rules::watch::ActiveRules;
-use crate::rules::{CompiledRule, FailMode, Mode, RuleKind, RuleSet};
+use crate::rules::{CompiledRule, FailMode, Mode, RuleKind};
+use crate::runtime::attempt::{Attempt, Mark, Taken};
 use crate::runtime::breaker::BreakerState;
 use crate::runtime::guarded::GuardedStore;
 use crate::runtime::keys::bucket::{Bucket, RefillOutcome};
@@ -31,9 +32,10 @@ use crate::runtime::keys::messages::{AcquireOutcome, KeyMsg, Want};
 use crate::runtime::keys::registry::{Registry, bucket_key};
 use crate::runtime::keys::supervisor::{KeySupervisor, SupervisorMsg};
 use crate::runtime::local::LocalBucket;
-use crate::runtime::request::{Matching, Request, RequestError};
+use crate::runtime::matching::{self, Hit, OverrideRules, group_by_identity};
+use crate::runtime::request::{Request, RequestError};
 use crate::runtime::shared::{RuntimeConfig, Shared};
-use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict, reset_after};
+use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
 use tollgate_regionsync::RegionSync;
 use tollgate_regionsync::messages::{ForwardReply, ForwardRequest};
 
@@ -41,9 +43,6 @@ thread_local! {
     /// The registry key of the bucket being looked up: built here, so a lookup allocates nothing.
     static LOOKUP: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
-
-/// The most rules made from descriptor limit overrides that a node keeps for reuse.
-pub const MAX_OVERRIDE_RULES: usize = 1024;
 
 /// A running node. Cheap to clone; every clone is the same node.
 #[derive(Debug, Clone)]
@@ -56,14 +55,8 @@ struct Inner {
     shared: Arc<Shared>,
     rules: Arc<ActiveRules>,
     supervisor: ActorRef<SupervisorMsg>,
-    /// Rules made from descriptor limit overrides, by (requests, unit seconds); bounded by
-    /// [`MAX_OVERRIDE_RULES`] (a rule's uid is derived from its limit, so one built outside
-    /// the cache still finds the same buckets).
-    overrides: DashMap<(u32, u64), Arc<CompiledRule>>,
-    /// The counters every override's decisions share.
-    override_counters: crate::metrics::RuleCounters,
-    /// When the override cache was last swept of rules no bucket holds (node clock, µs).
-    overrides_swept: std::sync::atomic::AtomicU64,
+    /// Rules made from descriptor limit overrides, held for reuse.
+    overrides: OverrideRules,
     /// LOCAL fallback buckets of keys decided without an actor: at most `max_key_actors`,
     /// idle ones swept (see [`Node::fallback_for`]).
     fallbacks: DashMap<Vec<u8>, Fallback>,
@@ -81,94 +74,6 @@ struct Inner {
 struct Fallback {
     bucket: Arc<LocalBucket>,
     used: std::sync::atomic::AtomicU64,
-}
-
-/// One rule matched by one descriptor.
-#[derive(Debug, Clone)]
-struct Hit {
-    descriptor: usize,
-    /// Other descriptors that matched the same rule for the same identity (charged once).
-    also: Vec<usize>,
-    rule: Arc<CompiledRule>,
-    identity: Vec<u8>,
-    cost: u64,
-}
-
-impl Hit {
-    /// A status measured against this region's limit of the rule; the reset follows from
-    /// `remaining` for a token bucket, and is the store's (`store_reset`) for windows.
-    fn status(
-        &self,
-        outcome: Outcome,
-        denial: Option<Denial>,
-        remaining: u64,
-        retry_after: Duration,
-        store_reset: Duration,
-    ) -> RuleStatus {
-        let limit = self.rule.limit();
-        RuleStatus {
-            descriptor: self.descriptor,
-            also: self.also.clone(),
-            rule: self.rule.clone(),
-            limit,
-            allowed: denial.is_none(),
-            remaining,
-            retry_after,
-            reset_after: limit.map_or(store_reset, |l| reset_after(&l, remaining, store_reset)),
-            denial,
-            outcome: Some(outcome),
-        }
-    }
-
-    fn admitted(&self, outcome: Outcome, remaining: u64, store_reset: Duration) -> RuleStatus {
-        self.status(outcome, None, remaining, Duration::ZERO, store_reset)
-    }
-
-    fn denied(
-        &self,
-        outcome: Outcome,
-        denial: Denial,
-        retry_after: Duration,
-        store_reset: Duration,
-    ) -> RuleStatus {
-        self.status(outcome, Some(denial), 0, retry_after, store_reset)
-    }
-
-    /// Over the limit: the request fits after `retry_after`.
-    fn over_limit(&self, retry_after: Duration, store_reset: Duration) -> RuleStatus {
-        self.denied(Outcome::Denied, Denial::OverLimit, retry_after, store_reset)
-    }
-
-    /// Admitted from `bucket`'s lease: what this node's view says remains.
-    fn leased(&self, bucket: &Bucket, now: u64) -> RuleStatus {
-        self.admitted(
-            Outcome::Allowed,
-            bucket.remaining(now),
-            bucket.reset_after(now),
-        )
-    }
-
-    /// Not evaluated (the request was decided before this rule was reached).
-    fn unevaluated(&self) -> RuleStatus {
-        let mut status = self.admitted(
-            Outcome::Allowed,
-            self.rule.limit().map_or(0, |l| l.capacity()),
-            Duration::ZERO,
-        );
-        status.outcome = None;
-        status
-    }
-}
-
-/// What to give back if the request ends up denied.
-#[derive(Debug, Default)]
-struct Undo {
-    leases: Vec<(Arc<Bucket>, u64)>,
-    /// Units admitted on the store's last answer while it was slow (owed by the bucket).
-    owed: Vec<(Arc<Bucket>, u64)>,
-    prelimits: Vec<(Arc<Bucket>, u64)>,
-    fallbacks: Vec<(Arc<LocalBucket>, u64)>,
-    slots: Vec<HeldSlot>,
 }
 
 impl Node {
@@ -210,17 +115,17 @@ impl Node {
                 }
             });
         }
-        let override_counters = shared
-            .metrics
-            .rule_counters(&crate::rules::set::override_labels());
+        let overrides = OverrideRules::new(
+            shared
+                .metrics
+                .rule_counters(&crate::rules::set::override_labels()),
+        );
         Ok(Node {
             inner: Arc::new(Inner {
                 shared,
                 rules,
                 supervisor,
-                overrides: DashMap::new(),
-                override_counters,
-                overrides_swept: std::sync::atomic::AtomicU64::new(0),
+                overrides,
                 fallbacks: DashMap::new(),
                 overflow: DashMap::new(),
                 fallbacks_swept: std::sync::atomic::AtomicU64::new(0),
@@ -321,7 +226,7 @@ impl Node {
     pub async fn check(&self, request: &Request) -> Result<Verdict, RequestError> {
         request.validate()?;
         let rules = self.inner.rules.load();
-        let hits = self.hits(&rules, request)?;
+        let hits = matching::hits(&rules, request, &self.inner.overrides, self.now())?;
         Ok(self.decide(hits).await)
     }
 
@@ -339,7 +244,7 @@ impl Node {
         request: &Request,
     ) -> Option<Vec<(Arc<Bucket>, u64)>> {
         let rules = self.inner.rules.load();
-        let hits = self.hits(&rules, request).ok()?;
+        let hits = matching::hits(&rules, request, &self.inner.overrides, self.now()).ok()?;
         if hits.is_empty()
             || !hits
                 .iter()
@@ -403,130 +308,15 @@ impl Node {
         self.inner.shared.clock.now_micros()
     }
 
-    /// Every rule the request matches, with the identity and cost of its bucket.
-    fn hits(&self, rules: &RuleSet, request: &Request) -> Result<Vec<Hit>, RequestError> {
-        let mut hits = vec![];
-        let mut push = |descriptor: usize, matched: crate::rules::Matched, cost: u64| {
-            // A request charges a bucket once: a rule matched for the same identity by several
-            // descriptors (Envoy sends one per `rate_limits` entry) is one hit, at the largest
-            // of their costs, answering for each of them.
-            match hits.iter_mut().find(|h: &&mut Hit| {
-                h.rule.uid == matched.rule.uid && h.identity == matched.identity
-            }) {
-                Some(hit) => {
-                    hit.cost = hit.cost.max(cost);
-                    if hit.descriptor != descriptor && !hit.also.contains(&descriptor) {
-                        hit.also.push(descriptor);
-                    }
-                }
-                None => hits.push(Hit {
-                    descriptor,
-                    also: vec![],
-                    rule: matched.rule,
-                    identity: matched.identity,
-                    cost,
-                }),
-            }
-        };
-        let mut native = vec![];
-        match request.matching {
-            Matching::Merged => {
-                let merged: Vec<&[(String, String)]> =
-                    request.descriptors.iter().map(|d| &d.entries[..]).collect();
-                rules.match_native(&request.domain, &merged, &mut native);
-                for m in native.drain(..) {
-                    push(0, m, request.cost_of(0));
-                }
-                for (i, d) in request.descriptors.iter().enumerate() {
-                    if let Some(m) = rules.match_envoy(&request.domain, &d.entries) {
-                        push(i, m, request.cost_of(i));
-                    }
-                }
-            }
-            Matching::PerDescriptor => {
-                for (i, d) in request.descriptors.iter().enumerate() {
-                    let cost = request.cost_of(i);
-                    if let Some(o) = d.limit {
-                        let rule = self.override_rule(o.requests, o.unit).map_err(|e| {
-                            RequestError::BadOverride {
-                                index: i,
-                                reason: e.to_string(),
-                            }
-                        })?;
-                        let identity =
-                            crate::rules::set::override_identity(&request.domain, &d.entries);
-                        push(i, crate::rules::Matched { rule, identity }, cost);
-                        continue;
-                    }
-                    if let Some(m) = rules.match_envoy(&request.domain, &d.entries) {
-                        push(i, m, cost);
-                    }
-                    rules.match_native(&request.domain, &[&d.entries], &mut native);
-                    for m in native.drain(..) {
-                        push(i, m, cost);
-                    }
-                }
-            }
-        }
-        // envoyproxy/ratelimit `replaces`: a matched limit drops the limits it names.
-        let replaced: Vec<&String> = hits.iter().flat_map(|h| h.rule.replaces.iter()).collect();
-        if !replaced.is_empty() {
-            let replaced: Vec<String> = replaced.into_iter().cloned().collect();
-            hits.retain(|h| {
-                !h.rule
-                    .replace_name
-                    .as_ref()
-                    .is_some_and(|n| replaced.contains(n))
-            });
-        }
-        Ok(hits)
-    }
-
-    /// The rule of a descriptor's limit override: cached up to [`MAX_OVERRIDE_RULES`]. When
-    /// the cache is full it is swept (at most once a second) of rules no bucket holds any
-    /// more; a rule that still finds no room is built for this request alone.
-    fn override_rule(
-        &self,
-        requests: u32,
-        unit: Duration,
-    ) -> Result<Arc<CompiledRule>, tollgate_lease::LimitError> {
-        let inner = &self.inner;
-        let key = (requests, unit.as_secs());
-        if let Some(rule) = inner.overrides.get(&key) {
-            return Ok(rule.clone());
-        }
-        let rule = Arc::new(CompiledRule::for_override(
-            requests,
-            unit,
-            inner.override_counters.clone(),
-        )?);
-        if inner.overrides.len() >= MAX_OVERRIDE_RULES {
-            let now = self.now();
-            let last = inner.overrides_swept.load(Ordering::Relaxed);
-            if now.saturating_sub(last) >= 1_000_000
-                && inner
-                    .overrides_swept
-                    .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            {
-                inner.overrides.retain(|_, r| Arc::strong_count(r) > 1);
-            }
-            if inner.overrides.len() >= MAX_OVERRIDE_RULES {
-                return Ok(rule);
-            }
-        }
-        Ok(inner.overrides.entry(key).or_insert(rule).clone())
-    }
-
     async fn decide(&self, hits: Vec<Hit>) -> Verdict {
         let now = self.now();
-        let mut statuses: Vec<Option<RuleStatus>> = vec![None; hits.len()];
+        let mut attempt = Attempt::new(hits.len());
         let (mut enforce, mut shadow) = (vec![], vec![]);
         let mut blocked = false;
         for (i, hit) in hits.iter().enumerate() {
             match hit.rule.kind {
                 RuleKind::Unlimited => {
-                    statuses[i] = Some(hit.admitted(Outcome::Allowed, u64::MAX, Duration::ZERO))
+                    attempt.record(i, hit.admitted(Outcome::Allowed, u64::MAX, Duration::ZERO));
                 }
                 RuleKind::Block(window) => {
                     let shadowed = hit.rule.mode == Mode::Shadow;
@@ -536,38 +326,31 @@ impl Node {
                         Outcome::Denied
                     };
                     blocked |= !shadowed;
-                    statuses[i] =
-                        Some(hit.denied(outcome, Denial::Blocked, Duration::ZERO, window));
+                    attempt.record(
+                        i,
+                        hit.denied(outcome, Denial::Blocked, Duration::ZERO, window),
+                    );
                 }
                 RuleKind::Limited(_) if hit.rule.mode == Mode::Shadow => shadow.push(i),
                 RuleKind::Limited(_) => enforce.push(i),
             }
         }
-        let mut undo = Undo::default();
-        let allowed = !blocked
-            && self
-                .reserve(&hits, &enforce, &mut statuses, &mut undo, now)
-                .await;
-        let slots = if allowed {
-            std::mem::take(&mut undo.slots)
+        let start = attempt.mark();
+        let allowed = !blocked && self.reserve(&hits, &enforce, &mut attempt, now).await;
+        if !allowed {
+            self.roll_back(&mut attempt, start);
         } else {
-            self.rollback(undo);
-            vec![]
-        };
-        if allowed {
             for i in shadow {
-                let mut shadow_undo = Undo::default();
-                if !self
-                    .reserve(&hits, &[i], &mut statuses, &mut shadow_undo, now)
-                    .await
-                {
-                    self.rollback(shadow_undo);
-                    if let Some(s) = statuses[i].as_mut() {
+                let mark = attempt.mark();
+                if !self.reserve(&hits, &[i], &mut attempt, now).await {
+                    self.roll_back(&mut attempt, mark);
+                    if let Some(s) = attempt.status_mut(i) {
                         s.outcome = Some(Outcome::ShadowDenied);
                     }
                 }
             }
         }
+        let (statuses, slots) = attempt.finish();
         let statuses: Vec<RuleStatus> = statuses
             .into_iter()
             .zip(&hits)
@@ -606,24 +389,23 @@ impl Node {
     }
 
     /// Reserves every hit in `indices`, or returns false having filled the status of the hit
-    /// that denied (what was reserved stays in `undo` for the caller to give back). Hits of
+    /// that denied (what was reserved stays in `attempt` for the caller to roll back). Hits of
     /// HOME_REGION rules homed in the peer region are decided there, after the local ones
     /// (what the home region admits cannot be given back); when it cannot answer, here.
     async fn reserve(
         &self,
         hits: &[Hit],
         indices: &[usize],
-        statuses: &mut [Option<RuleStatus>],
-        undo: &mut Undo,
+        attempt: &mut Attempt,
         now: u64,
     ) -> bool {
         let Some(region) = self.inner.shared.region.get() else {
-            return self.reserve_local(hits, indices, statuses, undo, now).await;
+            return self.reserve_local(hits, indices, attempt, now).await;
         };
         let (forwarded, local): (Vec<usize>, Vec<usize>) = indices
             .iter()
             .partition(|&&i| hits[i].rule.forwarded() && hits[i].cost > 0);
-        if !self.reserve_local(hits, &local, statuses, undo, now).await {
+        if !self.reserve_local(hits, &local, attempt, now).await {
             return false;
         }
         let mut unanswered = vec![];
@@ -645,7 +427,7 @@ impl Node {
                     };
                     status.limit = hit.rule.whole;
                     status.reset_after = Duration::from_micros(reply.reset_after_us);
-                    statuses[i] = Some(status);
+                    attempt.record(i, status);
                     if !reply.allowed {
                         return false;
                     }
@@ -653,10 +435,7 @@ impl Node {
                 None => unanswered.push(i),
             }
         }
-        unanswered.is_empty()
-            || self
-                .reserve_local(hits, &unanswered, statuses, undo, now)
-                .await
+        unanswered.is_empty() || self.reserve_local(hits, &unanswered, attempt, now).await
     }
 
     /// [`Node::reserve`] for hits decided on this region's store.
@@ -664,8 +443,7 @@ impl Node {
         &self,
         hits: &[Hit],
         indices: &[usize],
-        statuses: &mut [Option<RuleStatus>],
-        undo: &mut Undo,
+        attempt: &mut Attempt,
         now: u64,
     ) -> bool {
         let shared = &self.inner.shared;
@@ -678,12 +456,15 @@ impl Node {
             };
             if hit.cost > limit.capacity() {
                 // Can never fit: refused as such, without asking anyone.
-                statuses[i] = Some(hit.denied(
-                    Outcome::Denied,
-                    Denial::CostExceedsLimit,
-                    Duration::ZERO,
-                    Duration::ZERO,
-                ));
+                attempt.record(
+                    i,
+                    hit.denied(
+                        Outcome::Denied,
+                        Denial::CostExceedsLimit,
+                        Duration::ZERO,
+                        Duration::ZERO,
+                    ),
+                );
                 return false;
             }
             // Peeks and concurrency slots are store checks; so is everything while stopping.
@@ -702,15 +483,15 @@ impl Node {
                 if let Err(wait) = pre.take(hit.cost, now) {
                     shared.metrics.prelimit_denied.inc();
                     let wait = wait.max(self.store_wait(&bucket, hit.cost, now, wait).await);
-                    statuses[i] = Some(hit.over_limit(wait, bucket.reset_after(now)));
+                    attempt.record(i, hit.over_limit(wait, bucket.reset_after(now)));
                     return false;
                 }
-                undo.prelimits.push((bucket.clone(), hit.cost));
+                attempt.took(Taken::Prelimit(bucket.clone(), hit.cost));
             }
             if bucket.try_take(hit.cost, || now) {
                 shared.metrics.lease_hits.inc();
-                undo.leases.push((bucket.clone(), hit.cost));
-                statuses[i] = Some(hit.leased(&bucket, now));
+                attempt.took(Taken::Lease(bucket.clone(), hit.cost));
+                attempt.record(i, hit.leased(&bucket, now));
                 if bucket.should_queue_refill(|granted, left| {
                     shared.config.lease.should_refill(granted, left)
                 }) {
@@ -722,7 +503,7 @@ impl Node {
                 }
             } else if let Some(wait) = bucket.denied_for(hit.cost, now) {
                 // The store said it has no room for what the lease lacks: answered here.
-                statuses[i] = Some(hit.over_limit(wait, bucket.reset_after(now)));
+                attempt.record(i, hit.over_limit(wait, bucket.reset_after(now)));
                 return false;
             } else {
                 shared.metrics.lease_waits.inc();
@@ -733,11 +514,11 @@ impl Node {
                 {
                     RefillOutcome::Took => {
                         shared.metrics.lease_hits.inc();
-                        undo.leases.push((bucket.clone(), hit.cost));
-                        statuses[i] = Some(hit.leased(&bucket, now));
+                        attempt.took(Taken::Lease(bucket.clone(), hit.cost));
+                        attempt.record(i, hit.leased(&bucket, now));
                     }
                     RefillOutcome::Denied(wait) => {
-                        statuses[i] = Some(hit.over_limit(wait, bucket.reset_after(now)));
+                        attempt.record(i, hit.over_limit(wait, bucket.reset_after(now)));
                         return false;
                     }
                     RefillOutcome::Failed { late } => {
@@ -748,7 +529,7 @@ impl Node {
                         } else {
                             StoreError::Unavailable("the lease refill failed".into())
                         };
-                        if !self.fail_mode(i, hit, Some(&bucket), &error, statuses, undo) {
+                        if !self.fail_mode(i, hit, Some(&bucket), &error, attempt) {
                             return false;
                         }
                     }
@@ -798,19 +579,21 @@ impl Node {
                 AcquireOutcome::Reserved => {
                     let now = self.now();
                     for (i, b) in &group {
-                        undo.leases.push((b.clone(), hits[*i].cost));
-                        statuses[*i] = Some(hits[*i].leased(b, now));
+                        attempt.took(Taken::Lease(b.clone(), hits[*i].cost));
+                        attempt.record(*i, hits[*i].leased(b, now));
                     }
                 }
                 AcquireOutcome::Denied { index, retry_after } => {
                     let (i, b) = &group[index];
-                    statuses[*i] =
-                        Some(hits[*i].over_limit(retry_after, b.reset_after(self.now())));
+                    attempt.record(
+                        *i,
+                        hits[*i].over_limit(retry_after, b.reset_after(self.now())),
+                    );
                     return false;
                 }
                 AcquireOutcome::Failed(error) => {
                     for (i, b) in &group {
-                        if !self.fail_mode(*i, &hits[*i], Some(b), &error, statuses, undo) {
+                        if !self.fail_mode(*i, &hits[*i], Some(b), &error, attempt) {
                             return false;
                         }
                     }
@@ -820,7 +603,7 @@ impl Node {
         // Peeks, slots, and buckets without an actor (cap reached, or shutting down): a direct
         // check per identity, all or nothing within it.
         for group in group_by_identity(hits, &direct) {
-            if !self.check_directly(hits, &group, statuses, undo).await {
+            if !self.check_directly(hits, &group, attempt).await {
                 return false;
             }
         }
@@ -829,13 +612,7 @@ impl Node {
 
     /// Decides hits by one store check (their buckets share an identity; a request charges a
     /// bucket once, so each bucket is one item).
-    async fn check_directly(
-        &self,
-        hits: &[Hit],
-        group: &[usize],
-        statuses: &mut [Option<RuleStatus>],
-        undo: &mut Undo,
-    ) -> bool {
+    async fn check_directly(&self, hits: &[Hit], group: &[usize], attempt: &mut Attempt) -> bool {
         let mut items: Vec<CheckItem> = vec![];
         let mut item_of = Vec::with_capacity(group.len());
         for &i in group {
@@ -860,12 +637,15 @@ impl Node {
                 // Only a cost above a bucket's capacity is refused here: it can never fit.
                 tracing::debug!(error = %e, "a request cannot be admitted");
                 let i = group[0];
-                statuses[i] = Some(hits[i].denied(
-                    Outcome::Denied,
-                    Denial::CostExceedsLimit,
-                    Duration::ZERO,
-                    Duration::ZERO,
-                ));
+                attempt.record(
+                    i,
+                    hits[i].denied(
+                        Outcome::Denied,
+                        Denial::CostExceedsLimit,
+                        Duration::ZERO,
+                        Duration::ZERO,
+                    ),
+                );
                 return false;
             }
         };
@@ -875,11 +655,14 @@ impl Node {
                 for (&i, at) in group.iter().zip(item_of) {
                     let Some(at) = at else { continue };
                     let b = &outcome.buckets[at];
-                    statuses[i] = Some(if b.allowed {
-                        hits[i].admitted(Outcome::Allowed, b.remaining, b.reset_after)
-                    } else {
-                        hits[i].over_limit(b.retry_after, b.reset_after)
-                    });
+                    attempt.record(
+                        i,
+                        if b.allowed {
+                            hits[i].admitted(Outcome::Allowed, b.remaining, b.reset_after)
+                        } else {
+                            hits[i].over_limit(b.retry_after, b.reset_after)
+                        },
+                    );
                 }
                 if allowed {
                     // What the store admitted directly is this region's consumption.
@@ -897,10 +680,10 @@ impl Node {
                     for (item, b) in items.iter().zip(outcome.buckets) {
                         if let Some(slot) = b.slot {
                             self.inner.shared.metrics.slots_taken.inc();
-                            undo.slots.push(HeldSlot {
+                            attempt.took(Taken::Slot(HeldSlot {
                                 key: item.key.clone(),
                                 slot,
-                            });
+                            }));
                         }
                     }
                 }
@@ -908,7 +691,7 @@ impl Node {
             }
             Err(error) => group
                 .iter()
-                .all(|&i| self.fail_mode(i, &hits[i], None, &error, statuses, undo)),
+                .all(|&i| self.fail_mode(i, &hits[i], None, &error, attempt)),
         }
     }
 
@@ -994,8 +777,7 @@ impl Node {
         hit: &Hit,
         bucket: Option<&Arc<Bucket>>,
         error: &StoreError,
-        statuses: &mut [Option<RuleStatus>],
-        undo: &mut Undo,
+        attempt: &mut Attempt,
     ) -> bool {
         let now = self.now();
         if hit.rule.fail_mode == FailMode::Open
@@ -1006,7 +788,7 @@ impl Node {
             self.inner.shared.metrics.slow_store_decisions.inc();
             let status = match decision {
                 Ok(()) => {
-                    undo.owed.push((bucket.clone(), hit.cost));
+                    attempt.took(Taken::Owed(bucket.clone(), hit.cost));
                     hit.admitted(
                         Outcome::Allowed,
                         bucket.remaining(now),
@@ -1016,7 +798,7 @@ impl Node {
                 Err(wait) => hit.over_limit(wait, bucket.reset_after(now)),
             };
             let allowed = status.allowed;
-            statuses[index] = Some(status);
+            attempt.record(index, status);
             return allowed;
         }
         let status = match hit.rule.fail_mode {
@@ -1033,7 +815,7 @@ impl Node {
             {
                 Some(local) => match local.take(hit.cost, now) {
                     Ok(()) => {
-                        undo.fallbacks.push((local, hit.cost));
+                        attempt.took(Taken::Fallback(local, hit.cost));
                         hit.admitted(Outcome::LocalFallback, 0, Duration::ZERO)
                     }
                     Err(wait) => hit.denied(
@@ -1052,9 +834,9 @@ impl Node {
         if allowed && let Some(bucket) = bucket {
             // The bucket's next grant pays for this (given back if the request is denied).
             bucket.admitted_without_store(hit.cost);
-            undo.owed.push((bucket.clone(), hit.cost));
+            attempt.took(Taken::Owed(bucket.clone(), hit.cost));
         }
-        statuses[index] = Some(status);
+        attempt.record(index, status);
         allowed
     }
 
@@ -1184,43 +966,17 @@ impl Node {
         (self.inner.fallbacks.len(), self.inner.overflow.len())
     }
 
-    fn rollback(&self, undo: Undo) {
-        for (bucket, cost) in undo.leases {
-            bucket.give_back(cost);
-        }
-        for (bucket, cost) in undo.prelimits {
-            if let Some(pre) = &bucket.prelimit {
-                pre.refund(cost);
-            }
-        }
-        for (local, cost) in undo.fallbacks {
-            local.refund(cost);
-        }
-        for (bucket, cost) in undo.owed {
-            bucket.refund_owed(cost);
-        }
-        if !undo.slots.is_empty() {
+    /// Gives back what `attempt` took since `mark`; its slots are released in the store in
+    /// the background.
+    fn roll_back(&self, attempt: &mut Attempt, mark: Mark) {
+        let slots = attempt.roll_back_to(mark);
+        if !slots.is_empty() {
             let node = self.clone();
             tokio::spawn(async move {
-                let _ = node.release_slots(&undo.slots).await;
+                let _ = node.release_slots(&slots).await;
             });
         }
     }
-}
-
-/// Hits grouped by identity (one hash tag, one store call each), in first-seen order.
-fn group_by_identity(hits: &[Hit], indices: &[usize]) -> Vec<Vec<usize>> {
-    let mut groups: Vec<Vec<usize>> = vec![];
-    for &i in indices {
-        match groups
-            .iter_mut()
-            .find(|g| hits[g[0]].identity == hits[i].identity)
-        {
-            Some(g) => g.push(i),
-            None => groups.push(vec![i]),
-        }
-    }
-    groups
 }
 
 /// What region sync calls back into: the node's rules and decisions.

@@ -8,8 +8,8 @@
 //! several kilobytes). Many keys that come once or rarely (a scan, a uniform spread over a
 //! million keys) stay that cheap.
 
-use std::sync::Arc;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use dashmap::DashMap;

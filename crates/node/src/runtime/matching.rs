@@ -11,7 +11,7 @@ use dashmap::DashMap;
 use tollgate_lease::Micros;
 
 use crate::metrics::{Outcome, RuleCounters};
-use crate::rules::{CompiledRule, RuleSet};
+use crate::rules::{CompiledRule, Mode, RuleKind, RuleSet};
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::request::{Matching, Request, RequestError};
 use crate::runtime::verdict::{Denial, RuleStatus, reset_after};
@@ -261,4 +261,12 @@ pub(crate) fn group_by_identity(hits: &[Hit], indices: &[usize]) -> Vec<Vec<usiz
         }
     }
     groups
+}
+
+/// Whether a matched rule can be decided by a lease alone.
+pub(crate) fn leasable(rule: &CompiledRule, cost: u64) -> bool {
+    rule.mode == Mode::Enforce
+        && cost > 0
+        && !rule.forwarded()
+        && matches!(rule.kind, RuleKind::Limited(l) if l.algorithm() != tollgate_lease::Algorithm::Concurrency && cost <= l.capacity())
 }

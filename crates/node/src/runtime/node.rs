@@ -27,7 +27,7 @@ use crate::rules::{CompiledRule, FailMode, Mode, RuleKind};
 use crate::runtime::attempt::{Attempt, Mark, Taken};
 use crate::runtime::breaker::BreakerState;
 use crate::runtime::guarded::GuardedStore;
-use crate::runtime::keys::bucket::{Bucket, RefillOutcome};
+use crate::runtime::keys::bucket::{Bucket, LocalTake, RefillOutcome};
 use crate::runtime::keys::messages::{AcquireOutcome, KeyMsg, Want};
 use crate::runtime::keys::registry::{Registry, bucket_key};
 use crate::runtime::keys::supervisor::{KeySupervisor, SupervisorMsg};
@@ -230,14 +230,6 @@ impl Node {
         Ok(self.decide(hits).await)
     }
 
-    /// Resolves `request` once, so deciding it again costs only the leases' atomic operations.
-    pub async fn prepare(
-        &self,
-        request: Request,
-    ) -> Result<crate::runtime::prepared::Prepared, RequestError> {
-        crate::runtime::prepared::Prepared::new(self.clone(), request).await
-    }
-
     /// The buckets of `request`'s matched rules, if every one can be decided by a lease alone.
     pub(crate) async fn leased_buckets(
         &self,
@@ -245,11 +237,7 @@ impl Node {
     ) -> Option<Vec<(Arc<Bucket>, u64)>> {
         let rules = self.inner.rules.load();
         let hits = matching::hits(&rules, request, &self.inner.overrides, self.now()).ok()?;
-        if hits.is_empty()
-            || !hits
-                .iter()
-                .all(|h| crate::runtime::prepared::leasable(&h.rule, h.cost))
-        {
+        if hits.is_empty() || !hits.iter().all(|h| matching::leasable(&h.rule, h.cost)) {
             return None;
         }
         let mut out = Vec::with_capacity(hits.len());
@@ -479,62 +467,63 @@ impl Node {
                 direct.push(i);
                 continue;
             };
-            if let Some(pre) = &bucket.prelimit {
-                if let Err(wait) = pre.take(hit.cost, now) {
+            let refill = |granted, left| shared.config.lease.should_refill(granted, left);
+            match bucket.take_local(hit.cost, now, refill) {
+                LocalTake::Took => {
+                    shared.metrics.lease_hits.inc();
+                    if bucket.prelimit.is_some() {
+                        attempt.took(Taken::Prelimit(bucket.clone(), hit.cost));
+                    }
+                    attempt.took(Taken::Lease(bucket.clone(), hit.cost));
+                    attempt.record(i, hit.leased(&bucket, now));
+                    continue;
+                }
+                LocalTake::Prelimited(wait) => {
                     shared.metrics.prelimit_denied.inc();
                     let wait = wait.max(self.store_wait(&bucket, hit.cost, now, wait).await);
                     attempt.record(i, hit.over_limit(wait, bucket.reset_after(now)));
                     return false;
                 }
-                attempt.took(Taken::Prelimit(bucket.clone(), hit.cost));
-            }
-            if bucket.try_take(hit.cost, || now) {
-                shared.metrics.lease_hits.inc();
-                attempt.took(Taken::Lease(bucket.clone(), hit.cost));
-                attempt.record(i, hit.leased(&bucket, now));
-                if bucket.should_queue_refill(|granted, left| {
-                    shared.config.lease.should_refill(granted, left)
-                }) {
-                    let _ = bucket.actor.cast(KeyMsg::Refill {
-                        bucket: bucket.clone(),
-                        min: 1,
-                        asked_at: now,
-                    });
-                }
-            } else if let Some(wait) = bucket.denied_for(hit.cost, now) {
                 // The store said it has no room for what the lease lacks: answered here.
-                attempt.record(i, hit.over_limit(wait, bucket.reset_after(now)));
-                return false;
-            } else {
-                shared.metrics.lease_waits.inc();
-                let clock = &shared.clock;
-                match bucket
-                    .take_after_refill(hit.cost, self.inner.actor_wait, || clock.now_micros())
-                    .await
-                {
-                    RefillOutcome::Took => {
-                        shared.metrics.lease_hits.inc();
-                        attempt.took(Taken::Lease(bucket.clone(), hit.cost));
-                        attempt.record(i, hit.leased(&bucket, now));
+                LocalTake::Denied(wait) => {
+                    attempt.record(i, hit.over_limit(wait, bucket.reset_after(now)));
+                    return false;
+                }
+                LocalTake::Dry => {
+                    if bucket.prelimit.is_some() {
+                        attempt.took(Taken::Prelimit(bucket.clone(), hit.cost));
                     }
-                    RefillOutcome::Denied(wait) => {
-                        attempt.record(i, hit.over_limit(wait, bucket.reset_after(now)));
+                }
+            }
+            // The lease ran dry: wait for the refill that is on its way (or queue one).
+            shared.metrics.lease_waits.inc();
+            let clock = &shared.clock;
+            match bucket
+                .take_after_refill(hit.cost, self.inner.actor_wait, || clock.now_micros())
+                .await
+            {
+                RefillOutcome::Took => {
+                    shared.metrics.lease_hits.inc();
+                    attempt.took(Taken::Lease(bucket.clone(), hit.cost));
+                    attempt.record(i, hit.leased(&bucket, now));
+                }
+                RefillOutcome::Denied(wait) => {
+                    attempt.record(i, hit.over_limit(wait, bucket.reset_after(now)));
+                    return false;
+                }
+                RefillOutcome::Failed { late } => {
+                    let error = if late {
+                        StoreError::Timeout {
+                            budget: shared.store.budget(),
+                        }
+                    } else {
+                        StoreError::Unavailable("the lease refill failed".into())
+                    };
+                    if !self.fail_mode(i, hit, Some(&bucket), &error, attempt) {
                         return false;
                     }
-                    RefillOutcome::Failed { late } => {
-                        let error = if late {
-                            StoreError::Timeout {
-                                budget: shared.store.budget(),
-                            }
-                        } else {
-                            StoreError::Unavailable("the lease refill failed".into())
-                        };
-                        if !self.fail_mode(i, hit, Some(&bucket), &error, attempt) {
-                            return false;
-                        }
-                    }
-                    RefillOutcome::Missed => slow.push((i, bucket)),
                 }
+                RefillOutcome::Missed => slow.push((i, bucket)),
             }
         }
         // Per identity, one actor call for every bucket that needs the store.

@@ -6,9 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::rules::{Mode, RuleKind};
-use crate::runtime::keys::bucket::Bucket;
-use crate::runtime::keys::messages::KeyMsg;
+use crate::runtime::keys::bucket::{Bucket, LocalTake};
 use crate::runtime::node::Node;
 use crate::runtime::request::{Request, RequestError};
 use crate::runtime::verdict::Verdict;
@@ -43,8 +41,15 @@ pub struct Prepared {
     parts: Vec<Part>,
 }
 
+impl Node {
+    /// Resolves `request` once, so deciding it again costs only the leases' atomic operations.
+    pub async fn prepare(&self, request: Request) -> Result<Prepared, RequestError> {
+        Prepared::new(self.clone(), request).await
+    }
+}
+
 impl Prepared {
-    pub(crate) async fn new(node: Node, request: Request) -> Result<Prepared, RequestError> {
+    async fn new(node: Node, request: Request) -> Result<Prepared, RequestError> {
         request.validate()?;
         let mut prepared = Prepared {
             node,
@@ -85,50 +90,44 @@ impl Prepared {
         }
         let shared = self.node.shared();
         let now = shared.clock.now_micros();
+        let undo = |parts: &[Part]| {
+            for p in parts {
+                p.bucket.give_back(p.cost);
+                if let Some(pre) = &p.bucket.prelimit {
+                    pre.refund(p.cost);
+                }
+            }
+        };
         for (i, part) in self.parts.iter().enumerate() {
-            let undo = |parts: &[Part]| {
-                for p in parts {
-                    p.bucket.give_back(p.cost);
-                    if let Some(pre) = &p.bucket.prelimit {
-                        pre.refund(p.cost);
+            let refill = |granted, left| shared.config.lease.should_refill(granted, left);
+            let retry_after = match part.bucket.take_local(part.cost, now, refill) {
+                LocalTake::Took => continue,
+                LocalTake::Prelimited(wait) => {
+                    // The retry must find room in the store too: when this node does not
+                    // know when it will, the full path asks.
+                    let Some(store) = part.bucket.denied_for(part.cost, now) else {
+                        undo(&self.parts[..i]);
+                        return None;
+                    };
+                    shared.metrics.prelimit_denied.inc();
+                    wait.max(store)
+                }
+                // The store said it has no room for what the lease lacks: answered here.
+                LocalTake::Denied(wait) => wait,
+                LocalTake::Dry => {
+                    if let Some(pre) = &part.bucket.prelimit {
+                        pre.refund(part.cost);
                     }
+                    undo(&self.parts[..i]);
+                    return None;
                 }
             };
-            if let Some(pre) = &part.bucket.prelimit
-                && let Err(wait) = pre.take(part.cost, now)
-            {
-                undo(&self.parts[..i]);
-                // The retry must find room in the store too: when this node does not know
-                // when it will, the full path asks.
-                let store = part.bucket.denied_for(part.cost, now)?;
-                shared.metrics.prelimit_denied.inc();
-                part.bucket.rule.counters.denied.inc();
-                return Some(Decision::Limited {
-                    retry_after: wait.max(store),
-                });
-            }
-            if !part.bucket.try_take(part.cost, || now) {
-                if let Some(pre) = &part.bucket.prelimit {
-                    pre.refund(part.cost);
-                }
-                undo(&self.parts[..i]);
-                // The store said it has no room for what the lease lacks: answered here.
-                let wait = part.bucket.denied_for(part.cost, now)?;
-                part.bucket.rule.counters.denied.inc();
-                return Some(Decision::Limited { retry_after: wait });
-            }
+            undo(&self.parts[..i]);
+            part.bucket.rule.counters.denied.inc();
+            return Some(Decision::Limited { retry_after });
         }
         for part in &self.parts {
             part.bucket.rule.counters.allowed.inc();
-            if part.bucket.should_queue_refill(|granted, left| {
-                shared.config.lease.should_refill(granted, left)
-            }) {
-                let _ = part.bucket.actor.cast(KeyMsg::Refill {
-                    bucket: part.bucket.clone(),
-                    min: 1,
-                    asked_at: now,
-                });
-            }
         }
         shared.metrics.lease_hits.inc_by(self.parts.len() as u64);
         Some(Decision::Allowed)
@@ -157,12 +156,4 @@ impl Prepared {
             }
         }
     }
-}
-
-/// Whether a matched rule can be decided by a lease alone.
-pub(crate) fn leasable(rule: &crate::rules::CompiledRule, cost: u64) -> bool {
-    rule.mode == Mode::Enforce
-        && cost > 0
-        && !rule.forwarded()
-        && matches!(rule.kind, RuleKind::Limited(l) if l.algorithm() != tollgate_lease::Algorithm::Concurrency && cost <= l.capacity())
 }

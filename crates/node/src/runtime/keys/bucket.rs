@@ -74,6 +74,23 @@ pub struct Bucket {
     owed: AtomicU64,
 }
 
+/// What the bucket's own state says about a request's units, without the store or the
+/// actor: the hot path of [`crate::runtime::Node::check`] and of
+/// [`crate::runtime::Prepared::try_check`] alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalTake {
+    /// Taken from the pre-limit and the lease (a refill was queued if the lease runs low).
+    Took,
+    /// The pre-limit refused, with its own wait; nothing was taken.
+    Prelimited(Duration),
+    /// The lease cannot cover the units and the store recently said it has no room until
+    /// this long from now; nothing was taken.
+    Denied(Duration),
+    /// The lease cannot cover the units and the store must be asked. The pre-limit's tokens
+    /// stay taken: the caller gives them back if it does not go on.
+    Dry,
+}
+
 /// What waiting for a refill gave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RefillOutcome {
@@ -168,6 +185,40 @@ impl Bucket {
     /// Leased units left.
     pub fn units(&self) -> i64 {
         self.units.load(Ordering::Acquire)
+    }
+
+    /// Takes `cost` units from the pre-limit and the lease, if they can (see [`LocalTake`]).
+    /// `refill` (granted, left) says when to queue a refill ahead of need.
+    pub fn take_local(
+        self: &Arc<Self>,
+        cost: u64,
+        now: Micros,
+        refill: impl FnOnce(u64, i64) -> bool,
+    ) -> LocalTake {
+        if let Some(pre) = &self.prelimit
+            && let Err(wait) = pre.take(cost, now)
+        {
+            return LocalTake::Prelimited(wait);
+        }
+        if self.try_take(cost, || now) {
+            if self.should_queue_refill(refill) {
+                let _ = self.actor.cast(KeyMsg::Refill {
+                    bucket: self.clone(),
+                    min: 1,
+                    asked_at: now,
+                });
+            }
+            return LocalTake::Took;
+        }
+        match self.denied_for(cost, now) {
+            Some(wait) => {
+                if let Some(pre) = &self.prelimit {
+                    pre.refund(cost);
+                }
+                LocalTake::Denied(wait)
+            }
+            None => LocalTake::Dry,
+        }
     }
 
     /// Whether the decision path should ask the actor to refill ahead, given `refill`

@@ -407,29 +407,34 @@ impl TryFrom<Settings> for Config {
                 ..RedisConfig::default()
             }),
         };
-        let max_share = s.lease_max_share.unwrap_or(0.5);
+        // Defaults live with what they configure: the runtime's, the breaker's, the lease
+        // policy's `Default` impls.
+        let defaults = RuntimeConfig::default();
+        let max_share = s.lease_max_share.unwrap_or(defaults.lease.max_share);
         if !(max_share > 0.0 && max_share <= 1.0) {
             return Err(bad(
                 "lease_max_share",
                 format!("must be in (0, 1], got {max_share}"),
             ));
         }
-        let lease_max_units = s.lease_max_units.unwrap_or(50);
+        let lease_max_units = s.lease_max_units.unwrap_or(defaults.lease.max_units);
         if lease_max_units == 0 {
             return Err(bad("lease_max_units", "must be at least 1"));
         }
-        let lease_ttl = ms(s.lease_ttl_ms.unwrap_or(1000));
+        let lease_ttl = s.lease_ttl_ms.map_or(defaults.lease.ttl, ms);
         if lease_ttl < ms(10) || lease_ttl > Duration::from_secs(3600) {
             return Err(bad("lease_ttl_ms", "must be between 10 and 3600000"));
         }
-        let prelimit = s.prelimit_factor.unwrap_or(1.0);
+        let prelimit = s
+            .prelimit_factor
+            .unwrap_or(defaults.prelimit_factor.unwrap_or(0.0));
         if !(prelimit.is_finite() && prelimit >= 0.0) {
             return Err(bad(
                 "prelimit_factor",
                 format!("must be 0 (off) or positive, got {prelimit}"),
             ));
         }
-        let cluster_nodes = s.cluster_nodes.unwrap_or(1);
+        let cluster_nodes = s.cluster_nodes.unwrap_or(defaults.cluster_nodes);
         if cluster_nodes == 0 {
             return Err(bad("cluster_nodes", "must be at least 1"));
         }
@@ -443,7 +448,9 @@ impl TryFrom<Settings> for Config {
                 ));
             }
         };
-        let failure_ratio = s.breaker_failure_ratio.unwrap_or(0.5);
+        let failure_ratio = s
+            .breaker_failure_ratio
+            .unwrap_or(defaults.breaker.failure_ratio);
         if !(failure_ratio > 0.0 && failure_ratio <= 1.0) {
             return Err(bad(
                 "breaker_failure_ratio",
@@ -451,16 +458,25 @@ impl TryFrom<Settings> for Config {
             ));
         }
         let breaker = BreakerConfig {
-            window: ms(s.breaker_window_ms.unwrap_or(1000).max(10)),
-            min_calls: s.breaker_min_calls.unwrap_or(20).max(1),
+            window: s
+                .breaker_window_ms
+                .map_or(defaults.breaker.window, |w| ms(w.max(10))),
+            min_calls: s
+                .breaker_min_calls
+                .unwrap_or(defaults.breaker.min_calls)
+                .max(1),
             failure_ratio,
-            cooldown: ms(s.breaker_cooldown_ms.unwrap_or(200).max(1)),
-            max_cooldown: ms(s.breaker_max_cooldown_ms.unwrap_or(1000).max(1)),
+            cooldown: s
+                .breaker_cooldown_ms
+                .map_or(defaults.breaker.cooldown, |c| ms(c.max(1))),
+            max_cooldown: s
+                .breaker_max_cooldown_ms
+                .map_or(defaults.breaker.max_cooldown, |c| ms(c.max(1))),
         };
         let patience = s
             .lease_patience_ms
             .map(ms)
-            .unwrap_or_else(|| ms(500).max(store_timeout));
+            .unwrap_or_else(|| defaults.lease.patience.max(store_timeout));
         if patience < store_timeout || patience > Duration::from_secs(60) {
             return Err(bad(
                 "lease_patience_ms",
@@ -574,7 +590,10 @@ impl TryFrom<Settings> for Config {
             rules: s.rules.unwrap_or_default(),
             rules_reload: ms(s.rules_reload_ms.unwrap_or(1000).max(10)),
             redis,
-            memory_max_keys: s.memory_max_keys.unwrap_or(4_000_000).max(1),
+            memory_max_keys: s
+                .memory_max_keys
+                .unwrap_or(tollgate_lease::MemoryConfig::default().max_keys)
+                .max(1),
             store_timeout,
             runtime: RuntimeConfig {
                 lease: LeasePolicy {
@@ -587,8 +606,11 @@ impl TryFrom<Settings> for Config {
                 prelimit_factor: (prelimit > 0.0).then_some(prelimit),
                 breaker,
                 cluster_nodes,
-                max_key_actors: s.max_key_actors.unwrap_or(100_000).max(1),
-                idle_timeout: ms(s.idle_timeout_ms.unwrap_or(10_000)).max(lease_ttl * 2),
+                max_key_actors: s.max_key_actors.unwrap_or(defaults.max_key_actors).max(1),
+                idle_timeout: s
+                    .idle_timeout_ms
+                    .map_or(defaults.idle_timeout, ms)
+                    .max(lease_ttl * 2),
             },
             log_json,
             worker_threads: match s.worker_threads {
@@ -638,6 +660,29 @@ mod tests {
         assert!(redis.cluster);
         assert_eq!(config.grpc_listen.port(), 8081);
         assert_eq!(config.worker_threads, available_cpus());
+    }
+
+    #[test]
+    fn unset_settings_are_the_runtime_defaults() {
+        let config = Config::try_from(Settings::default()).expect("valid");
+        let defaults = RuntimeConfig::default();
+        let (got, want) = (&config.runtime, &defaults);
+        assert_eq!(got.lease.max_units, want.lease.max_units);
+        assert_eq!(got.lease.ttl, want.lease.ttl);
+        assert_eq!(got.lease.max_share, want.lease.max_share);
+        assert_eq!(got.lease.patience, want.lease.patience);
+        assert_eq!(got.prelimit_factor, want.prelimit_factor);
+        assert_eq!(got.cluster_nodes, want.cluster_nodes);
+        assert_eq!(got.max_key_actors, want.max_key_actors);
+        assert_eq!(got.idle_timeout, want.idle_timeout);
+        assert_eq!(got.breaker.window, want.breaker.window);
+        assert_eq!(got.breaker.min_calls, want.breaker.min_calls);
+        assert_eq!(got.breaker.cooldown, want.breaker.cooldown);
+        assert_eq!(got.breaker.max_cooldown, want.breaker.max_cooldown);
+        assert_eq!(
+            config.memory_max_keys,
+            tollgate_lease::MemoryConfig::default().max_keys
+        );
     }
 
     #[test]

@@ -232,9 +232,10 @@ pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{Metrics, Outcome};
+    use crate::metrics::Metrics;
     use crate::rules::set::RuleSet;
     use crate::rules::source::parse;
+    use crate::runtime::Outcome;
     use std::sync::Arc;
 
     fn rule(yaml: &str) -> Arc<CompiledRule> {

@@ -12,6 +12,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::runtime::Outcome;
+
 /// A rule's labels.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RuleLabels {
@@ -31,23 +33,6 @@ macro_rules! snake_label {
             }
         }
     };
-}
-
-/// What happened to a request at one rule.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub enum Outcome {
-    /// Admitted by the rule.
-    Allowed,
-    /// Denied by the rule.
-    Denied,
-    /// A SHADOW rule would have denied.
-    ShadowDenied,
-    /// The store failed and the rule's OPEN fail mode admitted.
-    FailedOpen,
-    /// The store failed and the rule's CLOSED fail mode denied.
-    FailedClosed,
-    /// The store failed and the rule's LOCAL fallback bucket decided.
-    LocalFallback,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -32,4 +32,4 @@ pub use node::Node;
 pub use prepared::{Decision, Prepared};
 pub use request::{Descriptor, LimitOverride, Matching, Request, RequestError};
 pub use shared::RuntimeConfig;
-pub use verdict::{HeldSlot, RuleStatus, Verdict};
+pub use verdict::{HeldSlot, Outcome, RuleStatus, Verdict};

@@ -194,7 +194,7 @@ async fn shadow_rules_never_reach_clients() {
     let shadow_denied = served.node.metrics().decisions(
         "public-api",
         "partner-trial",
-        tollgate_node::metrics::Outcome::ShadowDenied,
+        tollgate_node::runtime::Outcome::ShadowDenied,
     );
     assert_eq!(shadow_denied, 6, "26 requests against a shadow limit of 20");
     served.stop().await;

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use support::{check, node_on, redis_store};
 use tollgate_lease::{RedisConfig, SharedClock, TokioClock};
-use tollgate_node::metrics::Outcome;
+use tollgate_node::runtime::Outcome;
 use tollgate_node::runtime::breaker::BreakerState;
 use tollgate_node::{Node, Request, RuntimeConfig};
 use tollgate_testkit::RedisServer;

@@ -12,7 +12,7 @@ use tollgate_lease::{
     BucketKey, CheckRequest, LeaseStore, Limit, MemoryConfig, MemoryStore, SharedClock, Store,
     TokioClock,
 };
-use tollgate_node::metrics::Outcome;
+use tollgate_node::runtime::Outcome;
 use tollgate_node::{Matching, Request, RuntimeConfig};
 
 const HOT: &str = "domain: api\nrules:\n  - {id: hot, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 1000, refillPerSecond: 0.001}\n";

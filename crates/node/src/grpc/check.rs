@@ -13,7 +13,7 @@ use tollgate_proto::tollgate::ratelimit::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::grpc::invalid;
-use crate::metrics::Outcome;
+use crate::runtime::Outcome;
 use crate::runtime::verdict::Denial;
 use crate::runtime::{Descriptor, HeldSlot, Matching, Node};
 

@@ -10,8 +10,9 @@ use std::time::Duration;
 use dashmap::DashMap;
 use tollgate_lease::Micros;
 
-use crate::metrics::{Outcome, RuleCounters};
+use crate::metrics::RuleCounters;
 use crate::rules::{CompiledRule, Mode, RuleKind, RuleSet};
+use crate::runtime::Outcome;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::request::{Matching, Request, RequestError};
 use crate::runtime::verdict::{Denial, RuleStatus, reset_after};

@@ -21,9 +21,10 @@ use tollgate_lease::{
     StoreError,
 };
 
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::Metrics;
 use crate::rules::watch::ActiveRules;
 use crate::rules::{CompiledRule, FailMode, Mode, RuleKind};
+use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Mark, Taken};
 use crate::runtime::breaker::BreakerState;
 use crate::runtime::guarded::GuardedStore;

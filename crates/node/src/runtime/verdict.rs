@@ -10,8 +10,24 @@ use std::time::Duration;
 
 use tollgate_lease::{Algorithm, BucketKey, Limit, SlotId};
 
-use crate::metrics::Outcome;
 use crate::rules::{CompiledRule, Mode};
+
+/// What happened to a request at one rule.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum Outcome {
+    /// Admitted by the rule.
+    Allowed,
+    /// Denied by the rule.
+    Denied,
+    /// A SHADOW rule would have denied.
+    ShadowDenied,
+    /// The store failed and the rule's OPEN fail mode admitted.
+    FailedOpen,
+    /// The store failed and the rule's CLOSED fail mode denied.
+    FailedClosed,
+    /// The store failed and the rule's LOCAL fallback bucket decided.
+    LocalFallback,
+}
 
 /// Why a rule denied a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,6 +15,11 @@
 //! - [`report`]: the table and the JSON.
 //! - [`bare`]: the bare server.
 
+/// The same allocator as the `tollgate` binary: the bare server is the ceiling of the same
+/// stack, allocator included, and the client's share of a shared machine stays small.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod bare;
 mod cli;
 mod drive;

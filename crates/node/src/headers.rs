@@ -139,21 +139,73 @@ fn t_of(s: &RuleStatus) -> u64 {
 /// wait can help): `over-limit`, `store-unavailable`, `cost-exceeds-limit`, `blocked`.
 pub const REASON_HEADER: &str = "tollgate-reason";
 
+/// The parts of a limit's headers that depend only on the rule and its limit, written once
+/// per rule (the decision path only adds what remains and when it resets).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderText {
+    /// The policy name as a Structured Field String.
+    name: String,
+    /// Its `RateLimit-Policy` item.
+    policy: String,
+    /// Its part of `X-RateLimit-Limit` after the first value: `, q;w=w;name="n"`.
+    x_limit: String,
+    quota: u64,
+}
+
+impl HeaderText {
+    fn of(p: &Policy<'_>) -> Self {
+        let mut name = String::with_capacity(p.name.len() + 2);
+        push_sf_string(&mut name, p.name);
+        let mut policy = format!("{name};q={}", p.quota);
+        if let Some(unit) = p.unit {
+            let _ = write!(policy, ";qu=\"{unit}\"");
+        }
+        if let Some(w) = p.window {
+            let _ = write!(policy, ";w={w}");
+        }
+        let mut x_limit = format!(", {}", p.quota);
+        if let Some(w) = p.window {
+            let _ = write!(x_limit, ";w={w}");
+        }
+        let _ = write!(x_limit, ";name={name}");
+        Self {
+            name,
+            policy,
+            x_limit,
+            quota: p.quota,
+        }
+    }
+
+    /// The text for `status`: its rule's, written once, unless the status is measured
+    /// against another limit (a forwarded decision's whole limit).
+    fn for_status(status: &RuleStatus) -> Option<std::borrow::Cow<'_, HeaderText>> {
+        let rule = &status.rule;
+        if status.limit == rule.limit() {
+            rule.header_text
+                .get_or_init(|| policy(rule).as_ref().map(HeaderText::of))
+                .as_ref()
+                .map(std::borrow::Cow::Borrowed)
+        } else {
+            status_policy(status).map(|p| std::borrow::Cow::Owned(HeaderText::of(&p)))
+        }
+    }
+}
+
 /// One limit as the headers show it.
 struct Shown<'a> {
-    policy: Policy<'a>,
+    text: std::borrow::Cow<'a, HeaderText>,
     remaining: u64,
     t: u64,
     allowed: bool,
 }
 
 /// The headers for a decision. Only ENFORCE rules appear: SHADOW rules show in metrics and
-/// logs, never to clients. Written straight into their values (this runs for every answer).
+/// logs, never to clients. What depends on the rule alone is written once per rule.
 pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
     let mut shown: Vec<Shown<'_>> = Vec::with_capacity(verdict.statuses.len());
     let mut keys: Vec<&str> = Vec::with_capacity(verdict.statuses.len());
     for s in verdict.statuses.iter().filter(|s| s.shown()) {
-        let Some(policy) = status_policy(s) else {
+        let Some(text) = HeaderText::for_status(s) else {
             continue;
         };
         if keys.contains(&s.rule.key.as_str()) {
@@ -161,7 +213,7 @@ pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
         }
         keys.push(&s.rule.key);
         shown.push(Shown {
-            policy,
+            text,
             remaining: if s.allowed { s.remaining } else { 0 },
             t: t_of(s),
             allowed: s.allowed,
@@ -180,23 +232,20 @@ pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
     if shown.is_empty() {
         return out;
     }
-    let names: usize = shown.iter().map(|l| l.policy.name.len() + 40).sum();
-    let (mut policies, mut limits) = (String::with_capacity(names), String::with_capacity(names));
+    let (policies, mut limits) = if let [one] = &shown[..] {
+        (
+            one.text.policy.clone(),
+            String::with_capacity(one.text.name.len() + 24),
+        )
+    } else {
+        let policies: Vec<&str> = shown.iter().map(|l| l.text.policy.as_str()).collect();
+        (policies.join(", "), String::with_capacity(shown.len() * 40))
+    };
     for (i, l) in shown.iter().enumerate() {
         if i > 0 {
-            policies.push_str(", ");
             limits.push_str(", ");
         }
-        let p = &l.policy;
-        push_sf_string(&mut policies, p.name);
-        let _ = write!(policies, ";q={}", p.quota);
-        if let Some(unit) = p.unit {
-            let _ = write!(policies, ";qu=\"{unit}\"");
-        }
-        if let Some(w) = p.window {
-            let _ = write!(policies, ";w={w}");
-        }
-        push_sf_string(&mut limits, p.name);
+        limits.push_str(&l.text.name);
         let _ = write!(limits, ";r={}", l.remaining);
         if l.t > 0 {
             let _ = write!(limits, ";t={}", l.t);
@@ -209,16 +258,11 @@ pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
         .max_by_key(|l| l.t)
         .or_else(|| shown.iter().min_by_key(|l| l.remaining))
         .expect("at least one limit");
-    let mut limit_header = String::with_capacity(names + 20);
-    let _ = write!(limit_header, "{}", decisive.policy.quota);
+    let x_len: usize = shown.iter().map(|l| l.text.x_limit.len()).sum();
+    let mut limit_header = String::with_capacity(x_len + 20);
+    let _ = write!(limit_header, "{}", decisive.text.quota);
     for l in &shown {
-        let p = &l.policy;
-        let _ = write!(limit_header, ", {}", p.quota);
-        if let Some(w) = p.window {
-            let _ = write!(limit_header, ";w={w}");
-        }
-        limit_header.push_str(";name=");
-        push_sf_string(&mut limit_header, p.name);
+        limit_header.push_str(&l.text.x_limit);
     }
     let (remaining, reset) = (decisive.remaining.to_string(), decisive.t.to_string());
     out.push(("ratelimit-policy", policies));

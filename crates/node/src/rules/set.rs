@@ -64,6 +64,8 @@ pub struct CompiledRule {
     pub origin: String,
     /// Where its limit is held across regions, at what share (the limit above is scaled).
     pub placement: Placement,
+    /// The rate-limit header text of its limit, written once (see [`crate::headers`]).
+    pub header_text: std::sync::OnceLock<Option<crate::headers::HeaderText>>,
 }
 
 impl CompiledRule {
@@ -123,6 +125,7 @@ impl CompiledRule {
             counters,
             origin: "request override".into(),
             placement: Placement::LOCAL,
+            header_text: std::sync::OnceLock::new(),
         })
     }
 }
@@ -291,6 +294,7 @@ impl RuleSet {
                     rule: rule.id.clone(),
                 }),
                 origin: rule.origin.clone(),
+                header_text: std::sync::OnceLock::new(),
             });
             set.rules.push(compiled.clone());
             let domain = &mut set.domains.entry(rule.domain.clone()).or_default().native;
@@ -587,6 +591,7 @@ impl EnvoyCompiler<'_> {
             }),
             origin: self.origin.to_owned(),
             id,
+            header_text: std::sync::OnceLock::new(),
         });
         self.rules.push(compiled.clone());
         Ok(compiled)

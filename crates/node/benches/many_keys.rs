@@ -98,7 +98,13 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
     let status = Command::new(loadgen())
         .args(["run", "--target", &format!("http://127.0.0.1:{grpc}")])
         .args(["--keys", keys, "--connections", "8", "--streams", "8"])
-        .args(["--duration", &format!("{secs}s"), "--warmup", "1s", "--quiet"])
+        .args([
+            "--duration",
+            &format!("{secs}s"),
+            "--warmup",
+            "1s",
+            "--quiet",
+        ])
         .arg("--json")
         .arg(&json)
         .stdout(Stdio::null())
@@ -155,9 +161,8 @@ fn direct_row(redis_url: &str, secs: u64) -> f64 {
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let store = Arc::new(
-            RedisStore::open(&RedisConfig::single(redis_url)).expect("redis store"),
-        );
+        let store =
+            Arc::new(RedisStore::open(&RedisConfig::single(redis_url)).expect("redis store"));
         let limit = Limit::token_bucket(1_000_000_000_000, 1e9).expect("limit");
         let done = Arc::new(AtomicBool::new(false));
         let calls = Arc::new(AtomicU64::new(0));
@@ -209,5 +214,7 @@ fn main() {
     let direct = direct_row(&url, secs);
     grpc_row("uniform:1000000", &url, &rules, secs);
     grpc_row("zipf:1000000", &url, &rules, secs);
-    println!("\n(the direct check reached {direct:.0}/s; the node's figures are over gRPC, with the load generator on the same machine)");
+    println!(
+        "\n(the direct check reached {direct:.0}/s; the node's figures are over gRPC, with the load generator on the same machine)"
+    );
 }

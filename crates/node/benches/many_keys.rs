@@ -12,7 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tollgate_lease::{BucketKey, CheckRequest, LeaseStore, Limit, RedisConfig, RedisStore};
 use tollgate_testkit::RedisServer;

@@ -1,7 +1,7 @@
 //! What a request matches: for each descriptor, the rules that apply and the identity and
-//! cost of each rule's bucket ([`Hit`]), a rule matched for one identity by several
+//! cost of each rule's bucket (`Hit`), a rule matched for one identity by several
 //! descriptors charged once, `replaces` applied; and the rules made from Envoy's per-descriptor
-//! limit overrides, cached ([`OverrideRules`]).
+//! limit overrides, cached (`OverrideRules`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,0 +1,167 @@
+//! What a rule does when the store cannot answer: OPEN (or, when the store is only slow, its
+//! last answer), CLOSED, LOCAL (a per-node share, per key, bounded and swept).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tollgate_lease::{BucketKey, StoreError};
+
+use super::Node;
+use crate::rules::FailMode;
+use crate::runtime::Outcome;
+use crate::runtime::attempt::{Attempt, Taken};
+use crate::runtime::breaker::BreakerState;
+use crate::runtime::keys::bucket::Bucket;
+use crate::runtime::keys::registry::bucket_key;
+use crate::runtime::local::LocalBucket;
+use crate::runtime::matching::Hit;
+use crate::runtime::verdict::Denial;
+
+/// A LOCAL fallback bucket and when it was last used.
+#[derive(Debug)]
+pub(super) struct Fallback {
+    pub(super) bucket: Arc<LocalBucket>,
+    pub(super) used: std::sync::atomic::AtomicU64,
+}
+
+impl Node {
+    /// How long a request that failed closed should wait: until the breaker of its shard lets
+    /// the node try the store again, and at least a second (headers carry whole seconds).
+    pub(super) fn store_retry(&self, hit: &Hit, now: u64) -> Duration {
+        let state = BucketKey::new(&hit.identity, &hit.rule.key)
+            .map(|key| self.inner.shared.store.breaker_state_of(&key))
+            .unwrap_or(BreakerState::Closed);
+        let probe = match state {
+            BreakerState::Open { until } => Duration::from_micros(until.saturating_sub(now)),
+            _ => Duration::ZERO,
+        };
+        probe.max(Duration::from_secs(1))
+    }
+
+    /// Decides a hit the store could not answer in time; false if it denies. Under an OPEN
+    /// rule, a store that is only slow (a timeout) and answered this bucket recently is
+    /// believed: its last answer decides (see [`Bucket::decide_while_slow`]), rather than
+    /// admitting everything. Otherwise the rule's fail mode decides: CLOSED denies, LOCAL
+    /// takes its local share.
+    pub(super) fn fail_mode(
+        &self,
+        index: usize,
+        hit: &Hit,
+        bucket: Option<&Arc<Bucket>>,
+        error: &StoreError,
+        attempt: &mut Attempt,
+    ) -> bool {
+        let now = self.now();
+        if hit.rule.fail_mode == FailMode::Open
+            && matches!(error, StoreError::Timeout { .. })
+            && let Some(bucket) = bucket
+            && let Some(decision) = bucket.decide_while_slow(hit.cost, now)
+        {
+            self.inner.shared.metrics.slow_store_decisions.inc();
+            let status = match decision {
+                Ok(()) => {
+                    attempt.took(Taken::Owed(bucket.clone(), hit.cost));
+                    hit.admitted(
+                        Outcome::Allowed,
+                        bucket.remaining(now),
+                        bucket.reset_after(now),
+                    )
+                }
+                Err(wait) => hit.over_limit(wait, bucket.reset_after(now)),
+            };
+            let allowed = status.allowed;
+            attempt.record(index, status);
+            return allowed;
+        }
+        let status = match hit.rule.fail_mode {
+            FailMode::Open => hit.admitted(Outcome::FailedOpen, 0, Duration::ZERO),
+            FailMode::Closed => hit.denied(
+                Outcome::FailedClosed,
+                Denial::StoreUnavailable,
+                self.store_retry(hit, now),
+                Duration::ZERO,
+            ),
+            FailMode::Local => match bucket
+                .map(|b| b.fallback.clone())
+                .or_else(|| self.fallback_for(hit))
+            {
+                Some(local) => match local.take(hit.cost, now) {
+                    Ok(()) => {
+                        attempt.took(Taken::Fallback(local, hit.cost));
+                        hit.admitted(Outcome::LocalFallback, 0, Duration::ZERO)
+                    }
+                    Err(wait) => hit.denied(
+                        Outcome::LocalFallback,
+                        Denial::OverLimit,
+                        wait,
+                        Duration::ZERO,
+                    ),
+                },
+                // A rule without a limit has nothing to fall back to.
+                None => hit.admitted(Outcome::FailedOpen, 0, Duration::ZERO),
+            },
+        };
+        tracing::debug!(rule = %hit.rule.id, %error, outcome = ?status.outcome, "store failed; the rule's fail mode decided");
+        let allowed = status.allowed;
+        if allowed && let Some(bucket) = bucket {
+            // The bucket's next grant pays for this (given back if the request is denied).
+            bucket.admitted_without_store(hit.cost);
+            attempt.took(Taken::Owed(bucket.clone(), hit.cost));
+        }
+        attempt.record(index, status);
+        allowed
+    }
+
+    /// The LOCAL fallback bucket of a key that has no bucket on this node. They are bounded
+    /// like the actors: when the map is full, buckets idle for `idle_timeout` are swept (at most
+    /// once a second), as an actor's would be; if it is still full, the key shares its rule's
+    /// overflow bucket with the other keys past the cap, so the rule still limits (it never
+    /// fails open for want of room).
+    pub(super) fn fallback_for(&self, hit: &Hit) -> Option<Arc<LocalBucket>> {
+        let limit = hit.rule.limit()?;
+        let inner = &self.inner;
+        let now = self.now();
+        let key = bucket_key(hit.rule.uid, &hit.identity);
+        if let Some(found) = inner.fallbacks.get(&key) {
+            found.used.store(now, Ordering::Relaxed);
+            return Some(found.bucket.clone());
+        }
+        let nodes = f64::from(inner.shared.config.cluster_nodes.max(1));
+        let fresh = || Arc::new(LocalBucket::for_limit(&limit, 1.0 / nodes));
+        let cap = inner.shared.config.max_key_actors;
+        if inner.fallbacks.len() >= cap {
+            let last = inner.fallbacks_swept.load(Ordering::Relaxed);
+            if now.saturating_sub(last) >= 1_000_000
+                && inner
+                    .fallbacks_swept
+                    .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+            {
+                let idle = inner.shared.config.idle_timeout.as_micros() as u64;
+                inner
+                    .fallbacks
+                    .retain(|_, f| now.saturating_sub(f.used.load(Ordering::Relaxed)) < idle);
+            }
+            if inner.fallbacks.len() >= cap {
+                return Some(
+                    inner
+                        .overflow
+                        .entry(hit.rule.uid)
+                        .or_insert_with(fresh)
+                        .clone(),
+                );
+            }
+        }
+        let entry = inner.fallbacks.entry(key).or_insert_with(|| Fallback {
+            bucket: fresh(),
+            used: std::sync::atomic::AtomicU64::new(now),
+        });
+        Some(entry.bucket.clone())
+    }
+
+    /// LOCAL fallback buckets held for keys without an actor, and overflow buckets (per rule).
+    pub fn fallback_buckets(&self) -> (usize, usize) {
+        (self.inner.fallbacks.len(), self.inner.overflow.len())
+    }
+}

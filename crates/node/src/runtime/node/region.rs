@@ -1,0 +1,103 @@
+//! The node's side of region sync: consumption recorded for the peer, HOME_REGION decisions
+//! made for it, and the host handle region sync calls back into.
+
+use std::sync::Arc;
+
+use tollgate_lease::Limit;
+use tollgate_regionsync::RegionSync;
+use tollgate_regionsync::messages::{ForwardReply, ForwardRequest};
+
+use super::{Inner, Node};
+use crate::rules::CompiledRule;
+use crate::runtime::matching::Hit;
+use crate::runtime::verdict::Verdict;
+
+impl Node {
+    /// Attaches region sync: consumption of ASYNC_SYNC rules is recorded for the peer and
+    /// HOME_REGION decisions are forwarded. Once per node.
+    pub fn attach_region(&self, region: Arc<RegionSync>) -> Result<(), Arc<RegionSync>> {
+        self.inner.shared.region.set(region)
+    }
+
+    /// Region sync, if attached.
+    pub fn region(&self) -> Option<&Arc<RegionSync>> {
+        self.inner.shared.region.get()
+    }
+
+    /// Records units this region's store handed out under a rule that syncs with the peer
+    /// region (a lease granted, or a request admitted by a direct store check).
+    pub(crate) fn record_consumption(
+        &self,
+        rule: &CompiledRule,
+        identity: &[u8],
+        cost: u64,
+        now: u64,
+    ) {
+        if let (Some(region), Some(limit)) = (self.inner.shared.region.get(), rule.limit()) {
+            region.record(&rule.key, identity, &limit, cost, now);
+        }
+    }
+
+    /// Decides one rule for one identity, as the home region of a HOME_REGION rule does for
+    /// the peer. None when the rule is unknown here or is not a HOME_REGION rule homed here.
+    pub async fn check_rule(&self, rule_key: &str, identity: &[u8], cost: u64) -> Option<Verdict> {
+        let rule = self.inner.rules.load().rule(rule_key)?.clone();
+        // Only a HOME_REGION rule homed here is the peer's to ask about: any other rule's
+        // counter is this region's own (a SPLIT share, an ASYNC_SYNC budget), not the peer's.
+        if rule.placement.role != tollgate_regionsync::Role::Home || rule.limit().is_none() {
+            return None;
+        }
+        let hit = Hit {
+            descriptor: 0,
+            also: vec![],
+            rule,
+            identity: identity.to_vec(),
+            cost,
+        };
+        Some(self.decide(vec![hit]).await)
+    }
+
+    /// A handle region sync calls back into (holding the node weakly).
+    pub fn region_host(&self) -> Arc<dyn tollgate_regionsync::RegionHost> {
+        Arc::new(RegionHostOf {
+            node: Arc::downgrade(&self.inner),
+        })
+    }
+}
+
+/// What region sync calls back into: the node's rules and decisions.
+struct RegionHostOf {
+    node: std::sync::Weak<Inner>,
+}
+
+impl tollgate_regionsync::RegionHost for RegionHostOf {
+    fn synced_limit(&self, rule: &str) -> Option<Limit> {
+        let inner = self.node.upgrade()?;
+        let rules = inner.rules.load();
+        let rule = rules.rule(rule)?;
+        if rule.synced() { rule.limit() } else { None }
+    }
+
+    fn decide_forwarded(
+        &self,
+        request: ForwardRequest,
+    ) -> futures::future::BoxFuture<'static, Result<ForwardReply, String>> {
+        let node = self.node.upgrade().map(|inner| Node { inner });
+        Box::pin(async move {
+            let node = node.ok_or("the node is stopping")?;
+            let verdict = node
+                .check_rule(&request.rule, &request.identity, request.cost)
+                .await
+                .ok_or_else(|| format!("rule {:?} is not held in this region", request.rule))?;
+            let status = verdict.statuses.first().ok_or("no decision")?;
+            // The rule's own answer: a SHADOW rule that would deny says so (the asking
+            // region's decision path then counts it without blocking).
+            Ok(ForwardReply {
+                allowed: status.allowed,
+                remaining: status.remaining,
+                retry_after_us: verdict.retry_after.as_micros() as u64,
+                reset_after_us: status.reset_after.as_micros() as u64,
+            })
+        })
+    }
+}

@@ -84,16 +84,12 @@ struct Setup {
 }
 
 fn loadgen() -> PathBuf {
-    let path = Path::new(env!("CARGO_BIN_EXE_tollgate")).with_file_name("tollgate-loadgen");
-    if !path.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--release", "-p", "tollgate-loadgen"])
-            .status()
-            .expect("cargo build tollgate-loadgen");
-        assert!(status.success(), "building tollgate-loadgen failed");
-    }
-    path
+    tollgate_testkit::process::sibling_binary(
+        Path::new(env!("CARGO_BIN_EXE_tollgate")),
+        "tollgate-loadgen",
+        "tollgate-loadgen",
+    )
+    .expect("tollgate-loadgen")
 }
 
 fn start(setup: &Setup, pin: bool, rules: &Path) -> Server {

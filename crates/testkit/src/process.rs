@@ -1,7 +1,7 @@
 //! Helpers for driving real server processes from tests.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime};
 
@@ -44,6 +44,23 @@ pub fn require_binary(binary: &str, package: &str) -> Result<PathBuf> {
         "`{binary}` is not installed. Run the test command from the README (`scripts/test`), which \
          installs it, or `apt-get install {package}`."
     )
+}
+
+/// A workspace binary of another package, next to `beside` (a binary Cargo built for this
+/// target, e.g. `env!("CARGO_BIN_EXE_tollgate")`): built with `cargo build --release -p
+/// package` when it is not there yet.
+pub fn sibling_binary(beside: &Path, binary: &str, package: &str) -> Result<PathBuf> {
+    let path = beside.with_file_name(binary);
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "--release", "-p", package])
+            .status()?;
+        if !status.success() {
+            bail!("building {package} failed");
+        }
+    }
+    Ok(path)
 }
 
 /// Polls `probe` until it returns `Some`, or fails after `timeout`. Waiting on an external

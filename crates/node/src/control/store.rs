@@ -224,14 +224,7 @@ impl RuleStore {
     /// One rule.
     pub async fn get(&self, id: &str) -> Result<Option<StoredRule>, ControlError> {
         let client = self.pool.get().await?;
-        let sql = format!(
-            "SELECT {RULE_COLUMNS}, {} FROM rate_limit_rules WHERE id = $1",
-            time("updated_at")
-        );
-        Ok(client
-            .query_opt(&sql, &[&id])
-            .await?
-            .map(|row| stored(&row)))
+        get_rule(&client, id).await
     }
 
     /// Rules in id order, filtered, one page.
@@ -267,12 +260,12 @@ impl RuleStore {
         let current = lock_rule(&tx, id).await?;
         check(id, &condition, current.as_ref().map(|(v, _)| *v))?;
         let written = self.write(&tx, id, current, doc, actor).await?;
-        tx.commit().await?;
-        drop(client);
-        let rule = self
-            .get(id)
+        // Read inside the transaction, under its lock: what this write stored, not what a
+        // writer that follows it has stored since.
+        let rule = get_rule(&tx, id)
             .await?
             .ok_or_else(|| ControlError::NotFound(id.into()))?;
+        tx.commit().await?;
         Ok((rule, written))
     }
 
@@ -297,11 +290,11 @@ impl RuleStore {
         let doc: RuleDoc = from_json(merged).map_err(ControlError::Invalid)?;
         let doc = as_written(id, doc, default_domain)?;
         self.write(&tx, id, current, doc, actor).await?;
-        tx.commit().await?;
-        drop(client);
-        self.get(id)
+        let rule = get_rule(&tx, id)
             .await?
-            .ok_or_else(|| ControlError::NotFound(id.into()))
+            .ok_or_else(|| ControlError::NotFound(id.into()))?;
+        tx.commit().await?;
+        Ok(rule)
     }
 
     /// Writes `doc` over `current` (the rule's locked row), unless it is the same: a new
@@ -746,6 +739,21 @@ pub fn serde_field_error(message: &str) -> FieldError {
         field,
         reason: message.to_owned(),
     }
+}
+
+/// The rule `id` as stored, read through `client` (a connection or a transaction).
+async fn get_rule(
+    client: &impl deadpool_postgres::GenericClient,
+    id: &str,
+) -> Result<Option<StoredRule>, ControlError> {
+    let sql = format!(
+        "SELECT {RULE_COLUMNS}, {} FROM rate_limit_rules WHERE id = $1",
+        time("updated_at")
+    );
+    Ok(client
+        .query_opt(&sql, &[&id])
+        .await?
+        .map(|row| stored(&row)))
 }
 
 #[cfg(test)]

@@ -141,8 +141,9 @@ impl RuleCounters {
 pub struct Metrics {
     registry: Registry,
     decisions: Family<DecisionLabels, Counter>,
-    /// Store call latency, seconds, by operation.
-    store_latency: Family<OpLabels, Histogram>,
+    /// Store call latency, seconds, by operation: looked up once, indexed by [`StoreOp`]
+    /// (no label hashing per call).
+    store_latency: [Histogram; 4],
     store_failures: Family<FailureLabels, Counter>,
     /// Store calls made (whatever their outcome; not those the open breaker refused).
     pub store_calls: Counter,
@@ -238,6 +239,13 @@ impl Metrics {
             "Store calls that failed, by operation and cause",
             store_failures.clone(),
         );
+        let by_op = |op| store_latency.get_or_create(&OpLabels { op }).clone();
+        let store_latency = [
+            by_op(StoreOp::Check),
+            by_op(StoreOp::LeaseAcquire),
+            by_op(StoreOp::LeaseReturn),
+            by_op(StoreOp::SlotRelease),
+        ];
         let m = Metrics {
             decisions,
             store_latency,
@@ -408,9 +416,13 @@ impl Metrics {
 
     /// Records a store call's latency.
     pub fn observe_store(&self, op: StoreOp, seconds: f64) {
-        self.store_latency
-            .get_or_create(&OpLabels { op })
-            .observe(seconds);
+        let index = match op {
+            StoreOp::Check => 0,
+            StoreOp::LeaseAcquire => 1,
+            StoreOp::LeaseReturn => 2,
+            StoreOp::SlotRelease => 3,
+        };
+        self.store_latency[index].observe(seconds);
     }
 
     /// Counts a failed store call.

@@ -104,12 +104,18 @@ impl GuardedStore {
 
     /// Whether the breaker of `shard` lets a call through now.
     fn admit(&self, op: StoreOp, shard: u16) -> Result<(), StoreError> {
-        let allowed = self
-            .breakers
-            .entry(shard)
-            .or_insert_with(|| Breaker::new(self.config.clone()))
-            .allow(self.clock.now_micros());
-        self.publish_state();
+        let (allowed, changed) = {
+            let mut breaker = self
+                .breakers
+                .entry(shard)
+                .or_insert_with(|| Breaker::new(self.config.clone()));
+            let before = breaker.state();
+            let allowed = breaker.allow(self.clock.now_micros());
+            (allowed, breaker.state() != before)
+        };
+        if changed {
+            self.publish_state();
+        }
         if allowed {
             self.metrics.store_calls.inc();
             Ok(())
@@ -126,6 +132,7 @@ impl GuardedStore {
             .breakers
             .entry(shard)
             .or_insert_with(|| Breaker::new(self.config.clone()));
+        let before = breaker.state();
         match result {
             // A full store answered: it is up; only the new key it refused is affected.
             Err(StoreError::Full(_)) => {
@@ -156,8 +163,12 @@ impl GuardedStore {
                 breaker.on_success(now);
             }
         }
+        let changed = breaker.state() != before;
         drop(breaker);
-        self.publish_state();
+        // The gauges summarise every shard: recomputed when one changes, not on every call.
+        if changed {
+            self.publish_state();
+        }
     }
 
     async fn call<T>(

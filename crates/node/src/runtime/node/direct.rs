@@ -40,7 +40,7 @@ impl Node {
                 cost: hit.cost,
             });
         }
-        let request = match CheckRequest::new(items.clone()) {
+        let request = match CheckRequest::new(items) {
             Ok(r) => r,
             Err(e) => {
                 // Only a cost above a bucket's capacity is refused here: it can never fit.
@@ -86,7 +86,7 @@ impl Node {
                             );
                         }
                     }
-                    for (item, b) in items.iter().zip(outcome.buckets) {
+                    for (item, b) in request.items().iter().zip(outcome.buckets) {
                         if let Some(slot) = b.slot {
                             self.inner.shared.metrics.slots_taken.inc();
                             attempt.took(Taken::Slot(HeldSlot {

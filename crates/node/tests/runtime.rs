@@ -63,7 +63,7 @@ async fn a_trickle_is_decided_by_store_checks_without_an_actor() {
         assert!(check(&node, &request).await.allowed);
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    // One request every two seconds: never back within a lease lifetime, so each decision is
+    // One request every two seconds: never back within a quarter lease lifetime, so each decision is
     // one store check and the key costs no actor and holds nothing.
     let key = BucketKey::new(b"slow", "hot").expect("key");
     let limit = Limit::token_bucket(1000, 0.001).expect("limit");

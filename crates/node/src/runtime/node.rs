@@ -349,9 +349,11 @@ impl Node {
             // definition of the rule holds before it leases).
             Some(actor) => actor,
             None => {
-                // A key that does not come back within a lease lifetime is not worth an
-                // actor: its decision is a store check, as its one-unit lease would be.
-                let within = shared.config.lease.ttl.as_micros() as u64;
+                // A key is worth an actor when its demand would lease more than one unit:
+                // leases cover half a lifetime of demand, so it must come back within a
+                // quarter of one (two requests in that time). Until then its decision is a
+                // store check, as its one-unit lease would be.
+                let within = shared.config.lease.ttl.as_micros() as u64 / 4;
                 if !shared.registry.seen_again(&key, self.now(), within) {
                     return None;
                 }

@@ -2,7 +2,8 @@
 //! held across awaits. Their number is bounded: past the cap, new keys are decided by a direct
 //! store call and leave nothing behind, so a flood of new keys cannot exhaust memory.
 //!
-//! A key gets a bucket and an actor only when it comes back within a lease lifetime: until
+//! A key gets a bucket and an actor only when it comes back within a quarter of a lease
+//! lifetime (its demand would then lease more than one unit): until
 //! then each decision is one store check, as a one-unit lease would be, and the key costs one
 //! entry in a bounded map of when keys were last seen (a hash and a time, not an actor of
 //! several kilobytes). Many keys that come once or rarely (a scan, a uniform spread over a

@@ -59,7 +59,21 @@ pub trait RegionHost: Send + Sync + 'static {
     fn decide_forwarded(
         &self,
         request: ForwardRequest,
-    ) -> BoxFuture<'static, Result<ForwardReply, String>>;
+    ) -> BoxFuture<'static, Result<ForwardReply, ForwardError>>;
+}
+
+/// Why the home region could not decide a forwarded request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ForwardError {
+    /// The node is stopping.
+    #[error("the node is stopping")]
+    Stopping,
+    /// The rule is not a HOME_REGION rule homed in this region (or is unknown here).
+    #[error("rule {0:?} is not held in this region")]
+    NotHeld(String),
+    /// The decision had no status for the rule.
+    #[error("no decision was made")]
+    NoDecision,
 }
 
 /// A node's region settings.

@@ -233,6 +233,6 @@ impl Receiver {
         self.host
             .decide_forwarded(request)
             .await
-            .map_err(Status::failed_precondition)
+            .map_err(|e| Status::failed_precondition(e.to_string()))
     }
 }

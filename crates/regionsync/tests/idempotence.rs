@@ -10,11 +10,11 @@ use proptest::prelude::*;
 use tollgate_lease::{
     BucketKey, CheckRequest, LeaseStore, Limit, ManualClock, MemoryConfig, MemoryStore, Store,
 };
-use tollgate_regionsync::RegionHost;
 use tollgate_regionsync::consumption::epoch_until;
 use tollgate_regionsync::messages::{Batch, Entry, ForwardReply, ForwardRequest, Origin};
 use tollgate_regionsync::metrics::RegionMetrics;
 use tollgate_regionsync::receiver::Receiver;
+use tollgate_regionsync::{ForwardError, RegionHost};
 
 const NOW: u64 = 1_800_000_000_000_000;
 const RULES: [&str; 2] = ["window", "bucket"];
@@ -37,9 +37,9 @@ impl RegionHost for Host {
 
     fn decide_forwarded(
         &self,
-        _request: ForwardRequest,
-    ) -> BoxFuture<'static, Result<ForwardReply, String>> {
-        Box::pin(async { Err("not the home region".to_string()) })
+        request: ForwardRequest,
+    ) -> BoxFuture<'static, Result<ForwardReply, ForwardError>> {
+        Box::pin(async move { Err(ForwardError::NotHeld(request.rule)) })
     }
 }
 

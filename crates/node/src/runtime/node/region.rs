@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use tollgate_lease::Limit;
-use tollgate_regionsync::RegionSync;
 use tollgate_regionsync::messages::{ForwardReply, ForwardRequest};
+use tollgate_regionsync::{ForwardError, RegionSync};
 
 use super::{Inner, Node};
 use crate::rules::CompiledRule;
@@ -81,15 +81,15 @@ impl tollgate_regionsync::RegionHost for RegionHostOf {
     fn decide_forwarded(
         &self,
         request: ForwardRequest,
-    ) -> futures::future::BoxFuture<'static, Result<ForwardReply, String>> {
+    ) -> futures::future::BoxFuture<'static, Result<ForwardReply, ForwardError>> {
         let node = self.node.upgrade().map(|inner| Node { inner });
         Box::pin(async move {
-            let node = node.ok_or("the node is stopping")?;
+            let node = node.ok_or(ForwardError::Stopping)?;
             let verdict = node
                 .check_rule(&request.rule, &request.identity, request.cost)
                 .await
-                .ok_or_else(|| format!("rule {:?} is not held in this region", request.rule))?;
-            let status = verdict.statuses.first().ok_or("no decision")?;
+                .ok_or_else(|| ForwardError::NotHeld(request.rule.clone()))?;
+            let status = verdict.statuses.first().ok_or(ForwardError::NoDecision)?;
             // The rule's own answer: a SHADOW rule that would deny says so (the asking
             // region's decision path then counts it without blocking).
             Ok(ForwardReply {

@@ -123,7 +123,7 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
                 .sum::<f64>()
         })
         .unwrap_or(0.0);
-    // Distinct keys decided: drawn with replacement, so fewer than the decisions.
+    // Distinct keys decided: drawn with replacement, so fewer than the decisions (expected).
     let distinct = distinct_keys(keys, decided);
     println!(
         "| gRPC, {keys} | {:.0} | {:.0} µs | {:.0} µs | {:.0} | {actors:.0} | {:.0} MB → {:.0} MB | {:.0} B |",
@@ -137,7 +137,9 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
     );
 }
 
-/// Expected distinct keys among `draws` draws: exact for uniform, counted for Zipf.
+/// The expected number of distinct keys among `draws` draws (with replacement) from the
+/// distribution, in closed form for uniform and summed over the ranks for Zipf (s = 1, the
+/// load generator's default); the RSS figure is per expected distinct key.
 fn distinct_keys(keys: &str, draws: f64) -> f64 {
     let n = KEYS as f64;
     if keys.starts_with("uniform") {

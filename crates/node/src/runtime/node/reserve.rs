@@ -112,16 +112,8 @@ impl Node {
                 continue;
             };
             let refill = |granted, left| shared.config.lease.should_refill(granted, left);
-            match bucket.take_local(hit.cost, now, refill) {
-                LocalTake::Took => {
-                    shared.metrics.lease_hits.inc();
-                    if bucket.prelimit.is_some() {
-                        attempt.took(Taken::Prelimit(bucket.clone(), hit.cost));
-                    }
-                    attempt.took(Taken::Lease(bucket.clone(), hit.cost));
-                    attempt.record(i, hit.leased(&bucket, now));
-                    continue;
-                }
+            let took = match bucket.take_local(hit.cost, now, refill) {
+                took @ (LocalTake::Took | LocalTake::Dry) => took,
                 LocalTake::Prelimited(wait) => {
                     shared.metrics.prelimit_denied.inc();
                     let wait = wait.max(self.store_wait(&bucket, hit.cost, now, wait).await);
@@ -133,11 +125,16 @@ impl Node {
                     attempt.record(i, hit.over_limit(wait, bucket.reset_after(now)));
                     return false;
                 }
-                LocalTake::Dry => {
-                    if bucket.prelimit.is_some() {
-                        attempt.took(Taken::Prelimit(bucket.clone(), hit.cost));
-                    }
-                }
+            };
+            // Both keep the pre-limit's tokens (given back if the request ends up denied).
+            if bucket.prelimit.is_some() {
+                attempt.took(Taken::Prelimit(bucket.clone(), hit.cost));
+            }
+            if took == LocalTake::Took {
+                shared.metrics.lease_hits.inc();
+                attempt.took(Taken::Lease(bucket.clone(), hit.cost));
+                attempt.record(i, hit.leased(&bucket, now));
+                continue;
             }
             // The lease ran dry: wait for the refill that is on its way (or queue one).
             shared.metrics.lease_waits.inc();

@@ -11,6 +11,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use tollgate_lease::{Algorithm, Limit};
 
 use crate::rules::{CompiledRule, RuleKind};
@@ -193,6 +194,7 @@ impl HeaderText {
 
 /// One limit as the headers show it.
 struct Shown<'a> {
+    key: &'a str,
     text: std::borrow::Cow<'a, HeaderText>,
     remaining: u64,
     t: u64,
@@ -202,35 +204,42 @@ struct Shown<'a> {
 /// The headers for a decision. Only ENFORCE rules appear: SHADOW rules show in metrics and
 /// logs, never to clients. What depends on the rule alone is written once per rule.
 pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
-    let mut shown: Vec<Shown<'_>> = Vec::with_capacity(verdict.statuses.len());
-    let mut keys: Vec<&str> = Vec::with_capacity(verdict.statuses.len());
+    let mut out = Vec::with_capacity(7);
+    write_headers(verdict, |name, value| out.push((name, value)));
+    out
+}
+
+/// [`headers`], handed to `add` one by one (the gRPC answer builds its own header values from
+/// them without an intermediate list).
+pub fn write_headers(verdict: &Verdict, mut add: impl FnMut(&'static str, String)) {
+    // A request rarely matches more than a few rules: those stay off the heap.
+    let mut shown: SmallVec<[Shown<'_>; 4]> = SmallVec::new();
     for s in verdict.statuses.iter().filter(|s| s.shown()) {
+        if shown.iter().any(|l| l.key == s.rule.key) {
+            continue;
+        }
         let Some(text) = HeaderText::for_status(s) else {
             continue;
         };
-        if keys.contains(&s.rule.key.as_str()) {
-            continue;
-        }
-        keys.push(&s.rule.key);
         shown.push(Shown {
+            key: &s.rule.key,
             text,
             remaining: if s.allowed { s.remaining } else { 0 },
             t: t_of(s),
             allowed: s.allowed,
         });
     }
-    let mut out = Vec::with_capacity(7);
     if let Some(denial) = verdict.denial() {
-        out.push((REASON_HEADER, denial.as_str().to_owned()));
+        add(REASON_HEADER, denial.as_str().to_owned());
         if denial.retryable() {
-            out.push((
+            add(
                 "retry-after",
                 ceil_secs(verdict.retry_after).max(1).to_string(),
-            ));
+            );
         }
     }
     if shown.is_empty() {
-        return out;
+        return;
     }
     let (policies, mut limits) = if let [one] = &shown[..] {
         (
@@ -238,8 +247,15 @@ pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
             String::with_capacity(one.text.name.len() + 24),
         )
     } else {
-        let policies: Vec<&str> = shown.iter().map(|l| l.text.policy.as_str()).collect();
-        (policies.join(", "), String::with_capacity(shown.len() * 40))
+        let mut policies =
+            String::with_capacity(shown.iter().map(|l| l.text.policy.len() + 2).sum());
+        for (i, l) in shown.iter().enumerate() {
+            if i > 0 {
+                policies.push_str(", ");
+            }
+            policies.push_str(&l.text.policy);
+        }
+        (policies, String::with_capacity(shown.len() * 40))
     };
     for (i, l) in shown.iter().enumerate() {
         if i > 0 {
@@ -264,13 +280,11 @@ pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
     for l in &shown {
         limit_header.push_str(&l.text.x_limit);
     }
-    let (remaining, reset) = (decisive.remaining.to_string(), decisive.t.to_string());
-    out.push(("ratelimit-policy", policies));
-    out.push(("ratelimit", limits));
-    out.push(("x-ratelimit-limit", limit_header));
-    out.push(("x-ratelimit-remaining", remaining));
-    out.push(("x-ratelimit-reset", reset));
-    out
+    add("ratelimit-policy", policies);
+    add("ratelimit", limits);
+    add("x-ratelimit-limit", limit_header);
+    add("x-ratelimit-remaining", decisive.remaining.to_string());
+    add("x-ratelimit-reset", decisive.t.to_string());
 }
 
 #[cfg(test)]

@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+use smallvec::SmallVec;
+
 use tollgate_proto::envoy::config::core::v3::HeaderValue;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::{
@@ -18,7 +20,7 @@ use tollgate_proto::envoy::r#type::v3::RateLimitUnit;
 use tonic::{Request, Response, Status};
 
 use crate::grpc::invalid;
-use crate::headers::{Policy, headers, status_policy};
+use crate::headers::{Policy, status_policy, write_headers};
 use crate::rules::RuleKind;
 use crate::runtime::{Descriptor, LimitOverride, Matching, Node, RuleStatus, Verdict};
 
@@ -111,7 +113,7 @@ fn duration(d: Duration) -> prost_types::Duration {
 /// The response for a decision over `descriptors` request descriptors.
 pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
     // SHADOW rules never show: they are counted in metrics and logged, nothing else.
-    let shown: Vec<(&RuleStatus, Option<Policy<'_>>)> = verdict
+    let shown: SmallVec<[(&RuleStatus, Option<Policy<'_>>); 4]> = verdict
         .statuses
         .iter()
         .filter(|s| s.shown())
@@ -164,14 +166,14 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
         };
         statuses.push(status);
     }
-    let response_headers_to_add = headers(verdict)
-        .into_iter()
-        .map(|(key, value)| HeaderValue {
+    let mut response_headers_to_add = Vec::with_capacity(7);
+    write_headers(verdict, |key, value| {
+        response_headers_to_add.push(HeaderValue {
             key: key.into(),
             value,
             raw_value: vec![],
         })
-        .collect();
+    });
     RateLimitResponse {
         overall_code: (if verdict.allowed {
             Code::Ok

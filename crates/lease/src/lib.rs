@@ -26,6 +26,8 @@
 //! - [`store`]: the [`LeaseStore`] trait and the run-time choice [`Store`].
 //! - [`memory`]: the in-memory store (sharded, injectable clock).
 //! - [`redis`]: the Redis store (single and cluster) and its Lua scripts.
+//! - [`link`]: the in-memory store behind a link that can be slowed, stalled, cut or failed
+//!   over (the chaos simulations' store).
 //! - [`clock`]: the clocks the in-memory store can run on.
 //! - [`error`]: typed errors that say whether they are transient.
 //! - `algorithm`: the pure arithmetic both stores implement.
@@ -35,6 +37,7 @@ pub mod clock;
 pub mod error;
 pub mod key;
 pub mod limit;
+pub mod link;
 pub mod memory;
 pub mod ops;
 pub mod redis;
@@ -44,6 +47,7 @@ pub use clock::{Clock, ManualClock, Micros, SharedClock, SystemClock, TokioClock
 pub use error::{InvalidInput, StoreError};
 pub use key::{BucketKey, KeyError};
 pub use limit::{Algorithm, Limit, LimitError, LimitSpec};
+pub use link::{Latency, LinkCalls, LinkCondition, LinkedStore, StoreLink};
 pub use memory::{MemoryConfig, MemoryStore};
 pub use ops::MAX_BUCKETS_PER_CALL;
 pub use ops::check::{BucketStatus, CheckItem, CheckOutcome, CheckRequest, Decision};

@@ -115,6 +115,16 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Forgets every key, live or not: every bucket starts full again (a failover to a
+    /// replica that has none of the state).
+    pub fn clear(&self) {
+        for shard in self.inner.shards.iter() {
+            let mut shard = shard.lock();
+            shard.keys.map.clear();
+            shard.sweep_at = MIN_SWEEP;
+        }
+    }
+
     /// Drops every expired key now.
     pub fn purge_expired(&self) {
         let now = self.inner.clock.now_micros();

@@ -6,6 +6,7 @@ use std::future::Future;
 use crate::error::StoreError;
 use crate::key::BucketKey;
 use crate::limit::{Algorithm, Limit};
+use crate::link::LinkedStore;
 use crate::memory::MemoryStore;
 use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::debit::DebitRequest;
@@ -68,6 +69,9 @@ pub enum Store {
     Memory(MemoryStore),
     /// Redis, single or cluster.
     Redis(RedisStore),
+    /// The in-memory store behind a link that can be slowed, stalled or cut (the chaos
+    /// simulations' store).
+    Linked(LinkedStore),
 }
 
 impl Store {
@@ -77,6 +81,7 @@ impl Store {
         match self {
             Store::Memory(s) => Store::Memory(s.clone()),
             Store::Redis(s) => Store::Redis(s.with_budget(budget)),
+            Store::Linked(s) => Store::Linked(s.with_budget(budget)),
         }
     }
 
@@ -84,7 +89,7 @@ impl Store {
     /// say nothing of the others.
     pub fn shard_of(&self, key: &BucketKey) -> u16 {
         match self {
-            Store::Memory(_) => 0,
+            Store::Memory(_) | Store::Linked(_) => 0,
             Store::Redis(s) => s.shard_of(key),
         }
     }
@@ -95,6 +100,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.check(req).await,
             Store::Redis(s) => s.check(req).await,
+            Store::Linked(s) => s.check(req).await,
         }
     }
 
@@ -102,6 +108,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.acquire_leases(req).await,
             Store::Redis(s) => s.acquire_leases(req).await,
+            Store::Linked(s) => s.acquire_leases(req).await,
         }
     }
 
@@ -109,6 +116,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.return_leases(req).await,
             Store::Redis(s) => s.return_leases(req).await,
+            Store::Linked(s) => s.return_leases(req).await,
         }
     }
 
@@ -116,6 +124,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.release_slots(req).await,
             Store::Redis(s) => s.release_slots(req).await,
+            Store::Linked(s) => s.release_slots(req).await,
         }
     }
 
@@ -123,6 +132,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.debit(req).await,
             Store::Redis(s) => s.debit(req).await,
+            Store::Linked(s) => s.debit(req).await,
         }
     }
 }

@@ -611,6 +611,7 @@ impl TryFrom<Settings> for Config {
                     .idle_timeout_ms
                     .map_or(defaults.idle_timeout, ms)
                     .max(lease_ttl * 2),
+                seed: None,
             },
             log_json,
             worker_threads: match s.worker_threads {

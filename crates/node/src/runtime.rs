@@ -27,7 +27,7 @@ pub mod shared;
 pub mod sizing;
 pub mod verdict;
 
-pub use matching::MAX_OVERRIDE_RULES;
+pub use matching::{Charge, MAX_OVERRIDE_RULES};
 pub use node::Node;
 pub use prepared::{Decision, Prepared};
 pub use request::{Descriptor, LimitOverride, Matching, Request, RequestError};

@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dashmap::DashMap;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tollgate_lease::{
     BucketKey, CheckOutcome, CheckRequest, LeaseGrant, LeaseRequest, LeaseStore, ReturnRequest,
     SharedClock, SlotRelease, Store, StoreError,
@@ -33,6 +35,8 @@ pub struct GuardedStore {
     config: BreakerConfig,
     clock: SharedClock,
     metrics: Arc<Metrics>,
+    /// Cooldown jitter (seeded, so a simulation repeats).
+    jitter: parking_lot::Mutex<StdRng>,
 }
 
 impl GuardedStore {
@@ -44,6 +48,7 @@ impl GuardedStore {
         breaker: BreakerConfig,
         clock: SharedClock,
         metrics: Arc<Metrics>,
+        seed: Option<u64>,
     ) -> Self {
         Self {
             patient: store.with_budget(patience.max(budget)),
@@ -53,6 +58,10 @@ impl GuardedStore {
             config: breaker,
             clock,
             metrics,
+            jitter: parking_lot::Mutex::new(match seed {
+                Some(seed) => StdRng::seed_from_u64(seed),
+                None => StdRng::from_os_rng(),
+            }),
         }
     }
 
@@ -145,7 +154,7 @@ impl GuardedStore {
                     _ => StoreFailure::Unavailable,
                 };
                 self.metrics.count_failure(op, failure);
-                if breaker.on_failure(now, rand::random()) {
+                if breaker.on_failure(now, self.jitter.lock().random()) {
                     self.metrics.breaker_opened.inc();
                     tracing::warn!(shard, error = %e, "store circuit breaker opened");
                 }

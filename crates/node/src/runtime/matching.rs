@@ -20,6 +20,17 @@ use crate::runtime::verdict::{Denial, RuleStatus, reset_after};
 /// The most rules made from descriptor limit overrides that a node keeps for reuse.
 pub const MAX_OVERRIDE_RULES: usize = 1024;
 
+/// What a request is charged at one matched rule ([`Node::charges`](crate::runtime::Node::charges)).
+#[derive(Debug, Clone)]
+pub struct Charge {
+    /// The rule.
+    pub rule: Arc<CompiledRule>,
+    /// The identity of the rule's bucket (the values of the descriptor entries it counts by).
+    pub identity: Vec<u8>,
+    /// The units taken.
+    pub cost: u64,
+}
+
 /// One rule matched by one descriptor.
 #[derive(Debug, Clone)]
 pub(crate) struct Hit {

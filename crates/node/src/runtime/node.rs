@@ -39,7 +39,7 @@ use crate::runtime::keys::messages::KeyMsg;
 use crate::runtime::keys::registry::{Registry, bucket_key};
 use crate::runtime::keys::supervisor::{KeySupervisor, SupervisorMsg};
 use crate::runtime::local::LocalBucket;
-use crate::runtime::matching::{self, Hit, OverrideRules};
+use crate::runtime::matching::{self, Charge, Hit, OverrideRules};
 use crate::runtime::request::{Request, RequestError};
 use crate::runtime::shared::{RuntimeConfig, Shared};
 use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
@@ -100,6 +100,7 @@ impl Node {
                 config.breaker.clone(),
                 clock.clone(),
                 metrics.clone(),
+                config.seed,
             ),
             registry: Registry::new(config.max_key_actors),
             clock,
@@ -108,7 +109,12 @@ impl Node {
             region: std::sync::OnceLock::new(),
         });
         let (supervisor, _) = Actor::spawn(None, KeySupervisor, shared.clone()).await?;
-        if let Store::Memory(memory) = shared.store.inner() {
+        let memory = match shared.store.inner() {
+            Store::Memory(memory) => Some(memory),
+            Store::Linked(linked) => Some(linked.memory()),
+            Store::Redis(_) => None,
+        };
+        if let Some(memory) = memory {
             // Sweep expired keys so an in-memory node's memory follows its live keys.
             let memory = memory.clone();
             let handle = supervisor.clone();
@@ -184,6 +190,23 @@ impl Node {
         Ok(self.decide(hits).await)
     }
 
+    /// What `request` would be charged, without deciding it: each matched rule with the
+    /// identity of its bucket and the cost it takes (for explaining a decision, and for the
+    /// simulations' exact bounds).
+    pub fn charges(&self, request: &Request) -> Result<Vec<Charge>, RequestError> {
+        request.validate()?;
+        let rules = self.inner.rules.load();
+        let hits = matching::hits(&rules, request, &self.inner.overrides, self.now())?;
+        Ok(hits
+            .into_iter()
+            .map(|h| Charge {
+                rule: h.rule,
+                identity: h.identity,
+                cost: h.cost,
+            })
+            .collect())
+    }
+
     /// The buckets of `request`'s matched rules, if every one can be decided by a lease alone.
     pub(crate) async fn leased_buckets(
         &self,
@@ -244,6 +267,18 @@ impl Node {
         });
         futures::future::join_all(waits).await;
         self.inner.supervisor.stop(None);
+    }
+
+    /// Stops the node as a crashed pod stops: every key actor and the supervisor are killed
+    /// at once, and what they held (leased units, concurrency slots) is never returned; the
+    /// store gets it back when the leases and slots expire. Only simulations and tests want
+    /// this; a node that is asked to stop uses [`Node::shutdown`].
+    pub fn crash(&self) {
+        self.inner.stopping.store(true, Ordering::Release);
+        for actor in self.inner.shared.registry.actors() {
+            actor.kill();
+        }
+        self.inner.supervisor.kill();
     }
 
     fn now(&self) -> u64 {

@@ -29,6 +29,9 @@ pub struct RuntimeConfig {
     pub max_key_actors: usize,
     /// A key actor with no leases stops after this long without requests.
     pub idle_timeout: Duration,
+    /// Where the runtime's own randomness (the breaker's cooldown jitter) comes from: None
+    /// draws a seed from the OS; a simulation pins it so a run can be repeated.
+    pub seed: Option<u64>,
 }
 
 impl Default for RuntimeConfig {
@@ -40,6 +43,7 @@ impl Default for RuntimeConfig {
             cluster_nodes: 1,
             max_key_actors: 100_000,
             idle_timeout: Duration::from_secs(10),
+            seed: None,
         }
     }
 }

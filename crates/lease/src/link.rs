@@ -1,0 +1,355 @@
+//! The in-memory store behind a link whose behaviour can change while nodes run on it: each
+//! call waits a latency drawn from a seeded distribution, and the link can be cut (calls fail
+//! at once, as against a killed Redis), stalled (calls hang until it resumes, as against a
+//! `SIGSTOP`ped Redis; the caller's budget ends first), or slowed. A failover wipes the state
+//! (every bucket starts full again, as when a replica without the latest writes is promoted).
+//!
+//! The chaos simulations run every node of a region on one [`LinkedStore`] and drive its
+//! [`StoreLink`] from their fault schedule. Latency is slept on tokio's clock, so on paused
+//! time it costs no wall time; the draws come from the link's own seeded generator, so one
+//! seed gives one sequence of latencies.
+//!
+//! As with Redis, a command runs once it has crossed the link, whether or not its caller still
+//! waits (a caller's budget, [`LinkedStore::with_budget`], ends its wait, not the command); a
+//! command held by a stalled link runs when the link resumes, and is lost if the link goes
+//! down meanwhile.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::watch;
+
+use crate::error::StoreError;
+use crate::memory::MemoryStore;
+use crate::ops::check::{CheckOutcome, CheckRequest};
+use crate::ops::debit::DebitRequest;
+use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
+use crate::ops::slot::SlotRelease;
+use crate::store::LeaseStore;
+
+/// How long one store call takes on the link: a log-normal distribution given by its median
+/// and its 99th percentile (a round trip to a healthy Redis is about that shape: a tight body
+/// and a long tail).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Latency {
+    /// Half of all calls are faster.
+    pub median: Duration,
+    /// 99 % of all calls are faster.
+    pub p99: Duration,
+}
+
+impl Latency {
+    /// Every call takes exactly `d`.
+    pub fn fixed(d: Duration) -> Self {
+        Self { median: d, p99: d }
+    }
+
+    fn draw(&self, rng: &mut StdRng) -> Duration {
+        let median = self.median.as_secs_f64();
+        if self.p99 <= self.median || median == 0.0 {
+            return self.median;
+        }
+        // z of the 99th percentile of a standard normal.
+        let sigma = (self.p99.as_secs_f64() / median).ln() / 2.326_348;
+        // Box-Muller: one standard normal from two uniforms.
+        let (u1, u2): (f64, f64) = (rng.random::<f64>().max(f64::MIN_POSITIVE), rng.random());
+        let z = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+        // A call never takes more than a minute, however far the tail is drawn.
+        Duration::from_secs_f64((median * (sigma * z).exp()).min(60.0))
+    }
+}
+
+/// What the link does to calls now.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LinkCondition {
+    /// Calls take their drawn latency.
+    Up,
+    /// Calls fail at once with [`StoreError::Unavailable`] (connection refused).
+    Down,
+    /// Calls hang until the link is up or down again.
+    Stalled,
+    /// Calls take this much longer than their drawn latency.
+    Slow(Duration),
+}
+
+/// Calls made over a link, by operation.
+#[derive(Debug, Default)]
+pub struct LinkCalls {
+    /// Checks.
+    pub check: AtomicU64,
+    /// Lease acquisitions.
+    pub acquire: AtomicU64,
+    /// Lease returns.
+    pub returns: AtomicU64,
+    /// Slot releases.
+    pub release: AtomicU64,
+    /// Debits (consumption from the peer region).
+    pub debit: AtomicU64,
+    /// Calls that failed because the link was down.
+    pub refused: AtomicU64,
+}
+
+impl LinkCalls {
+    /// All calls that reached the store.
+    pub fn total(&self) -> u64 {
+        [
+            &self.check,
+            &self.acquire,
+            &self.returns,
+            &self.release,
+            &self.debit,
+        ]
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum()
+    }
+}
+
+/// The control side of a link: change its condition, fail the store over, read its counts.
+/// Cloning shares the link.
+#[derive(Debug, Clone)]
+pub struct StoreLink {
+    inner: Arc<LinkInner>,
+}
+
+#[derive(Debug)]
+struct LinkInner {
+    condition: watch::Sender<LinkCondition>,
+    latency: Mutex<(Latency, StdRng)>,
+    calls: LinkCalls,
+    failovers: AtomicU64,
+}
+
+impl StoreLink {
+    /// The link's condition now.
+    pub fn condition(&self) -> LinkCondition {
+        *self.inner.condition.borrow()
+    }
+
+    /// Sets the link's condition (a stalled call resumes when the link is no longer stalled).
+    pub fn set_condition(&self, condition: LinkCondition) {
+        self.inner.condition.send_replace(condition);
+    }
+
+    /// Sets the latency distribution of later calls.
+    pub fn set_latency(&self, latency: Latency) {
+        self.inner.latency.lock().0 = latency;
+    }
+
+    /// The calls made so far.
+    pub fn calls(&self) -> &LinkCalls {
+        &self.inner.calls
+    }
+
+    /// Failovers so far.
+    pub fn failovers(&self) -> u64 {
+        self.inner.failovers.load(Ordering::Relaxed)
+    }
+}
+
+/// A [`MemoryStore`] reached over a [`StoreLink`]. Cloning shares the store and the link.
+#[derive(Debug, Clone)]
+pub struct LinkedStore {
+    store: MemoryStore,
+    link: StoreLink,
+    /// How long a caller waits for an answer (None: as long as it takes).
+    budget: Option<Duration>,
+}
+
+impl LinkedStore {
+    /// `store` behind a link that is up, with `latency` per call drawn from a generator seeded
+    /// with `seed`.
+    pub fn new(store: MemoryStore, latency: Latency, seed: u64) -> Self {
+        Self {
+            store,
+            link: StoreLink {
+                inner: Arc::new(LinkInner {
+                    condition: watch::Sender::new(LinkCondition::Up),
+                    latency: Mutex::new((latency, StdRng::seed_from_u64(seed))),
+                    calls: LinkCalls::default(),
+                    failovers: AtomicU64::new(0),
+                }),
+            },
+            budget: None,
+        }
+    }
+
+    /// The link's control side.
+    pub fn link(&self) -> &StoreLink {
+        &self.link
+    }
+
+    /// The store behind the link.
+    pub fn memory(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    /// Fails the store over to a replica that has none of its state: every bucket starts full
+    /// and every lease and slot is forgotten.
+    pub fn fail_over(&self) {
+        self.store.clear();
+        self.link.inner.failovers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The same store and link, with calls that give up after `budget` (as the Redis store's
+    /// do). The command still runs when its latency is over, as a command sent to Redis runs
+    /// whether or not its client still waits: a check that timed out may have spent.
+    pub fn with_budget(&self, budget: Duration) -> Self {
+        Self {
+            budget: Some(budget),
+            ..self.clone()
+        }
+    }
+
+    /// Runs `op` on the store once the link has carried it: at once an error when the link is
+    /// down; after the drawn latency otherwise (a stalled link holds it until it resumes). The
+    /// command runs in its own task, so a caller that gives up does not unsend it.
+    async fn call<T, F, Fut>(
+        &self,
+        counter: fn(&LinkCalls) -> &AtomicU64,
+        op: F,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(MemoryStore) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let inner = &self.link.inner;
+        if *inner.condition.borrow() == LinkCondition::Down {
+            inner.calls.refused.fetch_add(1, Ordering::Relaxed);
+            return Err(StoreError::Unavailable(
+                "connection refused (the simulated link is down)".into(),
+            ));
+        }
+        let drawn = {
+            let mut latency = inner.latency.lock();
+            let (dist, rng) = &mut *latency;
+            dist.draw(rng)
+        };
+        let link = self.link.clone();
+        let store = self.store.clone();
+        let carried = tokio::spawn(async move {
+            let mut condition = link.inner.condition.subscribe();
+            loop {
+                let now = *condition.borrow_and_update();
+                match now {
+                    LinkCondition::Stalled => {
+                        if condition.changed().await.is_err() {
+                            return Err(StoreError::Unavailable(
+                                "the simulated link is gone".into(),
+                            ));
+                        }
+                    }
+                    // Killed while it held the command: the command is lost.
+                    LinkCondition::Down => {
+                        return Err(StoreError::Unavailable(
+                            "connection reset (the simulated link went down)".into(),
+                        ));
+                    }
+                    LinkCondition::Up | LinkCondition::Slow(_) => {
+                        let extra = match now {
+                            LinkCondition::Slow(d) => d,
+                            _ => Duration::ZERO,
+                        };
+                        tokio::time::sleep(drawn + extra).await;
+                        counter(&link.inner.calls).fetch_add(1, Ordering::Relaxed);
+                        return op(store).await;
+                    }
+                }
+            }
+        });
+        let joined = |r: Result<Result<T, StoreError>, tokio::task::JoinError>| {
+            r.unwrap_or_else(|e| {
+                Err(StoreError::Unavailable(format!(
+                    "the simulated call failed: {e}"
+                )))
+            })
+        };
+        match self.budget {
+            None => joined(carried.await),
+            Some(budget) => match tokio::time::timeout(budget, carried).await {
+                Ok(r) => joined(r),
+                Err(_) => Err(StoreError::Timeout { budget }),
+            },
+        }
+    }
+}
+
+impl LeaseStore for LinkedStore {
+    async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
+        let req = req.clone();
+        self.call(|c| &c.check, move |s| async move { s.check(&req).await })
+            .await
+    }
+
+    async fn acquire_leases(&self, req: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
+        let req = req.clone();
+        self.call(
+            |c| &c.acquire,
+            move |s| async move { s.acquire_leases(&req).await },
+        )
+        .await
+    }
+
+    async fn return_leases(&self, req: &ReturnRequest) -> Result<Vec<u64>, StoreError> {
+        let req = req.clone();
+        self.call(
+            |c| &c.returns,
+            move |s| async move { s.return_leases(&req).await },
+        )
+        .await
+    }
+
+    async fn release_slots(&self, req: &SlotRelease) -> Result<Vec<bool>, StoreError> {
+        let req = req.clone();
+        self.call(
+            |c| &c.release,
+            move |s| async move { s.release_slots(&req).await },
+        )
+        .await
+    }
+
+    async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {
+        let req = req.clone();
+        self.call(|c| &c.debit, move |s| async move { s.debit(&req).await })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_draws_follow_median_and_p99() {
+        let latency = Latency {
+            median: Duration::from_micros(500),
+            p99: Duration::from_millis(5),
+        };
+        let mut rng = StdRng::seed_from_u64(7);
+        let mut draws: Vec<Duration> = (0..20_000).map(|_| latency.draw(&mut rng)).collect();
+        draws.sort();
+        let median = draws[draws.len() / 2].as_secs_f64() * 1e6;
+        let p99 = draws[draws.len() * 99 / 100].as_secs_f64() * 1e6;
+        assert!((450.0..550.0).contains(&median), "median {median} µs");
+        assert!((4_000.0..6_000.0).contains(&p99), "p99 {p99} µs");
+    }
+
+    #[test]
+    fn one_seed_draws_one_sequence() {
+        let latency = Latency {
+            median: Duration::from_micros(500),
+            p99: Duration::from_millis(5),
+        };
+        let draw = |seed| {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (0..8).map(|_| latency.draw(&mut rng)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(3), draw(3));
+        assert_ne!(draw(3), draw(4));
+    }
+}

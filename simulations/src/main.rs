@@ -1,0 +1,181 @@
+//! `tollgate-sim`: run a chaos scenario on virtual time, or sweep one over settings and seeds.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use tollgate_simulations::sweep::{self, Row};
+use tollgate_simulations::{Report, Scenario, plot, run};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Chaos simulations of Tollgate nodes on virtual time, running the real node runtime.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Runs one scenario; exits 1 when an invariant breaks.
+    Run {
+        /// The scenario file.
+        scenario: PathBuf,
+        /// The seed (default: the scenario's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Writes the whole report as JSON.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Draws admitted against exact per rule, fault windows shaded (SVG).
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+    /// Runs one scenario over values of one setting and over seeds, as a table; exits 1 when
+    /// any run breaks an invariant, naming the seed.
+    Sweep {
+        /// The scenario file.
+        scenario: PathBuf,
+        /// The setting and its values: PATH=V1,V2 (a field of the scenario file, e.g.
+        /// runtime.lease_ttl=250ms,1s or topology.regions.0.nodes=10,50).
+        #[arg(long)]
+        param: Option<String>,
+        /// Seeds: A..B (inclusive) or A,B,C.
+        #[arg(long, default_value = "1..5")]
+        seeds: String,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
+}
+
+fn bar(total: u64, quiet: bool, what: &str) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} virtual s ({elapsed})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_owned());
+    bar
+}
+
+fn main() -> ExitCode {
+    match main_() {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn main_() -> anyhow::Result<ExitCode> {
+    match Cli::parse().command {
+        Command::Run {
+            scenario,
+            seed,
+            report,
+            plot: plot_to,
+            quiet,
+        } => {
+            let s = Scenario::load(&scenario)?;
+            let seed = seed.unwrap_or(s.seed);
+            let progress = bar(s.duration.as_secs(), quiet, &s.name);
+            let result = run(&s, seed, &mut |second| progress.set_position(second))?;
+            progress.finish_and_clear();
+            print!("{}", result.table());
+            write_outputs(&result, report.as_ref(), plot_to.as_ref())?;
+            if result.passed() {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!(
+                    "an invariant broke with seed {seed}: tollgate-sim run {} --seed {seed}",
+                    scenario.display()
+                );
+                Ok(ExitCode::FAILURE)
+            }
+        }
+        Command::Sweep {
+            scenario,
+            param,
+            seeds,
+            quiet,
+        } => {
+            let text = std::fs::read_to_string(&scenario)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", scenario.display()))?;
+            let file = scenario.display().to_string();
+            let base = Scenario::parse(&text, &file)?;
+            let seeds = sweep::parse_seeds(&seeds).map_err(anyhow::Error::msg)?;
+            let param = match param {
+                Some(p) => sweep::parse_param(&p).map_err(anyhow::Error::msg)?,
+                None => sweep::Param {
+                    path: "(as written)".into(),
+                    values: vec!["-".into()],
+                },
+            };
+            let runs = (param.values.len() * seeds.len()) as u64;
+            let progress = bar(runs * base.duration.as_secs(), quiet, &base.name);
+            let mut rows = vec![];
+            for value in &param.values {
+                let s = if value == "-" {
+                    base.clone()
+                } else {
+                    sweep::variant(&text, &file, &param.path, value)?
+                };
+                for &seed in &seeds {
+                    let done = progress.position();
+                    let report = run(&s, seed, &mut |second| progress.set_position(done + second))?;
+                    rows.push(Row {
+                        value: value.clone(),
+                        report,
+                    });
+                }
+            }
+            progress.finish_and_clear();
+            print!("{}", sweep::table(&param, &rows));
+            let broken: Vec<&Row> = rows.iter().filter(|r| !r.report.passed()).collect();
+            for row in &broken {
+                eprintln!(
+                    "an invariant broke with {}={} and seed {}: tollgate-sim run {} --seed {}",
+                    param.path,
+                    row.value,
+                    row.report.seed,
+                    scenario.display(),
+                    row.report.seed
+                );
+            }
+            Ok(if broken.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+    }
+}
+
+fn write_outputs(
+    report: &Report,
+    json: Option<&PathBuf>,
+    svg: Option<&PathBuf>,
+) -> anyhow::Result<()> {
+    if let Some(path) = json {
+        let text = serde_json::to_string_pretty(report)?;
+        std::fs::write(path, text + "\n")
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    if let Some(path) = svg {
+        plot::svg(report, path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
+    Ok(())
+}

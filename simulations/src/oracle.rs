@@ -1,0 +1,296 @@
+//! What an exact limiter would have done: the yardstick every decision is measured against.
+//!
+//! Each bucket (rule definition × identity) seen in a run gets three views:
+//! - **ideal**: an exact limiter with a global view, fed every request of the run: what it
+//!   admits is the "exact" line of the plot; Tollgate admitting more is overshoot.
+//! - **real**: the same limit fed only what Tollgate admitted: a denial while it still had
+//!   room is a *false denial* (the units were leased to another node, or held by a pre-limit).
+//! - **bound**: the most any correct limiter may admit since the bucket was first used
+//!   (token bucket: capacity + rate × elapsed; windows: the limit per window touched; plus a
+//!   full bucket for each store failover, which forgets the state): the invariant.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use tollgate_lease::{Algorithm, Limit};
+
+/// One limit's exact state.
+#[derive(Debug, Clone)]
+enum Exact {
+    Bucket {
+        capacity: f64,
+        rate: f64,
+        level: f64,
+        at: u64,
+    },
+    Fixed {
+        limit: u64,
+        window: u64,
+        start: u64,
+        count: u64,
+    },
+    Sliding {
+        limit: u64,
+        window: u64,
+        log: VecDeque<(u64, u64)>,
+        sum: u64,
+    },
+    Concurrency {
+        limit: u64,
+        in_flight: u64,
+    },
+}
+
+impl Exact {
+    fn new(limit: &Limit, now: u64) -> Self {
+        let capacity = limit.capacity();
+        let window = limit.window().unwrap_or(Duration::from_secs(1)).as_micros() as u64;
+        match limit.algorithm() {
+            Algorithm::TokenBucket => Exact::Bucket {
+                capacity: capacity as f64,
+                rate: limit.refill_per_second().unwrap_or(0.0) / 1e6,
+                level: capacity as f64,
+                at: now,
+            },
+            Algorithm::FixedWindow => Exact::Fixed {
+                limit: capacity,
+                window: window.max(1),
+                start: now - now % window.max(1),
+                count: 0,
+            },
+            Algorithm::SlidingWindow | Algorithm::SlidingWindowLog => Exact::Sliding {
+                limit: capacity,
+                window: window.max(1),
+                log: VecDeque::new(),
+                sum: 0,
+            },
+            Algorithm::Concurrency => Exact::Concurrency {
+                limit: capacity,
+                in_flight: 0,
+            },
+        }
+    }
+
+    /// Units free at `now`.
+    fn room(&mut self, now: u64) -> u64 {
+        match self {
+            Exact::Bucket {
+                capacity,
+                rate,
+                level,
+                at,
+            } => {
+                if now > *at {
+                    *level = (*level + *rate * (now - *at) as f64).min(*capacity);
+                    *at = now;
+                }
+                level.max(0.0).floor() as u64
+            }
+            Exact::Fixed {
+                limit,
+                window,
+                start,
+                count,
+            } => {
+                if now >= *start + *window {
+                    *start = now - now % *window;
+                    *count = 0;
+                }
+                limit.saturating_sub(*count)
+            }
+            Exact::Sliding {
+                limit,
+                window,
+                log,
+                sum,
+            } => {
+                while let Some(&(t, units)) = log.front() {
+                    if t + *window > now {
+                        break;
+                    }
+                    log.pop_front();
+                    *sum -= units;
+                }
+                limit.saturating_sub(*sum)
+            }
+            Exact::Concurrency { limit, in_flight } => limit.saturating_sub(*in_flight),
+        }
+    }
+
+    /// Takes `cost` at `now`, room or not (the real view takes what Tollgate admitted).
+    fn take(&mut self, now: u64, cost: u64) {
+        self.room(now);
+        match self {
+            Exact::Bucket { level, .. } => *level -= cost as f64,
+            Exact::Fixed { count, .. } => *count += cost,
+            Exact::Sliding { log, sum, .. } => {
+                log.push_back((now, cost));
+                *sum += cost;
+            }
+            Exact::Concurrency { in_flight, .. } => *in_flight += cost,
+        }
+    }
+
+    fn release(&mut self, cost: u64) {
+        if let Exact::Concurrency { in_flight, .. } = self {
+            *in_flight = in_flight.saturating_sub(cost);
+        }
+    }
+}
+
+/// One bucket's three views.
+#[derive(Debug, Clone)]
+pub struct BucketOracle {
+    limit: Limit,
+    ideal: Exact,
+    real: Exact,
+    first: u64,
+    /// Units admitted that the bound covers (not fail-open, not LOCAL fallback).
+    admitted: u64,
+    /// Failovers of the bucket's store since it was first used: each refills it.
+    failovers_at_first: u64,
+    /// Most units in flight at once (concurrency).
+    peak_in_flight: u64,
+    /// Whether a decision of this bucket went to a fail mode (the store did not answer in
+    /// time): the bound is then not owed, and the bucket is counted apart.
+    pub failed_over_to_fail_mode: bool,
+}
+
+impl BucketOracle {
+    /// A bucket first used at `now`, when its store had failed over `failovers` times.
+    pub fn new(limit: Limit, now: u64, failovers: u64) -> Self {
+        Self {
+            ideal: Exact::new(&limit, now),
+            real: Exact::new(&limit, now),
+            limit,
+            first: now,
+            admitted: 0,
+            failovers_at_first: failovers,
+            peak_in_flight: 0,
+            failed_over_to_fail_mode: false,
+        }
+    }
+
+    /// Whether the exact limiter has room for `cost` at `now`.
+    pub fn fits(&mut self, now: u64, cost: u64) -> bool {
+        self.ideal.room(now) >= cost
+    }
+
+    /// The exact limiter admits `cost` at `now`.
+    pub fn ideal_take(&mut self, now: u64, cost: u64) {
+        self.ideal.take(now, cost);
+    }
+
+    /// A request of `cost` arrives at this bucket alone: whether the exact limiter admits it.
+    pub fn ideal(&mut self, now: u64, cost: u64) -> bool {
+        let fits = self.fits(now, cost);
+        if fits {
+            self.ideal_take(now, cost);
+        }
+        fits
+    }
+
+    /// Tollgate admitted `cost` at `now` (`covered`: by the store, so the bound applies).
+    pub fn admitted(&mut self, now: u64, cost: u64, covered: bool) {
+        self.real.take(now, cost);
+        if covered {
+            self.admitted += cost;
+        }
+        if let Exact::Concurrency { in_flight, .. } = self.real {
+            self.peak_in_flight = self.peak_in_flight.max(in_flight);
+        }
+    }
+
+    /// Tollgate denied `cost` at `now`: whether the limit still had room for it (a false
+    /// denial).
+    pub fn denied(&mut self, now: u64, cost: u64) -> bool {
+        self.real.room(now) >= cost
+    }
+
+    /// An admitted concurrent request finished (or died with its pod).
+    pub fn released(&mut self, cost: u64) {
+        self.real.release(cost);
+        self.ideal.release(cost);
+    }
+
+    /// The most a correct limiter may have admitted by `now`, given `failovers` of its store
+    /// so far. For concurrency, the limit on what is in flight at once.
+    pub fn bound(&self, now: u64, failovers: u64) -> u64 {
+        let refills = failovers.saturating_sub(self.failovers_at_first);
+        let capacity = self.limit.capacity();
+        let elapsed = now.saturating_sub(self.first);
+        match self.limit.algorithm() {
+            Algorithm::TokenBucket => {
+                let rate = self.limit.refill_per_second().unwrap_or(0.0);
+                capacity * (1 + refills) + (rate * elapsed as f64 / 1e6).floor() as u64
+            }
+            Algorithm::FixedWindow => {
+                let w = self.window();
+                let windows = (now / w) - (self.first / w) + 1;
+                capacity * (windows + refills)
+            }
+            Algorithm::SlidingWindow | Algorithm::SlidingWindowLog => {
+                // A sliding window admits at most the limit in any span of one window; the
+                // counter variant estimates the previous window, so allow one more.
+                let windows = elapsed.div_ceil(self.window()) + 1;
+                capacity * (windows + 1 + refills)
+            }
+            Algorithm::Concurrency => capacity,
+        }
+    }
+
+    /// What the bound is compared with: units admitted (or, for concurrency, the peak in
+    /// flight).
+    pub fn measured(&self) -> u64 {
+        match self.limit.algorithm() {
+            Algorithm::Concurrency => self.peak_in_flight,
+            _ => self.admitted,
+        }
+    }
+
+    fn window(&self) -> u64 {
+        (self
+            .limit
+            .window()
+            .unwrap_or(Duration::from_secs(1))
+            .as_micros() as u64)
+            .max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ideal_token_bucket_admits_its_burst_then_its_rate() {
+        let limit = Limit::token_bucket(10, 10.0).expect("limit");
+        let mut o = BucketOracle::new(limit, 0, 0);
+        let burst = (0..20).filter(|_| o.ideal(0, 1)).count();
+        assert_eq!(burst, 10);
+        // One second later: ten more.
+        let later = (0..20).filter(|_| o.ideal(1_000_000, 1)).count();
+        assert_eq!(later, 10);
+    }
+
+    #[test]
+    fn a_denial_with_room_left_is_false() {
+        let limit = Limit::token_bucket(5, 1.0).expect("limit");
+        let mut o = BucketOracle::new(limit, 0, 0);
+        for _ in 0..4 {
+            o.admitted(0, 1, true);
+        }
+        assert!(o.denied(0, 1), "one unit was left");
+        o.admitted(0, 1, true);
+        assert!(!o.denied(0, 1), "the bucket is empty");
+    }
+
+    #[test]
+    fn the_bound_grows_with_rate_and_failovers() {
+        let limit = Limit::token_bucket(100, 10.0).expect("limit");
+        let o = BucketOracle::new(limit, 1_000_000, 0);
+        assert_eq!(o.bound(1_000_000, 0), 100);
+        assert_eq!(o.bound(3_000_000, 0), 120);
+        assert_eq!(o.bound(3_000_000, 1), 220);
+    }
+}

@@ -1,0 +1,212 @@
+//! What a run measured: overall, per rule, per second, and the invariants it checked. The
+//! report holds virtual times only, in a fixed order, so one seed gives the same bytes.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+/// A whole run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// The scenario's name.
+    pub scenario: String,
+    /// The seed.
+    pub seed: u64,
+    /// Virtual seconds simulated.
+    pub seconds: u64,
+    /// Nodes, all regions.
+    pub nodes: usize,
+    /// Requests decided.
+    pub decisions: u64,
+    /// Requests admitted.
+    pub admitted: u64,
+    /// Calls that reached the stores (checks, lease acquisitions and returns, releases).
+    pub store_calls: u64,
+    /// Store calls per decision.
+    pub store_calls_per_decision: f64,
+    /// Calls refused by a store that was down.
+    pub store_refused: u64,
+    /// Decision latency on virtual time, µs.
+    pub latency_us: Latency,
+    /// Per rule id.
+    pub rules: BTreeMap<String, RuleReport>,
+    /// Per virtual second.
+    pub per_second: Vec<Second>,
+    /// The fault windows, for reading the series.
+    pub faults: Vec<FaultWindow>,
+    /// The invariants checked, and what broke.
+    pub invariants: Vec<Invariant>,
+}
+
+/// Latency percentiles.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Latency {
+    /// Median.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Longest.
+    pub max: u64,
+}
+
+/// One rule over the run (all its identities).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RuleReport {
+    /// Requests it admitted.
+    pub admitted: u64,
+    /// Requests it denied (over the limit, or failed closed).
+    pub denied: u64,
+    /// What an exact limiter fed the same requests would have admitted.
+    pub exact: u64,
+    /// Admitted beyond what the exact limiter admitted (0 when Tollgate admitted less).
+    pub overshoot: u64,
+    /// Denied while the limit still had room (units leased to other nodes, pre-limits).
+    pub false_denials: u64,
+    /// SHADOW: requests it would have denied.
+    pub shadow_denied: u64,
+    /// Admitted because the store failed and the rule fails open.
+    pub failed_open: u64,
+    /// Denied because the store failed and the rule fails closed.
+    pub failed_closed: u64,
+    /// Decided by the LOCAL fallback bucket.
+    pub local_fallback: u64,
+    /// Identities seen.
+    pub identities: u64,
+    /// The largest share of its bound any identity used (1.0: exactly at the bound).
+    pub worst_bound_use: f64,
+}
+
+/// One virtual second, all rules and per rule.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Second {
+    /// The second (0-based).
+    pub t: u64,
+    /// Requests decided.
+    pub decisions: u64,
+    /// Store calls made.
+    pub store_calls: u64,
+    /// Lease units acquired from the stores.
+    pub lease_units_acquired: u64,
+    /// Lease units returned to the stores.
+    pub lease_units_returned: u64,
+    /// Key actors alive at the end of the second, all nodes.
+    pub key_actors: u64,
+    /// Per rule id.
+    pub rules: BTreeMap<String, RuleSecond>,
+}
+
+/// One rule in one second.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RuleSecond {
+    /// Admitted.
+    pub admitted: u64,
+    /// What the exact limiter admitted.
+    pub exact: u64,
+    /// Denied.
+    pub denied: u64,
+    /// False denials.
+    pub false_denials: u64,
+    /// Failed open.
+    pub failed_open: u64,
+    /// Failed closed.
+    pub failed_closed: u64,
+    /// LOCAL fallback decisions.
+    pub local_fallback: u64,
+}
+
+/// A fault's window on virtual time.
+#[derive(Debug, Clone, Serialize)]
+pub struct FaultWindow {
+    /// What happened.
+    pub label: String,
+    /// From, seconds.
+    pub from: f64,
+    /// Until, seconds (equal to `from` for an instant fault).
+    pub until: f64,
+}
+
+/// One invariant's result.
+#[derive(Debug, Clone, Serialize)]
+pub struct Invariant {
+    /// What it says.
+    pub name: String,
+    /// Whether it held.
+    pub held: bool,
+    /// Breaches (the first few), or how it was checked.
+    pub detail: String,
+}
+
+impl Report {
+    /// Whether every invariant held.
+    pub fn passed(&self) -> bool {
+        self.invariants.iter().all(|i| i.held)
+    }
+
+    /// The report as a table for a terminal.
+    pub fn table(&self) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{} (seed {}): {} nodes, {} s virtual",
+            self.scenario, self.seed, self.nodes, self.seconds
+        );
+        let _ = writeln!(
+            out,
+            "decisions {}  admitted {}  store calls {} ({:.4} per decision, {} refused)  latency p50 {} µs  p99 {} µs  p999 {} µs  max {} µs",
+            self.decisions,
+            self.admitted,
+            self.store_calls,
+            self.store_calls_per_decision,
+            self.store_refused,
+            self.latency_us.p50,
+            self.latency_us.p99,
+            self.latency_us.p999,
+            self.latency_us.max
+        );
+        let _ = writeln!(
+            out,
+            "\n| rule | admitted | exact | overshoot | denied | false denials | shadow denied | failed open | failed closed | local | identities | worst bound use |"
+        );
+        let _ = writeln!(
+            out,
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        );
+        for (id, r) in &self.rules {
+            let _ = writeln!(
+                out,
+                "| {id} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |",
+                r.admitted,
+                r.exact,
+                r.overshoot,
+                r.denied,
+                r.false_denials,
+                r.shadow_denied,
+                r.failed_open,
+                r.failed_closed,
+                r.local_fallback,
+                r.identities,
+                r.worst_bound_use
+            );
+        }
+        if !self.faults.is_empty() {
+            let _ = writeln!(out, "\nfaults:");
+            for f in &self.faults {
+                let _ = writeln!(out, "  {:>7.3}s .. {:>7.3}s  {}", f.from, f.until, f.label);
+            }
+        }
+        let _ = writeln!(out, "\ninvariants:");
+        for i in &self.invariants {
+            let _ = writeln!(
+                out,
+                "  [{}] {}: {}",
+                if i.held { "ok" } else { "BROKEN" },
+                i.name,
+                i.detail
+            );
+        }
+        out
+    }
+}

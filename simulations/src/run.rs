@@ -1,0 +1,891 @@
+//! One run of a scenario: the real node runtime (`tollgate_node::Node`: rules, matching, key
+//! actors, leases, pre-limit, breaker, fail modes, rule swaps) on the real in-memory store
+//! behind a [`LinkedStore`], all on one current-thread tokio runtime with paused time.
+//!
+//! Time only moves when every task is waiting, so a store call of 300 µs costs no wall time;
+//! every random draw comes from generators seeded from the run's seed; the clock starts at a
+//! fixed instant. Nodes are called in process, as a Rust gateway linking Tollgate calls them
+//! (the gRPC layer is not simulated).
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use tokio::time::Instant;
+use tollgate_lease::{
+    Latency, LinkedStore, MemoryConfig, MemoryStore, Micros, SharedClock, Store, TokioClock,
+};
+use tollgate_node::metrics::Metrics;
+use tollgate_node::rules::source::{self, LoadedRules};
+use tollgate_node::rules::watch::ActiveRules;
+use tollgate_node::rules::{FailMode, Mode};
+use tollgate_node::runtime::{Outcome, Verdict};
+use tollgate_node::{Node, Request, RuntimeConfig};
+
+use crate::oracle::BucketOracle;
+use crate::report::{self, FaultWindow, Invariant, Report, RuleReport, RuleSecond, Second};
+use crate::scenario::{FaultKind, Keys, Scenario, Traffic};
+
+/// Where the virtual clock starts: 2026-01-01T00:00:00Z (window boundaries fall where they
+/// would in production).
+const EPOCH: Micros = 1_767_225_600_000_000;
+
+/// The deterministic hasher for maps whose order could reach a report.
+type Fixed = BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
+
+/// A seed for one part of the run, derived from the run's seed.
+fn derive(seed: u64, part: &str, index: u64) -> u64 {
+    // FNV-1a over the part's name, mixed with the seed and index (stable across builds).
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ seed.rotate_left(17) ^ index.wrapping_mul(0x9e37);
+    for b in part.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// Why a run could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The scenario's rules don't load.
+    #[error("rules: {0}")]
+    Rules(String),
+    /// A node did not start.
+    #[error("node {node} did not start: {reason}")]
+    Node {
+        /// The node.
+        node: String,
+        /// Why.
+        reason: String,
+    },
+    /// The runtime could not be built.
+    #[error("runtime: {0}")]
+    Runtime(#[from] std::io::Error),
+}
+
+/// Runs `scenario` with `seed`; `progress` hears each virtual second as it completes.
+pub fn run(
+    scenario: &Scenario,
+    seed: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Report, RunError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()?;
+    runtime.block_on(simulate(scenario, seed, progress))
+}
+
+fn load_rules(yaml: &str, name: &str) -> Result<LoadedRules, RunError> {
+    source::parse(yaml, std::path::Path::new(name)).map_err(|e| RunError::Rules(e.to_string()))
+}
+
+struct SimNode {
+    name: String,
+    region: usize,
+    node: Option<Node>,
+    /// Bumped at each crash: a request that started on an earlier life does not release its
+    /// slots (its pod is gone).
+    life: u64,
+    /// Lease counters of earlier lives, so per-second deltas survive a restart.
+    carried: (u64, u64),
+    /// False once this life crashed.
+    alive: Arc<AtomicBool>,
+}
+
+struct World {
+    scenario: Scenario,
+    seed: u64,
+    clock: SharedClock,
+    stores: Vec<LinkedStore>,
+    nodes: Vec<SimNode>,
+    rules: LoadedRules,
+}
+
+impl World {
+    async fn start_node(&self, index: usize, life: u64) -> Result<Node, RunError> {
+        let n = &self.nodes[index];
+        let region = &self.scenario.topology.regions[n.region];
+        let metrics = Metrics::new();
+        let rules = ActiveRules::new(metrics.clone());
+        rules.install(&self.rules).map_err(RunError::Rules)?;
+        let settings = &self.scenario.runtime;
+        let mut config = RuntimeConfig {
+            cluster_nodes: region.nodes as u32,
+            seed: Some(derive(self.seed, &n.name, life)),
+            ..RuntimeConfig::default()
+        };
+        if let Some(ttl) = settings.lease_ttl {
+            config.lease.ttl = ttl;
+            config.idle_timeout = config.idle_timeout.max(ttl * 2);
+        }
+        if let Some(units) = settings.lease_max_units {
+            config.lease.max_units = units;
+        }
+        if let Some(f) = settings.prelimit_factor {
+            config.prelimit_factor = (f > 0.0).then_some(f);
+        }
+        Node::start(
+            Store::Linked(self.stores[n.region].clone()),
+            rules,
+            config,
+            self.clock.clone(),
+            metrics,
+            settings.store_timeout,
+        )
+        .await
+        .map_err(|e| RunError::Node {
+            node: n.name.clone(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now_micros()
+    }
+}
+
+/// What the run has seen so far, shared by the request tasks.
+#[derive(Default)]
+struct Tally {
+    buckets: HashMap<(u64, Vec<u8>), BucketOracle, Fixed>,
+    rule_names: HashMap<u64, String, Fixed>,
+    /// Rules counted but never enforced (SHADOW): no bound, no false denials.
+    shadow: std::collections::HashSet<u64, Fixed>,
+    rules: BTreeMap<String, RuleReport>,
+    second: BTreeMap<String, RuleSecond>,
+    decisions: u64,
+    second_decisions: u64,
+    admitted: u64,
+    latency: Vec<u64>,
+    fail_mode_breaches: Vec<String>,
+    latency_breaches: u64,
+    longest: u64,
+}
+
+/// One request's traffic stream, ready to draw keys.
+struct Stream {
+    traffic: Traffic,
+    zipf: Option<Zipf<f64>>,
+    carry: f64,
+    next_new: u64,
+    nodes: Vec<usize>,
+}
+
+impl Stream {
+    fn rate_at(&self, t: Duration) -> f64 {
+        let from = self.traffic.from.unwrap_or(Duration::ZERO);
+        if t < from || self.traffic.until.is_some_and(|u| t >= u) {
+            return 0.0;
+        }
+        match (self.traffic.ramp_to, self.traffic.until) {
+            (Some(to), Some(until)) if until > from => {
+                let f = (t - from).as_secs_f64() / (until - from).as_secs_f64();
+                self.traffic.rate + (to - self.traffic.rate) * f
+            }
+            _ => self.traffic.rate,
+        }
+    }
+
+    fn key(&mut self, rng: &mut StdRng) -> u64 {
+        match &self.traffic.keys {
+            Keys::Hot => 0,
+            Keys::Uniform { n } => rng.random_range(0..*n),
+            Keys::Zipf { .. } => self.zipf.as_ref().map_or(0, |z| z.sample(rng) as u64 - 1),
+            Keys::New => {
+                self.next_new += 1;
+                self.next_new
+            }
+        }
+    }
+
+    fn request(&self, key: u64) -> Request {
+        let key = format!("k{key}");
+        let mut request = Request::new(self.traffic.domain.clone()).cost(self.traffic.cost);
+        for d in &self.traffic.descriptors {
+            request =
+                request.descriptor(d.iter().map(|(k, v)| (k.clone(), v.replace("{key}", &key))));
+        }
+        request
+    }
+}
+
+async fn simulate(
+    scenario: &Scenario,
+    seed: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<Report, RunError> {
+    let clock: SharedClock = Arc::new(TokioClock::starting_at(EPOCH));
+    let rules = load_rules(&scenario.rules, "<scenario rules>")?;
+    let stores = scenario
+        .topology
+        .regions
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            LinkedStore::new(
+                MemoryStore::with_clock(clock.clone(), MemoryConfig::default()),
+                Latency {
+                    median: r.store_latency.median,
+                    p99: r.store_latency.p99,
+                },
+                derive(seed, "store", i as u64),
+            )
+        })
+        .collect();
+    let mut nodes = vec![];
+    for (r, region) in scenario.topology.regions.iter().enumerate() {
+        for i in 0..region.nodes {
+            nodes.push(SimNode {
+                name: format!("{}-{i}", region.name),
+                region: r,
+                node: None,
+                life: 0,
+                carried: (0, 0),
+                alive: Arc::new(AtomicBool::new(true)),
+            });
+        }
+    }
+    let mut world = World {
+        scenario: scenario.clone(),
+        seed,
+        clock,
+        stores,
+        nodes,
+        rules,
+    };
+    for i in 0..world.nodes.len() {
+        let node = world.start_node(i, 0).await?;
+        world.nodes[i].node = Some(node);
+    }
+
+    let mut rng = StdRng::seed_from_u64(derive(seed, "traffic", 0));
+    let mut streams: Vec<Stream> = scenario
+        .traffic
+        .iter()
+        .map(|t| Stream {
+            zipf: match t.keys {
+                Keys::Zipf { n, s } => Zipf::new(n as f64, s).ok(),
+                _ => None,
+            },
+            carry: 0.0,
+            next_new: 0,
+            nodes: (0..world.nodes.len())
+                .filter(|&i| {
+                    t.regions.as_ref().is_none_or(|rs| {
+                        rs.iter()
+                            .any(|r| scenario.region(r) == Some(world.nodes[i].region))
+                    })
+                })
+                .collect(),
+            traffic: t.clone(),
+        })
+        .collect();
+
+    // Fault events in time order: starts, and the ends of faults that last.
+    let mut events: Vec<(Duration, usize, bool)> = vec![];
+    for (i, f) in scenario.faults.iter().enumerate() {
+        events.push((f.at, i, true));
+        if let Some(d) = f.lasts {
+            events.push((f.at + d, i, false));
+        }
+    }
+    events.sort_by_key(|&(t, i, start)| (t, !start, i));
+    let mut next_event = 0;
+    let windows: Vec<FaultWindow> = scenario
+        .faults
+        .iter()
+        .map(|f| FaultWindow {
+            label: f.kind.label(),
+            from: f.at.as_secs_f64(),
+            until: (f.at + f.lasts.unwrap_or_default()).as_secs_f64(),
+        })
+        .collect();
+    // Per region: store faults in force (the exact bound is not checked on fail modes).
+    let impaired: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; world.stores.len()]));
+
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let budget = decision_budget(scenario);
+    let start = Instant::now();
+    let tick = scenario.tick;
+    let ticks = (scenario.duration.as_micros() / tick.as_micros()) as u64;
+    let ticks_per_second = (1_000_000 / tick.as_micros()).max(1) as u64;
+    let mut per_second: Vec<Second> = vec![];
+    let mut last_calls = 0u64;
+    let mut last_leases = (0u64, 0u64);
+    let mut in_flight = tokio::task::JoinSet::new();
+
+    for n in 0..ticks {
+        let t = tick * n as u32;
+        tokio::time::sleep_until(start + t).await;
+        while next_event < events.len() && events[next_event].0 <= t {
+            let (_, i, begins) = events[next_event];
+            next_event += 1;
+            apply_fault(&mut world, &impaired, &scenario.faults[i].kind, begins).await?;
+        }
+        for stream in &mut streams {
+            stream.carry += stream.rate_at(t) * tick.as_secs_f64();
+            let due = stream.carry.floor();
+            stream.carry -= due;
+            for _ in 0..due as u64 {
+                let live: Vec<usize> = stream
+                    .nodes
+                    .iter()
+                    .copied()
+                    .filter(|&i| world.nodes[i].node.is_some())
+                    .collect();
+                if live.is_empty() {
+                    break;
+                }
+                let target = live[rng.random_range(0..live.len())];
+                let key = stream.key(&mut rng);
+                let request = stream.request(key);
+                let sim = &world.nodes[target];
+                let Some(node) = sim.node.clone() else {
+                    continue;
+                };
+                let job = Job {
+                    node,
+                    request,
+                    hold: stream.traffic.hold,
+                    region: sim.region,
+                    alive: sim.alive.clone(),
+                    clock: world.clock.clone(),
+                    tally: tally.clone(),
+                    impaired: impaired.clone(),
+                    failovers: world.stores[sim.region].link().failovers(),
+                    budget,
+                };
+                in_flight.spawn(job.run());
+            }
+        }
+        // Reap finished requests now and then, so the set stays small.
+        while in_flight.try_join_next().is_some() {}
+        if (n + 1) % ticks_per_second == 0 {
+            let calls: u64 = world.stores.iter().map(|s| s.link().calls().total()).sum();
+            let leases = lease_units(&world);
+            let actors: u64 = world
+                .nodes
+                .iter()
+                .filter_map(|n| n.node.as_ref())
+                .map(|n| n.held().0 as u64)
+                .sum();
+            let mut t = tally.lock();
+            per_second.push(Second {
+                t: per_second.len() as u64,
+                decisions: std::mem::take(&mut t.second_decisions),
+                store_calls: calls - last_calls,
+                lease_units_acquired: leases.0 - last_leases.0,
+                lease_units_returned: leases.1 - last_leases.1,
+                key_actors: actors,
+                rules: std::mem::take(&mut t.second),
+            });
+            last_calls = calls;
+            last_leases = leases;
+            drop(t);
+            progress(per_second.len() as u64);
+        }
+    }
+    // Let the last requests finish.
+    while in_flight.join_next().await.is_some() {}
+
+    let end = world.now();
+    let mut tally = Arc::try_unwrap(tally)
+        .map(Mutex::into_inner)
+        .unwrap_or_else(|shared| std::mem::take(&mut *shared.lock()));
+    let store_calls: u64 = world.stores.iter().map(|s| s.link().calls().total()).sum();
+    let refused: u64 = world
+        .stores
+        .iter()
+        .map(|s| {
+            s.link()
+                .calls()
+                .refused
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+        .sum();
+    let mut invariants = vec![];
+    invariants.push(bound_invariant(&mut tally, &world, end));
+    for r in tally.rules.values_mut() {
+        r.overshoot = r.admitted.saturating_sub(r.exact);
+    }
+    let mut identities: BTreeMap<String, u64> = BTreeMap::new();
+    for (uid, _) in tally.buckets.keys() {
+        if let Some(name) = tally.rule_names.get(uid) {
+            *identities.entry(name.clone()).or_default() += 1;
+        }
+    }
+    for (name, n) in identities {
+        tally.rules.entry(name).or_default().identities = n;
+    }
+    invariants.push(Invariant {
+        name: "each fail mode is honoured while the store is down".into(),
+        held: tally.fail_mode_breaches.is_empty(),
+        detail: if tally.fail_mode_breaches.is_empty() {
+            "every fail-open admitted, every fail-closed denied, each by a rule of that fail mode"
+                .into()
+        } else {
+            first_few(&tally.fail_mode_breaches)
+        },
+    });
+    invariants.push(Invariant {
+        name: format!(
+            "no decision waits longer than the store budget ({} µs)",
+            budget.as_micros()
+        ),
+        held: tally.latency_breaches == 0,
+        detail: format!(
+            "{} decisions over; the longest took {} µs",
+            tally.latency_breaches, tally.longest
+        ),
+    });
+    tally.latency.sort_unstable();
+    let pct = |q: f64| {
+        tally
+            .latency
+            .get(
+                ((tally.latency.len() as f64 * q) as usize)
+                    .min(tally.latency.len().saturating_sub(1)),
+            )
+            .copied()
+            .unwrap_or(0)
+    };
+    let latency_us = report::Latency {
+        p50: pct(0.5),
+        p99: pct(0.99),
+        p999: pct(0.999),
+        max: tally.latency.last().copied().unwrap_or(0),
+    };
+    for node in world.nodes.iter().filter_map(|n| n.node.as_ref()) {
+        node.crash();
+    }
+    Ok(Report {
+        scenario: scenario.name.clone(),
+        seed,
+        seconds: per_second.len() as u64,
+        nodes: world.nodes.len(),
+        decisions: tally.decisions,
+        admitted: tally.admitted,
+        store_calls,
+        store_calls_per_decision: if tally.decisions == 0 {
+            0.0
+        } else {
+            store_calls as f64 / tally.decisions as f64
+        },
+        store_refused: refused,
+        latency_us,
+        rules: tally.rules,
+        per_second,
+        faults: windows,
+        invariants,
+    })
+}
+
+fn first_few(items: &[String]) -> String {
+    let mut out: Vec<&str> = items.iter().take(5).map(String::as_str).collect();
+    let more;
+    if items.len() > 5 {
+        more = format!("and {} more", items.len() - 5);
+        out.push(&more);
+    }
+    out.join("; ")
+}
+
+/// The longest a decision may take: a lease acquisition's patience or a store call's budget,
+/// whichever is longer, plus one store call and the key actor's margin (20 ms).
+fn decision_budget(scenario: &Scenario) -> Duration {
+    let patience = RuntimeConfig::default().lease.patience;
+    let call = scenario.runtime.store_timeout;
+    patience.max(call) + call + Duration::from_millis(20)
+}
+
+fn lease_units(world: &World) -> (u64, u64) {
+    let mut total = (0, 0);
+    for n in &world.nodes {
+        total.0 += n.carried.0;
+        total.1 += n.carried.1;
+        if let Some(node) = &n.node {
+            let m = node.metrics();
+            total.0 += m.lease_units_acquired.get();
+            total.1 += m.lease_units_returned.get();
+        }
+    }
+    total
+}
+
+async fn apply_fault(
+    world: &mut World,
+    impaired: &Mutex<Vec<u32>>,
+    fault: &FaultKind,
+    begins: bool,
+) -> Result<(), RunError> {
+    use tollgate_lease::LinkCondition;
+    let region_of = |world: &World, name: &str| world.scenario.region(name).unwrap_or(0);
+    match fault {
+        FaultKind::StoreDown { region }
+        | FaultKind::StoreStall { region }
+        | FaultKind::StoreSlow { region, .. } => {
+            let r = region_of(world, region);
+            let condition = match (begins, fault) {
+                (false, _) => LinkCondition::Up,
+                (true, FaultKind::StoreDown { .. }) => LinkCondition::Down,
+                (true, FaultKind::StoreStall { .. }) => LinkCondition::Stalled,
+                (true, FaultKind::StoreSlow { latency, .. }) => LinkCondition::Slow(*latency),
+                (true, _) => LinkCondition::Up,
+            };
+            world.stores[r].link().set_condition(condition);
+            let mut impaired = impaired.lock();
+            if begins {
+                impaired[r] += 1;
+            } else {
+                impaired[r] = impaired[r].saturating_sub(1);
+            }
+        }
+        FaultKind::StoreFailover { region } if begins => {
+            let r = region_of(world, region);
+            world.stores[r].fail_over();
+        }
+        FaultKind::Rules { yaml } if begins => {
+            world.rules = load_rules(yaml, "<rules fault>")?;
+            for n in world.nodes.iter().filter_map(|n| n.node.as_ref()) {
+                n.rules().install(&world.rules).map_err(RunError::Rules)?;
+            }
+        }
+        FaultKind::Crash { node } if begins => {
+            if let Some((r, i)) = world.scenario.node_index(node) {
+                let index = node_slot(world, r, i);
+                let sim = &mut world.nodes[index];
+                if let Some(n) = sim.node.take() {
+                    let m = n.metrics();
+                    sim.carried.0 += m.lease_units_acquired.get();
+                    sim.carried.1 += m.lease_units_returned.get();
+                    n.crash();
+                    sim.alive.store(false, std::sync::atomic::Ordering::Relaxed);
+                    sim.life += 1;
+                }
+            }
+        }
+        FaultKind::Restart { node } if begins => {
+            if let Some((r, i)) = world.scenario.node_index(node) {
+                let index = node_slot(world, r, i);
+                if world.nodes[index].node.is_none() {
+                    let life = world.nodes[index].life;
+                    let n = world.start_node(index, life).await?;
+                    world.nodes[index].node = Some(n);
+                    world.nodes[index].alive = Arc::new(AtomicBool::new(true));
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn node_slot(world: &World, region: usize, index: usize) -> usize {
+    world
+        .scenario
+        .topology
+        .regions
+        .iter()
+        .take(region)
+        .map(|r| r.nodes)
+        .sum::<usize>()
+        + index
+}
+
+fn bound_invariant(tally: &mut Tally, world: &World, end: u64) -> Invariant {
+    let mut breaches = vec![];
+    let mut keys: Vec<&(u64, Vec<u8>)> = tally.buckets.keys().collect();
+    keys.sort();
+    let mut worst: BTreeMap<String, f64> = BTreeMap::new();
+    let mut unanswered = 0;
+    for key in keys {
+        if tally.shadow.contains(&key.0) {
+            continue;
+        }
+        let oracle = &tally.buckets[key];
+        if oracle.failed_over_to_fail_mode {
+            unanswered += 1;
+            continue;
+        }
+        // Every region's failovers count: a bucket lives in its region's store.
+        let failovers: u64 = world
+            .stores
+            .iter()
+            .map(|s| s.link().failovers())
+            .max()
+            .unwrap_or(0);
+        let bound = oracle.bound(end, failovers);
+        let measured = oracle.measured();
+        let rule = oracle_rule(tally, key);
+        let use_ = if bound == 0 {
+            0.0
+        } else {
+            measured as f64 / bound as f64
+        };
+        let w = worst.entry(rule.clone()).or_insert(0.0);
+        *w = w.max(use_);
+        if measured > bound {
+            breaches.push(format!(
+                "rule {rule} identity {:?}: {measured} admitted, bound {bound}",
+                String::from_utf8_lossy(&key.1)
+            ));
+        }
+    }
+    for (rule, w) in worst {
+        if let Some(r) = tally.rules.get_mut(&rule) {
+            r.worst_bound_use = (w * 1000.0).round() / 1000.0;
+        }
+    }
+    Invariant {
+        name:
+            "admitted ≤ the exact bound of each limit, for every bucket the store always answered"
+                .into(),
+        held: breaches.is_empty(),
+        detail: if breaches.is_empty() {
+            format!(
+                "{} buckets checked; {unanswered} not, because a decision of theirs went to a fail mode",
+                tally.buckets.len() - unanswered
+            )
+        } else {
+            first_few(&breaches)
+        },
+    }
+}
+
+/// The rule id a bucket belongs to (kept beside the oracle).
+fn oracle_rule(tally: &Tally, key: &(u64, Vec<u8>)) -> String {
+    tally
+        .rule_names
+        .get(&key.0)
+        .cloned()
+        .unwrap_or_else(|| key.0.to_string())
+}
+
+struct Job {
+    node: Node,
+    request: Request,
+    hold: Option<Duration>,
+    region: usize,
+    alive: Arc<AtomicBool>,
+    clock: SharedClock,
+    tally: Arc<Mutex<Tally>>,
+    impaired: Arc<Mutex<Vec<u32>>>,
+    failovers: u64,
+    budget: Duration,
+}
+
+impl Job {
+    async fn run(self) {
+        let charges = match self.node.charges(&self.request) {
+            Ok(c) => c,
+            Err(_) => return,
+        };
+        let arrived = self.node_now();
+        {
+            // The exact limiter sees every request as it arrives, and decides it whole: admitted
+            // when every enforced rule has room, and then charged at each.
+            let mut t = self.tally.lock();
+            let mut fits_all = true;
+            for c in &charges {
+                let Some(limit) = c.rule.limit() else {
+                    continue;
+                };
+                if c.rule.mode != Mode::Enforce {
+                    t.shadow.insert(c.rule.uid);
+                }
+                t.rule_names
+                    .entry(c.rule.uid)
+                    .or_insert_with(|| c.rule.id.clone());
+                let oracle = t
+                    .buckets
+                    .entry((c.rule.uid, c.identity.clone()))
+                    .or_insert_with(|| BucketOracle::new(limit, arrived, self.failovers));
+                if c.rule.mode == Mode::Enforce && !oracle.fits(arrived, c.cost) {
+                    fits_all = false;
+                }
+            }
+            if fits_all {
+                for c in &charges {
+                    let key = (c.rule.uid, c.identity.clone());
+                    if let Some(oracle) = t.buckets.get_mut(&key) {
+                        oracle.ideal_take(arrived, c.cost);
+                        let id = c.rule.id.clone();
+                        t.rules.entry(id.clone()).or_default().exact += 1;
+                        t.second.entry(id).or_default().exact += 1;
+                    }
+                }
+            }
+        }
+        let started = Instant::now();
+        let Ok(verdict) = self.node.check(&self.request).await else {
+            return;
+        };
+        let took = started.elapsed().as_micros() as u64;
+        let decided = self.node_now();
+        let store_ok = self.impaired.lock()[self.region] == 0;
+        let held_costs = self.record(&charges, &verdict, decided, took, store_ok);
+        if let (Some(hold), false) = (self.hold, verdict.slots.is_empty()) {
+            tokio::time::sleep(hold).await;
+            // A request whose pod crashed meanwhile is gone with it: nothing releases its slots.
+            if self.node_alive() {
+                let _ = self.node.release_slots(&verdict.slots).await;
+            }
+            let mut t = self.tally.lock();
+            for (uid, identity, cost) in held_costs {
+                if let Some(o) = t.buckets.get_mut(&(uid, identity)) {
+                    o.released(cost);
+                }
+            }
+        }
+    }
+
+    fn node_now(&self) -> u64 {
+        // The nodes and the stores share this one clock.
+        self.clock.now_micros()
+    }
+
+    fn node_alive(&self) -> bool {
+        self.alive.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts the verdict; returns the concurrency units it holds.
+    fn record(
+        &self,
+        charges: &[tollgate_node::runtime::Charge],
+        verdict: &Verdict,
+        now: u64,
+        took: u64,
+        store_ok: bool,
+    ) -> Vec<(u64, Vec<u8>, u64)> {
+        let mut held = vec![];
+        let mut t = self.tally.lock();
+        t.decisions += 1;
+        t.second_decisions += 1;
+        if verdict.allowed {
+            t.admitted += 1;
+        }
+        t.latency.push(took);
+        t.longest = t.longest.max(took);
+        if took > self.budget.as_micros() as u64 {
+            t.latency_breaches += 1;
+        }
+        for status in &verdict.statuses {
+            let Some(outcome) = status.outcome else {
+                continue;
+            };
+            let rule = &status.rule;
+            let id = rule.id.clone();
+            let charge = charges.iter().find(|c| c.rule.uid == rule.uid);
+            let mut breach = None;
+            match outcome {
+                Outcome::FailedOpen if !(status.allowed && rule.fail_mode == FailMode::Open) => {
+                    breach = Some("failed open");
+                }
+                Outcome::FailedClosed if status.allowed || rule.fail_mode != FailMode::Closed => {
+                    breach = Some("failed closed");
+                }
+                Outcome::LocalFallback if rule.fail_mode != FailMode::Local => {
+                    breach = Some("local fallback");
+                }
+                _ => {}
+            }
+            if let Some(what) = breach {
+                let line = format!(
+                    "rule {id} ({:?} fail mode) {what}, allowed {}",
+                    rule.fail_mode, status.allowed
+                );
+                t.fail_mode_breaches.push(line);
+            }
+            // A rule that would admit a request another rule denied charged nothing.
+            let own = outcome;
+            let outcome = match outcome {
+                Outcome::Allowed if !verdict.allowed => Outcome::Denied,
+                other => other,
+            };
+            let r = t.rules.entry(id.clone()).or_default();
+            match outcome {
+                Outcome::Allowed => r.admitted += 1,
+                Outcome::Denied => r.denied += 1,
+                Outcome::ShadowDenied => r.shadow_denied += 1,
+                Outcome::FailedOpen => {
+                    r.admitted += 1;
+                    r.failed_open += 1;
+                }
+                Outcome::FailedClosed => {
+                    r.denied += 1;
+                    r.failed_closed += 1;
+                }
+                Outcome::LocalFallback => {
+                    r.local_fallback += 1;
+                    if status.allowed {
+                        r.admitted += 1;
+                    } else {
+                        r.denied += 1;
+                    }
+                }
+            }
+            let s = t.second.entry(id.clone()).or_default();
+            match outcome {
+                Outcome::Allowed => s.admitted += 1,
+                Outcome::Denied => s.denied += 1,
+                Outcome::FailedOpen => {
+                    s.admitted += 1;
+                    s.failed_open += 1;
+                }
+                Outcome::FailedClosed => {
+                    s.denied += 1;
+                    s.failed_closed += 1;
+                }
+                Outcome::LocalFallback => {
+                    s.local_fallback += 1;
+                    if status.allowed {
+                        s.admitted += 1;
+                    } else {
+                        s.denied += 1;
+                    }
+                }
+                Outcome::ShadowDenied => {}
+            }
+            let (Some(charge), Mode::Enforce) = (charge, rule.mode) else {
+                continue;
+            };
+            let key = (rule.uid, charge.identity.clone());
+            let mut false_denial = false;
+            if let Some(o) = t.buckets.get_mut(&key) {
+                if matches!(
+                    own,
+                    Outcome::FailedOpen | Outcome::FailedClosed | Outcome::LocalFallback
+                ) {
+                    o.failed_over_to_fail_mode = true;
+                }
+                if verdict.allowed {
+                    // The bound covers what the store decided: not fail-open or LOCAL, and
+                    // not while the store was impaired.
+                    let covered = store_ok
+                        && !matches!(outcome, Outcome::FailedOpen | Outcome::LocalFallback);
+                    o.admitted(now, charge.cost, covered);
+                    if status
+                        .limit
+                        .is_some_and(|l| l.algorithm() == tollgate_lease::Algorithm::Concurrency)
+                    {
+                        held.push((key.0, key.1.clone(), charge.cost));
+                    }
+                } else if own == Outcome::Denied && o.denied(now, charge.cost) {
+                    false_denial = true;
+                }
+            }
+            if false_denial {
+                t.rules.entry(id.clone()).or_default().false_denials += 1;
+                t.second.entry(id).or_default().false_denials += 1;
+            }
+        }
+        held
+    }
+}

@@ -1,0 +1,530 @@
+//! A scenario as its YAML file states it: topology, rules, traffic and timed faults. Every
+//! field is described in `docs/simulations.md`; a file that does not parse says which field,
+//! and where.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// A whole scenario.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// A short name (reports and plots carry it).
+    pub name: String,
+    /// What the scenario shows, in a sentence.
+    #[serde(default)]
+    pub description: String,
+    /// Virtual time simulated.
+    #[serde(with = "humantime_serde")]
+    pub duration: Duration,
+    /// The seed when `--seed` is not given.
+    #[serde(default = "one")]
+    pub seed: u64,
+    /// How often traffic is generated and faults are applied (virtual).
+    #[serde(default = "millisecond", with = "humantime_serde")]
+    pub tick: Duration,
+    /// Regions and their nodes.
+    pub topology: Topology,
+    /// Runtime settings every node gets.
+    #[serde(default)]
+    pub runtime: RuntimeSettings,
+    /// A rule file, in Tollgate's format or envoyproxy/ratelimit's (paste your own).
+    pub rules: String,
+    /// Streams of requests.
+    pub traffic: Vec<Traffic>,
+    /// Timed faults.
+    #[serde(default)]
+    pub faults: Vec<Fault>,
+}
+
+fn one() -> u64 {
+    1
+}
+
+fn millisecond() -> Duration {
+    Duration::from_millis(1)
+}
+
+/// Where the nodes run.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    /// The regions (one or two).
+    pub regions: Vec<Region>,
+}
+
+/// One region: its nodes share one store.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Region {
+    /// Its name; nodes are called `<name>-<index>`.
+    pub name: String,
+    /// Nodes (pods) in it.
+    pub nodes: usize,
+    /// How long one store call takes.
+    #[serde(default)]
+    pub store_latency: LatencySpec,
+}
+
+/// A latency distribution: log-normal through a median and a 99th percentile.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatencySpec {
+    /// Half of all calls are faster.
+    #[serde(with = "humantime_serde")]
+    pub median: Duration,
+    /// 99 % of all calls are faster.
+    #[serde(with = "humantime_serde")]
+    pub p99: Duration,
+}
+
+impl Default for LatencySpec {
+    /// A Redis in the same zone: 300 µs median, 2 ms p99.
+    fn default() -> Self {
+        Self {
+            median: Duration::from_micros(300),
+            p99: Duration::from_millis(2),
+        }
+    }
+}
+
+/// The node settings a scenario may change (the rest are the node's defaults).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeSettings {
+    /// The budget of one store call (`--store-timeout-ms`).
+    #[serde(default = "store_timeout", with = "humantime_serde")]
+    pub store_timeout: Duration,
+    /// Lease lifetime (`--lease-ttl-ms`).
+    #[serde(default, with = "humantime_serde")]
+    pub lease_ttl: Option<Duration>,
+    /// The most units one lease carries (`--lease-max-units`).
+    #[serde(default)]
+    pub lease_max_units: Option<u64>,
+    /// The local pre-limit factor (0 turns it off).
+    #[serde(default)]
+    pub prelimit_factor: Option<f64>,
+}
+
+fn store_timeout() -> Duration {
+    Duration::from_millis(5)
+}
+
+impl Default for RuntimeSettings {
+    fn default() -> Self {
+        Self {
+            store_timeout: store_timeout(),
+            lease_ttl: None,
+            lease_max_units: None,
+            prelimit_factor: None,
+        }
+    }
+}
+
+/// A stream of requests.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Traffic {
+    /// Its name in reports.
+    pub name: String,
+    /// The domain of its requests.
+    pub domain: String,
+    /// Requests per second, all nodes together.
+    pub rate: f64,
+    /// When given, the rate moves linearly from `rate` at `from` to this at `until` (a ramp).
+    #[serde(default)]
+    pub ramp_to: Option<f64>,
+    /// When it starts (default: at once).
+    #[serde(default, with = "humantime_serde")]
+    pub from: Option<Duration>,
+    /// When it stops (default: at the end).
+    #[serde(default, with = "humantime_serde")]
+    pub until: Option<Duration>,
+    /// Which identity each request carries: `{key}` in a descriptor value is replaced by it.
+    #[serde(default)]
+    pub keys: Keys,
+    /// The request's descriptors (entries; `{key}` is replaced by the request's key).
+    pub descriptors: Vec<BTreeMap<String, String>>,
+    /// Units each request costs.
+    #[serde(default = "one")]
+    pub cost: u64,
+    /// How long an admitted request runs before its concurrency slots are released.
+    #[serde(default, with = "humantime_serde")]
+    pub hold: Option<Duration>,
+    /// The regions whose nodes receive it (default: all).
+    #[serde(default)]
+    pub regions: Option<Vec<String>>,
+}
+
+/// How keys are drawn: `hot`, `new`, `{zipf: {n, s}}` or `{uniform: {n}}`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(try_from = "KeysText")]
+pub enum Keys {
+    /// One key.
+    #[default]
+    Hot,
+    /// Zipf over `n` keys with exponent `s`: a few hot keys and a long tail.
+    Zipf {
+        /// Keys.
+        n: u64,
+        /// Exponent (1.0 to 1.2 is typical of API keys).
+        s: f64,
+    },
+    /// Uniform over `n` keys.
+    Uniform {
+        /// Keys.
+        n: u64,
+    },
+    /// Every request a new key (a key-cardinality flood).
+    New,
+}
+
+/// How `keys` is written.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum KeysText {
+    Name(String),
+    Zipf { zipf: ZipfText },
+    Uniform { uniform: UniformText },
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ZipfText {
+    n: u64,
+    #[serde(default = "zipf_s")]
+    s: f64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UniformText {
+    n: u64,
+}
+
+impl TryFrom<KeysText> for Keys {
+    type Error = String;
+
+    fn try_from(text: KeysText) -> Result<Self, String> {
+        Ok(match text {
+            KeysText::Name(name) => match name.as_str() {
+                "hot" => Keys::Hot,
+                "new" => Keys::New,
+                other => {
+                    return Err(format!(
+                        "unknown key distribution {other:?}: hot, new, {{zipf: {{n, s}}}} or {{uniform: {{n}}}}"
+                    ));
+                }
+            },
+            KeysText::Zipf { zipf } => Keys::Zipf {
+                n: zipf.n,
+                s: zipf.s,
+            },
+            KeysText::Uniform { uniform } => Keys::Uniform { n: uniform.n },
+        })
+    }
+}
+
+fn zipf_s() -> f64 {
+    1.1
+}
+
+/// A fault: what happens, when, and for how long.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Fault {
+    /// When it starts.
+    #[serde(with = "humantime_serde")]
+    pub at: Duration,
+    /// How long it lasts, for faults that end (store outages).
+    #[serde(default, rename = "for", with = "humantime_serde")]
+    pub lasts: Option<Duration>,
+    /// What happens.
+    #[serde(flatten)]
+    pub kind: FaultKind,
+}
+
+/// What a fault does.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultKind {
+    /// The region's store refuses connections (a killed Redis).
+    StoreDown {
+        /// The region.
+        region: String,
+    },
+    /// The region's store stops answering (a `SIGSTOP`ped Redis).
+    StoreStall {
+        /// The region.
+        region: String,
+    },
+    /// The region's store answers slowly.
+    StoreSlow {
+        /// The region.
+        region: String,
+        /// Added to every call.
+        #[serde(with = "humantime_serde")]
+        latency: Duration,
+    },
+    /// The region's store fails over to a replica without its state (buckets start full).
+    StoreFailover {
+        /// The region.
+        region: String,
+    },
+    /// A new rule file replaces the rules on every node (capacity cut, SHADOW → ENFORCE, a
+    /// kill switch).
+    Rules {
+        /// The new rule file.
+        yaml: String,
+    },
+    /// A node crashes, holding what it leased and the slots its requests held.
+    Crash {
+        /// The node (`<region>-<index>`).
+        node: String,
+    },
+    /// A crashed node starts again, empty.
+    Restart {
+        /// The node.
+        node: String,
+    },
+}
+
+impl FaultKind {
+    /// A short label for reports and plots.
+    pub fn label(&self) -> String {
+        match self {
+            FaultKind::StoreDown { region } => format!("store down ({region})"),
+            FaultKind::StoreStall { region } => format!("store stalled ({region})"),
+            FaultKind::StoreSlow { region, latency } => {
+                format!(
+                    "store slow +{} ({region})",
+                    humantime::format_duration(*latency)
+                )
+            }
+            FaultKind::StoreFailover { region } => format!("store failover ({region})"),
+            FaultKind::Rules { .. } => "rules changed".into(),
+            FaultKind::Crash { node } => format!("{node} crashed"),
+            FaultKind::Restart { node } => format!("{node} restarted"),
+        }
+    }
+
+    /// Whether the store can't be trusted to answer while it lasts (the exact bound is not
+    /// checked over it: fail modes decide).
+    pub fn impairs_store(&self) -> bool {
+        matches!(
+            self,
+            FaultKind::StoreDown { .. }
+                | FaultKind::StoreStall { .. }
+                | FaultKind::StoreSlow { .. }
+        )
+    }
+}
+
+/// Why a scenario can't be run.
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    /// The file can't be read.
+    #[error("{file}: {source}")]
+    Read {
+        /// The file.
+        file: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A field is missing, unknown or of the wrong type.
+    #[error("{file}: `{field}`: {message}")]
+    Field {
+        /// The file.
+        file: String,
+        /// The field's path (`traffic[0].keys`).
+        field: String,
+        /// What is wrong, with the line where the parser knows it.
+        message: String,
+    },
+    /// The scenario parses but doesn't make sense.
+    #[error("{file}: `{field}`: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// The field.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl Scenario {
+    /// Reads and checks a scenario file.
+    pub fn load(path: &Path) -> Result<Self, ScenarioError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Self::parse(&text, &file)
+    }
+
+    /// Parses and checks a scenario given as text (`file` names it in errors).
+    pub fn parse(text: &str, file: &str) -> Result<Self, ScenarioError> {
+        let de = yaml_serde::Deserializer::from_str(text);
+        let scenario: Scenario =
+            serde_path_to_error::deserialize(de).map_err(|e| ScenarioError::Field {
+                file: file.into(),
+                field: e.path().to_string(),
+                message: e.inner().to_string(),
+            })?;
+        scenario.check(file)?;
+        Ok(scenario)
+    }
+
+    fn check(&self, file: &str) -> Result<(), ScenarioError> {
+        let bad = |field: String, message: String| {
+            Err(ScenarioError::Invalid {
+                file: file.into(),
+                field,
+                message,
+            })
+        };
+        if self.duration.is_zero() {
+            return bad("duration".into(), "must be above zero".into());
+        }
+        if self.tick.is_zero() || self.tick > Duration::from_secs(1) {
+            return bad("tick".into(), "must be above zero and at most 1s".into());
+        }
+        if self.topology.regions.is_empty() || self.topology.regions.len() > 2 {
+            return bad(
+                "topology.regions".into(),
+                format!("one region or two, got {}", self.topology.regions.len()),
+            );
+        }
+        if self.topology.regions.len() == 2 {
+            return bad(
+                "topology.regions".into(),
+                "two regions are not simulated yet: the region link has no in-process transport (see docs/simulations.md)".into(),
+            );
+        }
+        for (i, r) in self.topology.regions.iter().enumerate() {
+            if r.nodes == 0 {
+                return bad(
+                    format!("topology.regions[{i}].nodes"),
+                    "must be at least 1".into(),
+                );
+            }
+            if r.store_latency.p99 < r.store_latency.median {
+                return bad(
+                    format!("topology.regions[{i}].store_latency.p99"),
+                    "must be at least the median".into(),
+                );
+            }
+        }
+        if self.traffic.is_empty() {
+            return bad("traffic".into(), "at least one stream".into());
+        }
+        for (i, t) in self.traffic.iter().enumerate() {
+            let rates = [Some(t.rate), t.ramp_to];
+            if rates.iter().flatten().any(|r| !r.is_finite() || *r < 0.0) {
+                return bad(format!("traffic[{i}].rate"), "must be a rate ≥ 0".into());
+            }
+            if t.descriptors.is_empty() {
+                return bad(format!("traffic[{i}].descriptors"), "at least one".into());
+            }
+            match t.keys {
+                Keys::Zipf { n: 0, .. } | Keys::Uniform { n: 0 } => {
+                    return bad(format!("traffic[{i}].keys.n"), "must be at least 1".into());
+                }
+                Keys::Zipf { s, .. } if !(s > 0.0 && s.is_finite()) => {
+                    return bad(format!("traffic[{i}].keys.s"), "must be above 0".into());
+                }
+                _ => {}
+            }
+            if let Some(regions) = &t.regions {
+                for r in regions {
+                    if self.region(r).is_none() {
+                        return bad(format!("traffic[{i}].regions"), format!("no region {r:?}"));
+                    }
+                }
+            }
+        }
+        for (i, f) in self.faults.iter().enumerate() {
+            let field = |name: &str| format!("faults[{i}].{name}");
+            match &f.kind {
+                FaultKind::StoreDown { region }
+                | FaultKind::StoreStall { region }
+                | FaultKind::StoreSlow { region, .. } => {
+                    if self.region(region).is_none() {
+                        return bad(field("region"), format!("no region {region:?}"));
+                    }
+                    if f.lasts.is_none() {
+                        return bad(field("for"), "a store outage needs a duration".into());
+                    }
+                }
+                FaultKind::StoreFailover { region } => {
+                    if self.region(region).is_none() {
+                        return bad(field("region"), format!("no region {region:?}"));
+                    }
+                }
+                FaultKind::Crash { node } | FaultKind::Restart { node } => {
+                    if self.node_index(node).is_none() {
+                        return bad(field("node"), format!("no node {node:?}"));
+                    }
+                }
+                FaultKind::Rules { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The index of region `name`.
+    pub fn region(&self, name: &str) -> Option<usize> {
+        self.topology.regions.iter().position(|r| r.name == name)
+    }
+
+    /// The region and index of node `name` (`<region>-<index>`).
+    pub fn node_index(&self, name: &str) -> Option<(usize, usize)> {
+        let (region, index) = name.rsplit_once('-')?;
+        let r = self.region(region)?;
+        let i: usize = index.parse().ok()?;
+        (i < self.topology.regions[r].nodes).then_some((r, i))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = "name: t\nduration: 2s\ntopology: {regions: [{name: eu, nodes: 2}]}\nrules: |\n  domain: d\n  rules: []\ntraffic: [{name: a, domain: d, rate: 10, descriptors: [{k: '{key}'}]}]\n";
+
+    #[test]
+    fn a_minimal_scenario_parses_with_defaults() {
+        let s = Scenario::parse(MINIMAL, "t.yaml").expect("parses");
+        assert_eq!(s.seed, 1);
+        assert_eq!(s.tick, Duration::from_millis(1));
+        assert_eq!(s.runtime.store_timeout, Duration::from_millis(5));
+        assert!(matches!(s.traffic[0].keys, Keys::Hot));
+    }
+
+    #[test]
+    fn an_unknown_field_names_its_path() {
+        let text = MINIMAL.replace("rate: 10", "rate: 10, rat: 3");
+        let e = Scenario::parse(&text, "t.yaml").expect_err("unknown field");
+        let message = e.to_string();
+        assert!(message.contains("traffic[0]"), "{message}");
+        assert!(message.contains("rat"), "{message}");
+    }
+
+    #[test]
+    fn a_fault_on_a_missing_node_is_refused() {
+        let text = format!("{MINIMAL}faults: [{{at: 1s, crash: {{node: eu-7}}}}]\n");
+        let e = Scenario::parse(&text, "t.yaml").expect_err("no such node");
+        assert!(e.to_string().contains("faults[0].node"), "{e}");
+    }
+
+    #[test]
+    fn a_store_outage_needs_a_duration() {
+        let text = format!("{MINIMAL}faults: [{{at: 1s, store_down: {{region: eu}}}}]\n");
+        let e = Scenario::parse(&text, "t.yaml").expect_err("no duration");
+        assert!(e.to_string().contains("faults[0].for"), "{e}");
+    }
+}

@@ -73,6 +73,8 @@ pub struct RuleReport {
     pub failed_closed: u64,
     /// Decided by the LOCAL fallback bucket.
     pub local_fallback: u64,
+    /// Decided on the store's last answer while the store was slow (OPEN rules).
+    pub on_last_answer: u64,
     /// Identities seen.
     pub identities: u64,
     /// The largest share of its bound any identity used (1.0: exactly at the bound).
@@ -168,16 +170,16 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "\n| rule | admitted | exact | overshoot | denied | false denials | shadow denied | failed open | failed closed | local | identities | worst bound use |"
+            "\n| rule | admitted | exact | overshoot | denied | false denials | shadow denied | failed open | failed closed | local | on last answer | identities | worst bound use |"
         );
         let _ = writeln!(
             out,
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for (id, r) in &self.rules {
             let _ = writeln!(
                 out,
-                "| {id} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |",
+                "| {id} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |",
                 r.admitted,
                 r.exact,
                 r.overshoot,
@@ -187,6 +189,7 @@ impl Report {
                 r.failed_open,
                 r.failed_closed,
                 r.local_fallback,
+                r.on_last_answer,
                 r.identities,
                 r.worst_bound_use
             );

@@ -810,6 +810,9 @@ impl Job {
                 other => other,
             };
             let r = t.rules.entry(id.clone()).or_default();
+            if status.on_last_answer {
+                r.on_last_answer += 1;
+            }
             match outcome {
                 Outcome::Allowed => r.admitted += 1,
                 Outcome::Denied => r.denied += 1,
@@ -859,16 +862,19 @@ impl Job {
             let key = (rule.uid, charge.identity.clone());
             let mut false_denial = false;
             if let Some(o) = t.buckets.get_mut(&key) {
-                if matches!(
-                    own,
-                    Outcome::FailedOpen | Outcome::FailedClosed | Outcome::LocalFallback
-                ) {
+                if status.on_last_answer
+                    || matches!(
+                        own,
+                        Outcome::FailedOpen | Outcome::FailedClosed | Outcome::LocalFallback
+                    )
+                {
                     o.failed_over_to_fail_mode = true;
                 }
                 if verdict.allowed {
                     // The bound covers what the store decided: not fail-open or LOCAL, and
                     // not while the store was impaired.
                     let covered = store_ok
+                        && !status.on_last_answer
                         && !matches!(outcome, Outcome::FailedOpen | Outcome::LocalFallback);
                     o.admitted(now, charge.cost, covered);
                     if status

@@ -319,6 +319,7 @@ mod tests {
             reset_after: Duration::from_secs(10),
             denial: Some(crate::runtime::verdict::Denial::OverLimit),
             outcome: Some(Outcome::Denied),
+            on_last_answer: false,
         };
         let verdict = Verdict {
             allowed: false,

@@ -65,6 +65,7 @@ impl Hit {
             reset_after: limit.map_or(store_reset, |l| reset_after(&l, remaining, store_reset)),
             denial,
             outcome: Some(outcome),
+            on_last_answer: false,
         }
     }
 

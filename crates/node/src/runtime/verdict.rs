@@ -89,6 +89,10 @@ pub struct RuleStatus {
     pub denial: Option<Denial>,
     /// What was counted for the rule (None: not evaluated, the request was decided first).
     pub outcome: Option<Outcome>,
+    /// Decided on the store's last answer because the store was slow (an OPEN rule, past the
+    /// store budget): the store has not counted this decision, and counts it only if a later
+    /// grant can pay for it.
+    pub on_last_answer: bool,
 }
 
 impl RuleStatus {

@@ -16,7 +16,7 @@ use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::keys::registry::bucket_key;
 use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::Hit;
-use crate::runtime::verdict::Denial;
+use crate::runtime::verdict::{Denial, RuleStatus};
 
 /// A LOCAL fallback bucket and when it was last used.
 #[derive(Debug)]
@@ -69,6 +69,10 @@ impl Node {
                     )
                 }
                 Err(wait) => hit.over_limit(wait, bucket.reset_after(now)),
+            };
+            let status = RuleStatus {
+                on_last_answer: true,
+                ..status
             };
             let allowed = status.allowed;
             attempt.record(index, status);

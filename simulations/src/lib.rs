@@ -27,6 +27,7 @@ pub mod report;
 pub mod run;
 pub mod scenario;
 pub mod sweep;
+pub mod wire;
 
 pub use report::Report;
 pub use run::{RunError, run};

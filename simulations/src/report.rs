@@ -98,6 +98,21 @@ pub struct Second {
     pub key_actors: u64,
     /// Per rule id.
     pub rules: BTreeMap<String, RuleSecond>,
+    /// Per region (two regions).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub regions: BTreeMap<String, RegionSecond>,
+}
+
+/// One region in one second.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RegionSecond {
+    /// Requests its nodes admitted.
+    pub admitted: u64,
+    /// Its nodes that see the peer region up.
+    pub peer_up: u64,
+    /// The longest sync lag any of its nodes reports (ms since the newest consumption applied
+    /// from the peer was recorded there).
+    pub lag_ms: Option<u64>,
 }
 
 /// One rule in one second.

@@ -28,13 +28,21 @@ use tollgate_node::rules::{FailMode, Mode};
 use tollgate_node::runtime::{Outcome, Verdict};
 use tollgate_node::{Node, Request, RuntimeConfig};
 
+use tollgate_regionsync::link::PeerClient;
+use tollgate_regionsync::{RegionConfig, RegionSync};
+
 use crate::oracle::BucketOracle;
 use crate::report::{self, FaultWindow, Invariant, Report, RuleReport, RuleSecond, Second};
 use crate::scenario::{FaultKind, Keys, Scenario, Traffic};
+use crate::wire::{self, Listeners, Wire};
 
 /// Where the virtual clock starts: 2026-01-01T00:00:00Z (window boundaries fall where they
 /// would in production).
 const EPOCH: Micros = 1_767_225_600_000_000;
+
+/// How the simulated region link names the peer, and the secret both regions share.
+const PEER_URL: &str = "http://peer-region.sim";
+const REGION_SECRET: &str = "simulated-region-secret";
 
 /// The deterministic hasher for maps whose order could reach a report.
 type Fixed = BuildHasherDefault<std::collections::hash_map::DefaultHasher>;
@@ -89,6 +97,8 @@ fn load_rules(yaml: &str, name: &str) -> Result<LoadedRules, RunError> {
 struct SimNode {
     name: String,
     region: usize,
+    /// Its index within its region.
+    index: usize,
     node: Option<Node>,
     /// Bumped at each crash: a request that started on an earlier life does not release its
     /// slots (its pod is gone).
@@ -97,6 +107,8 @@ struct SimNode {
     carried: (u64, u64),
     /// False once this life crashed.
     alive: Arc<AtomicBool>,
+    /// The node's region-link server and its rule follower (two regions).
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 struct World {
@@ -106,10 +118,17 @@ struct World {
     stores: Vec<LinkedStore>,
     nodes: Vec<SimNode>,
     rules: LoadedRules,
+    /// The link between the regions, and where each region's nodes accept it (two regions).
+    wire: Option<Wire>,
+    listeners: Vec<Listeners>,
 }
 
 impl World {
-    async fn start_node(&self, index: usize, life: u64) -> Result<Node, RunError> {
+    async fn start_node(
+        &self,
+        index: usize,
+        life: u64,
+    ) -> Result<(Node, Vec<tokio::task::JoinHandle<()>>), RunError> {
         let n = &self.nodes[index];
         let region = &self.scenario.topology.regions[n.region];
         let metrics = Metrics::new();
@@ -131,8 +150,13 @@ impl World {
         if let Some(f) = settings.prelimit_factor {
             config.prelimit_factor = (f > 0.0).then_some(f);
         }
-        Node::start(
-            Store::Linked(self.stores[n.region].clone()),
+        let failed = |reason: String| RunError::Node {
+            node: n.name.clone(),
+            reason,
+        };
+        let store = Store::Linked(self.stores[n.region].clone());
+        let node = Node::start(
+            store.clone(),
             rules,
             config,
             self.clock.clone(),
@@ -140,10 +164,50 @@ impl World {
             settings.store_timeout,
         )
         .await
-        .map_err(|e| RunError::Node {
-            node: n.name.clone(),
-            reason: e.to_string(),
-        })
+        .map_err(|e| failed(e.to_string()))?;
+        let Some(wire) = &self.wire else {
+            return Ok((node, vec![]));
+        };
+        // Two regions: the node's region sync, over the simulated link to the peer region.
+        let regions = &self.scenario.topology.regions;
+        let peer = 1 - n.region;
+        let sync = &self.scenario.topology.sync;
+        let mut config =
+            RegionConfig::new(&region.name, &regions[peer].name, PEER_URL, REGION_SECRET);
+        config.sync_interval = sync.interval;
+        config.heartbeat_interval = sync.heartbeat;
+        config.liveness.failover_after = sync.failover_after;
+        config.liveness.failback_after = sync.failback_after;
+        config.incarnation = Some(derive(self.seed, &n.name, life));
+        let client = PeerClient::over(
+            wire::channel(wire.clone(), self.listeners[peer].clone()),
+            PEER_URL,
+            &region.name,
+            REGION_SECRET,
+        )
+        .map_err(|e| failed(e.to_string()))?;
+        let sync = RegionSync::start_over(
+            config,
+            client,
+            store,
+            node.region_host(),
+            node.metrics().region.clone(),
+            self.clock.clone(),
+        )
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+        let _ = node.attach_region(sync.clone());
+        node.rules()
+            .set_region_view(Some(sync.view()))
+            .map_err(|e| failed(e.to_string()))?;
+        let (accept, incoming) = tokio::sync::mpsc::unbounded_channel();
+        self.listeners[n.region].set(n.index, Some(accept));
+        let server = tokio::spawn(wire::serve(sync.service(), incoming));
+        let follow = tokio::spawn({
+            let node = node.clone();
+            async move { node.follow_region_view().await }
+        });
+        Ok((node, vec![server, follow]))
     }
 
     fn now(&self) -> u64 {
@@ -154,7 +218,10 @@ impl World {
 /// What the run has seen so far, shared by the request tasks.
 #[derive(Default)]
 struct Tally {
-    buckets: HashMap<(u64, Vec<u8>), BucketOracle, Fixed>,
+    /// Each region's bucket (region, rule definition, identity): the bound and the real view.
+    buckets: HashMap<BucketId, BucketOracle, Fixed>,
+    /// The exact limiter over both regions (rule key, identity), on the rule's whole limit.
+    exact: HashMap<(String, Vec<u8>), BucketOracle, Fixed>,
     rule_names: HashMap<u64, String, Fixed>,
     /// Rules counted but never enforced (SHADOW): no bound, no false denials.
     shadow: std::collections::HashSet<u64, Fixed>,
@@ -162,6 +229,9 @@ struct Tally {
     second: BTreeMap<String, RuleSecond>,
     decisions: u64,
     second_decisions: u64,
+    /// Admitted this second, per region.
+    region_admitted: BTreeMap<usize, u64>,
+    split_breaches: Vec<String>,
     admitted: u64,
     latency: Vec<u64>,
     fail_mode_breaches: Vec<String>,
@@ -245,10 +315,12 @@ async fn simulate(
             nodes.push(SimNode {
                 name: format!("{}-{i}", region.name),
                 region: r,
+                index: i,
                 node: None,
                 life: 0,
                 carried: (0, 0),
                 alive: Arc::new(AtomicBool::new(true)),
+                tasks: vec![],
             });
         }
     }
@@ -259,10 +331,19 @@ async fn simulate(
         stores,
         nodes,
         rules,
+        wire: (scenario.topology.regions.len() == 2)
+            .then(|| Wire::new(scenario.topology.link_latency)),
+        listeners: scenario
+            .topology
+            .regions
+            .iter()
+            .map(|r| Listeners::new(r.nodes))
+            .collect(),
     };
     for i in 0..world.nodes.len() {
-        let node = world.start_node(i, 0).await?;
+        let (node, tasks) = world.start_node(i, 0).await?;
         world.nodes[i].node = Some(node);
+        world.nodes[i].tasks = tasks;
     }
 
     let mut rng = StdRng::seed_from_u64(derive(seed, "traffic", 0));
@@ -376,6 +457,7 @@ async fn simulate(
                 .filter_map(|n| n.node.as_ref())
                 .map(|n| n.held().0 as u64)
                 .sum();
+            let regions = region_second(&world, &tally, per_second.len());
             let mut t = tally.lock();
             per_second.push(Second {
                 t: per_second.len() as u64,
@@ -385,6 +467,7 @@ async fn simulate(
                 lease_units_returned: leases.1 - last_leases.1,
                 key_actors: actors,
                 rules: std::mem::take(&mut t.second),
+                regions,
             });
             last_calls = calls;
             last_leases = leases;
@@ -415,9 +498,13 @@ async fn simulate(
     for r in tally.rules.values_mut() {
         r.overshoot = r.admitted.saturating_sub(r.exact);
     }
+    // Distinct identities per rule, both regions and every definition together.
     let mut identities: BTreeMap<String, u64> = BTreeMap::new();
-    for (uid, _) in tally.buckets.keys() {
-        if let Some(name) = tally.rule_names.get(uid) {
+    let mut seen: std::collections::HashSet<(&str, &[u8]), Fixed> = Default::default();
+    for (_, uid, identity) in tally.buckets.keys() {
+        if let Some(name) = tally.rule_names.get(uid)
+            && seen.insert((name.as_str(), identity.as_slice()))
+        {
             *identities.entry(name.clone()).or_default() += 1;
         }
     }
@@ -434,6 +521,17 @@ async fn simulate(
             first_few(&tally.fail_mode_breaches)
         },
     });
+    if world.wire.is_some() {
+        invariants.push(Invariant {
+            name: "SPLIT shares sum to at most the limit while the regions see each other".into(),
+            held: tally.split_breaches.is_empty(),
+            detail: if tally.split_breaches.is_empty() {
+                "checked every second".into()
+            } else {
+                first_few(&tally.split_breaches)
+            },
+        });
+    }
     invariants.push(Invariant {
         name: format!(
             "no decision waits longer than the store budget ({} µs)",
@@ -485,6 +583,67 @@ async fn simulate(
         faults: windows,
         invariants,
     })
+}
+
+/// This second's figures per region, and the SPLIT check.
+fn region_second(
+    world: &World,
+    tally: &Mutex<Tally>,
+    second: usize,
+) -> BTreeMap<String, crate::report::RegionSecond> {
+    let mut out = BTreeMap::new();
+    if world.wire.is_none() {
+        return out;
+    }
+    let mut admitted = std::mem::take(&mut tally.lock().region_admitted);
+    let mut sample: Vec<Option<&Node>> = vec![None; world.stores.len()];
+    for (r, region) in world.scenario.topology.regions.iter().enumerate() {
+        let mut figures = crate::report::RegionSecond {
+            admitted: admitted.remove(&r).unwrap_or(0),
+            ..Default::default()
+        };
+        for n in world.nodes.iter().filter(|n| n.region == r) {
+            let Some(node) = &n.node else { continue };
+            sample[r].get_or_insert(node);
+            if let Some(sync) = node.region() {
+                let status = sync.status();
+                figures.peer_up += u64::from(status.peer_up);
+                if let Some(lag) = status.lag_ms {
+                    figures.lag_ms = Some(figures.lag_ms.unwrap_or(0).max(lag));
+                }
+            }
+        }
+        out.insert(region.name.clone(), figures);
+    }
+    // SPLIT: while a node of each region sees the other up, their shares fit in the limit.
+    if let [Some(a), Some(b)] = sample[..] {
+        let up = |n: &Node| n.region().is_some_and(|r| r.status().peer_up);
+        if up(a) && up(b) {
+            let (ra, rb) = (a.rules().load(), b.rules().load());
+            for x in ra.rules() {
+                let Some(whole) = x.whole else { continue };
+                if x.placement.role != tollgate_regionsync::policy::Role::Local {
+                    continue;
+                }
+                let Some(y) = rb.rules().iter().find(|y| y.id == x.id) else {
+                    continue;
+                };
+                let (Some(la), Some(lb)) = (x.limit(), y.limit()) else {
+                    continue;
+                };
+                if la.capacity() + lb.capacity() > whole.capacity() {
+                    tally.lock().split_breaches.push(format!(
+                        "second {second}: rule {} shares {} + {} over its limit {}",
+                        x.id,
+                        la.capacity(),
+                        lb.capacity(),
+                        whole.capacity()
+                    ));
+                }
+            }
+        }
+    }
+    out
 }
 
 fn first_few(items: &[String]) -> String {
@@ -566,6 +725,13 @@ async fn apply_fault(
                     sim.carried.0 += m.lease_units_acquired.get();
                     sim.carried.1 += m.lease_units_returned.get();
                     n.crash();
+                    if let Some(region) = n.region() {
+                        region.kill();
+                    }
+                    for task in sim.tasks.drain(..) {
+                        task.abort();
+                    }
+                    world.listeners[r].set(i, None);
                     sim.alive.store(false, std::sync::atomic::Ordering::Relaxed);
                     sim.life += 1;
                 }
@@ -576,10 +742,25 @@ async fn apply_fault(
                 let index = node_slot(world, r, i);
                 if world.nodes[index].node.is_none() {
                     let life = world.nodes[index].life;
-                    let n = world.start_node(index, life).await?;
+                    let (n, tasks) = world.start_node(index, life).await?;
                     world.nodes[index].node = Some(n);
+                    world.nodes[index].tasks = tasks;
                     world.nodes[index].alive = Arc::new(AtomicBool::new(true));
                 }
+            }
+        }
+        FaultKind::Partition {} => {
+            if let Some(wire) = &world.wire {
+                wire.partition(begins);
+            }
+        }
+        FaultKind::LinkDelay { latency } => {
+            if let Some(wire) = &world.wire {
+                wire.set_latency(if begins {
+                    *latency
+                } else {
+                    world.scenario.topology.link_latency
+                });
             }
         }
         _ => {}
@@ -601,12 +782,12 @@ fn node_slot(world: &World, region: usize, index: usize) -> usize {
 
 fn bound_invariant(tally: &mut Tally, world: &World, end: u64) -> Invariant {
     let mut breaches = vec![];
-    let mut keys: Vec<&(u64, Vec<u8>)> = tally.buckets.keys().collect();
+    let mut keys: Vec<&BucketId> = tally.buckets.keys().collect();
     keys.sort();
     let mut worst: BTreeMap<String, f64> = BTreeMap::new();
     let mut unanswered = 0;
     for key in keys {
-        if tally.shadow.contains(&key.0) {
+        if tally.shadow.contains(&key.1) {
             continue;
         }
         let oracle = &tally.buckets[key];
@@ -614,13 +795,7 @@ fn bound_invariant(tally: &mut Tally, world: &World, end: u64) -> Invariant {
             unanswered += 1;
             continue;
         }
-        // Every region's failovers count: a bucket lives in its region's store.
-        let failovers: u64 = world
-            .stores
-            .iter()
-            .map(|s| s.link().failovers())
-            .max()
-            .unwrap_or(0);
+        let failovers = world.stores[key.0].link().failovers();
         let bound = oracle.bound(end, failovers);
         let measured = oracle.measured();
         let rule = oracle_rule(tally, key);
@@ -634,7 +809,7 @@ fn bound_invariant(tally: &mut Tally, world: &World, end: u64) -> Invariant {
         if measured > bound {
             breaches.push(format!(
                 "rule {rule} identity {:?}: {measured} admitted, bound {bound}",
-                String::from_utf8_lossy(&key.1)
+                String::from_utf8_lossy(&key.2)
             ));
         }
     }
@@ -659,11 +834,23 @@ fn bound_invariant(tally: &mut Tally, world: &World, end: u64) -> Invariant {
     }
 }
 
+/// A region's bucket: region, rule definition, identity.
+type BucketId = (usize, u64, Vec<u8>);
+
+/// The key (bucket name) of the charged rule with definition `uid`.
+fn key_of(charges: &[tollgate_node::runtime::Charge], uid: u64) -> String {
+    charges
+        .iter()
+        .find(|c| c.rule.uid == uid)
+        .map(|c| c.rule.key.clone())
+        .unwrap_or_default()
+}
+
 /// The rule id a bucket belongs to (kept beside the oracle).
-fn oracle_rule(tally: &Tally, key: &(u64, Vec<u8>)) -> String {
+fn oracle_rule(tally: &Tally, key: &BucketId) -> String {
     tally
         .rule_names
-        .get(&key.0)
+        .get(&key.1)
         .cloned()
         .unwrap_or_else(|| key.0.to_string())
 }
@@ -703,18 +890,22 @@ impl Job {
                 t.rule_names
                     .entry(c.rule.uid)
                     .or_insert_with(|| c.rule.id.clone());
-                let oracle = t
-                    .buckets
-                    .entry((c.rule.uid, c.identity.clone()))
+                t.buckets
+                    .entry((self.region, c.rule.uid, c.identity.clone()))
                     .or_insert_with(|| BucketOracle::new(limit, arrived, self.failovers));
+                let whole = c.rule.whole.unwrap_or(limit);
+                let oracle = t
+                    .exact
+                    .entry((c.rule.key.clone(), c.identity.clone()))
+                    .or_insert_with(|| BucketOracle::new(whole, arrived, 0));
                 if c.rule.mode == Mode::Enforce && !oracle.fits(arrived, c.cost) {
                     fits_all = false;
                 }
             }
             if fits_all {
                 for c in &charges {
-                    let key = (c.rule.uid, c.identity.clone());
-                    if let Some(oracle) = t.buckets.get_mut(&key) {
+                    let key = (c.rule.key.clone(), c.identity.clone());
+                    if let Some(oracle) = t.exact.get_mut(&key) {
                         oracle.ideal_take(arrived, c.cost);
                         let id = c.rule.id.clone();
                         t.rules.entry(id.clone()).or_default().exact += 1;
@@ -739,7 +930,10 @@ impl Job {
             }
             let mut t = self.tally.lock();
             for (uid, identity, cost) in held_costs {
-                if let Some(o) = t.buckets.get_mut(&(uid, identity)) {
+                if let Some(o) = t.buckets.get_mut(&(self.region, uid, identity.clone())) {
+                    o.released(cost);
+                }
+                if let Some(o) = t.exact.get_mut(&(key_of(&charges, uid), identity)) {
                     o.released(cost);
                 }
             }
@@ -770,6 +964,7 @@ impl Job {
         t.second_decisions += 1;
         if verdict.allowed {
             t.admitted += 1;
+            *t.region_admitted.entry(self.region).or_default() += 1;
         }
         t.latency.push(took);
         t.longest = t.longest.max(took);
@@ -859,7 +1054,7 @@ impl Job {
             let (Some(charge), Mode::Enforce) = (charge, rule.mode) else {
                 continue;
             };
-            let key = (rule.uid, charge.identity.clone());
+            let key = (self.region, rule.uid, charge.identity.clone());
             let mut false_denial = false;
             if let Some(o) = t.buckets.get_mut(&key) {
                 if status.on_last_answer
@@ -881,9 +1076,18 @@ impl Job {
                         .limit
                         .is_some_and(|l| l.algorithm() == tollgate_lease::Algorithm::Concurrency)
                     {
-                        held.push((key.0, key.1.clone(), charge.cost));
+                        held.push((key.1, key.2.clone(), charge.cost));
                     }
-                } else if own == Outcome::Denied && o.denied(now, charge.cost) {
+                }
+            }
+            // False denials are judged on the whole limit, fed what both regions admitted.
+            if let Some(g) = t
+                .exact
+                .get_mut(&(rule.key.clone(), charge.identity.clone()))
+            {
+                if verdict.allowed {
+                    g.admitted(now, charge.cost, false);
+                } else if own == Outcome::Denied && g.denied(now, charge.cost) {
                     false_denial = true;
                 }
             }

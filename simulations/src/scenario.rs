@@ -54,6 +54,57 @@ fn millisecond() -> Duration {
 pub struct Topology {
     /// The regions (one or two).
     pub regions: Vec<Region>,
+    /// One-way latency of the link between two regions.
+    #[serde(default = "link_latency", with = "humantime_serde")]
+    pub link_latency: Duration,
+    /// Region sync settings (two regions).
+    #[serde(default)]
+    pub sync: SyncSettings,
+}
+
+fn link_latency() -> Duration {
+    Duration::from_millis(40)
+}
+
+/// How the regions sync (the node's `--region-*` settings).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyncSettings {
+    /// How often consumption is shipped.
+    #[serde(default = "sync_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// How often the peer is probed.
+    #[serde(default = "heartbeat", with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// How long the peer must be unreachable before it counts as down.
+    #[serde(default = "ten_seconds", with = "humantime_serde")]
+    pub failover_after: Duration,
+    /// How long the peer must be reachable again before it counts as up.
+    #[serde(default = "ten_seconds", with = "humantime_serde")]
+    pub failback_after: Duration,
+}
+
+fn sync_interval() -> Duration {
+    Duration::from_secs(2)
+}
+
+fn heartbeat() -> Duration {
+    Duration::from_millis(500)
+}
+
+fn ten_seconds() -> Duration {
+    Duration::from_secs(10)
+}
+
+impl Default for SyncSettings {
+    fn default() -> Self {
+        Self {
+            interval: sync_interval(),
+            heartbeat: heartbeat(),
+            failover_after: ten_seconds(),
+            failback_after: ten_seconds(),
+        }
+    }
 }
 
 /// One region: its nodes share one store.
@@ -284,6 +335,15 @@ pub enum FaultKind {
         /// The node (`<region>-<index>`).
         node: String,
     },
+    /// Nothing crosses the link between the regions (what is sent arrives after the heal,
+    /// unless its call gave up first).
+    Partition {},
+    /// The link between the regions takes this long one way.
+    LinkDelay {
+        /// The one-way latency while it lasts.
+        #[serde(with = "humantime_serde")]
+        latency: Duration,
+    },
     /// A crashed node starts again, empty.
     Restart {
         /// The node.
@@ -307,6 +367,13 @@ impl FaultKind {
             FaultKind::Rules { .. } => "rules changed".into(),
             FaultKind::Crash { node } => format!("{node} crashed"),
             FaultKind::Restart { node } => format!("{node} restarted"),
+            FaultKind::Partition {} => "regions partitioned".into(),
+            FaultKind::LinkDelay { latency } => {
+                format!(
+                    "region link {} one way",
+                    humantime::format_duration(*latency)
+                )
+            }
         }
     }
 
@@ -399,10 +466,12 @@ impl Scenario {
                 format!("one region or two, got {}", self.topology.regions.len()),
             );
         }
-        if self.topology.regions.len() == 2 {
+        if let [a, b] = &self.topology.regions[..]
+            && a.name == b.name
+        {
             return bad(
-                "topology.regions".into(),
-                "two regions are not simulated yet: the region link has no in-process transport (see docs/simulations.md)".into(),
+                "topology.regions[1].name".into(),
+                "the regions need two names".into(),
             );
         }
         for (i, r) in self.topology.regions.iter().enumerate() {
@@ -468,6 +537,14 @@ impl Scenario {
                 FaultKind::Crash { node } | FaultKind::Restart { node } => {
                     if self.node_index(node).is_none() {
                         return bad(field("node"), format!("no node {node:?}"));
+                    }
+                }
+                FaultKind::Partition {} | FaultKind::LinkDelay { .. } => {
+                    if self.topology.regions.len() < 2 {
+                        return bad(field("partition"), "needs two regions".into());
+                    }
+                    if f.lasts.is_none() {
+                        return bad(field("for"), "a link fault needs a duration".into());
                     }
                 }
                 FaultKind::Rules { .. } => {}

@@ -306,18 +306,12 @@ impl App {
             });
             // The peer going down or coming back moves SPLIT shares: recompile the rules.
             let follow = tokio::spawn({
-                let (region, rules) = (region.clone(), self.node.rules().clone());
-                let mut changes = region.subscribe();
+                let node = self.node.clone();
                 let mut stop = stop_rx.clone();
                 async move {
-                    loop {
-                        tokio::select! {
-                            changed = changes.changed() => if changed.is_err() { return },
-                            _ = stop.wait_for(|s| *s) => return,
-                        }
-                        if let Err(e) = rules.set_region_view(Some(region.view())) {
-                            tracing::error!(error = %e, "rules do not compile for the regions' state");
-                        }
+                    tokio::select! {
+                        () = node.follow_region_view() => {}
+                        _ = stop.wait_for(|s| *s) => {}
                     }
                 }
             });

@@ -99,6 +99,9 @@ pub struct RegionConfig {
     pub default_share: f64,
     /// The most buckets with consumption waiting to be shipped.
     pub max_keys: usize,
+    /// This node's incarnation (told apart from its earlier lives by the peer): None draws
+    /// one from the OS; a simulation pins it so a run can be repeated.
+    pub incarnation: Option<u64>,
 }
 
 impl RegionConfig {
@@ -119,6 +122,7 @@ impl RegionConfig {
             forward_deadline: Duration::from_millis(50),
             default_share: 0.5,
             max_keys: 1_000_000,
+            incarnation: None,
         }
     }
 }
@@ -198,9 +202,23 @@ impl RegionSync {
                     reason: e.to_string(),
                 }
             })?;
+        Self::start_over(config, client, store, host, metrics, clock).await
+    }
+
+    /// [`RegionSync::start`] over a given client of the peer region (a simulation's
+    /// in-process link, say) instead of one connecting to `config.peer_url`.
+    pub async fn start_over(
+        config: RegionConfig,
+        client: PeerClient,
+        store: Store,
+        host: Arc<dyn RegionHost>,
+        metrics: RegionMetrics,
+        clock: SharedClock,
+    ) -> Result<Arc<Self>, StartError> {
+        check_config(&config)?;
         let origin = Origin {
             region: config.region.clone(),
-            incarnation: rand::random(),
+            incarnation: config.incarnation.unwrap_or_else(rand::random),
         };
         let now = clock.now_micros();
         let peer = Arc::new(PeerTracker::new(config.liveness, now));
@@ -382,6 +400,11 @@ impl RegionSync {
             .actor
             .call(SyncMsg::Stop, Some(Duration::from_secs(5)))
             .await;
+    }
+
+    /// Stops the actor at once, shipping nothing (a crashed pod's region sync).
+    pub fn kill(&self) {
+        self.actor.kill();
     }
 }
 

@@ -93,7 +93,18 @@ impl PeerClient {
             .connect_timeout(Duration::from_secs(1))
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5));
-        let client = RegionSyncClient::new(endpoint.connect_lazy())
+        Self::over(endpoint.connect_lazy(), url, region, secret)
+    }
+
+    /// A client over `channel` (however it connects: a simulation's in-process link, say);
+    /// `url` names the peer in logs.
+    pub fn over(
+        channel: Channel,
+        url: &str,
+        region: &str,
+        secret: &str,
+    ) -> Result<Self, LinkError> {
+        let client = RegionSyncClient::new(channel)
             .max_decoding_message_size(MAX_MESSAGE_BYTES + 64)
             .max_encoding_message_size(MAX_MESSAGE_BYTES + 64);
         let value = |v: String, what: &str| {

@@ -19,6 +19,21 @@ impl Node {
         self.inner.shared.region.set(region)
     }
 
+    /// Keeps the rules compiled for the regions' state: the peer going down or coming back
+    /// moves SPLIT shares. Runs until region sync ends; spawn it beside the node.
+    pub async fn follow_region_view(&self) {
+        let Some(region) = self.region().cloned() else {
+            return;
+        };
+        let rules = self.rules().clone();
+        let mut changes = region.subscribe();
+        while changes.changed().await.is_ok() {
+            if let Err(e) = rules.set_region_view(Some(region.view())) {
+                tracing::error!(error = %e, "rules do not compile for the regions' state");
+            }
+        }
+    }
+
     /// Region sync, if attached.
     pub fn region(&self) -> Option<&Arc<RegionSync>> {
         self.inner.shared.region.get()

@@ -1,0 +1,194 @@
+//! The link between two regions, in process: the real region-sync gRPC service and client
+//! (tonic, HTTP/2) over in-memory byte pipes whose latency can change and which a partition
+//! holds, as a network holds (and TCP retransmits) what it cannot deliver: bytes sent during
+//! a partition arrive after it heals, unless the call's own deadline gave up first.
+//!
+//! Each connection a node opens to the peer region goes to one of the peer's live nodes, in
+//! turn, the way a load balancer in front of the peer region would spread them.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+
+/// Bytes one pipe carries per read.
+const CHUNK: usize = 16 * 1024;
+
+/// What the link between the regions does now (both directions).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct WireState {
+    /// One-way latency.
+    pub latency: Duration,
+    /// Whether nothing gets through.
+    pub partitioned: bool,
+}
+
+/// The control of the link between the regions. Cloning shares it.
+#[derive(Debug, Clone)]
+pub struct Wire {
+    state: Arc<watch::Sender<WireState>>,
+}
+
+impl Wire {
+    /// A link with `latency` one way, up.
+    pub fn new(latency: Duration) -> Self {
+        Self {
+            state: Arc::new(watch::Sender::new(WireState {
+                latency,
+                partitioned: false,
+            })),
+        }
+    }
+
+    /// Cuts the link (true) or heals it (false).
+    pub fn partition(&self, cut: bool) {
+        self.state.send_modify(|s| s.partitioned = cut);
+    }
+
+    /// Adds `extra` to the latency (a delay fault), or takes it away again.
+    pub fn set_latency(&self, latency: Duration) {
+        self.state.send_modify(|s| s.latency = latency);
+    }
+
+    /// The link's state now.
+    pub fn state(&self) -> WireState {
+        *self.state.borrow()
+    }
+
+    /// Carries bytes from `from` to `to`, each chunk after the latency in force when it was
+    /// read, in order, and none while the link is partitioned.
+    fn pipe(
+        &self,
+        mut from: tokio::io::ReadHalf<DuplexStream>,
+        mut to: tokio::io::WriteHalf<DuplexStream>,
+    ) {
+        let (queue, mut carried) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+        let reader = self.state.subscribe();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                match from.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => {
+                        let due = Instant::now() + reader.borrow().latency;
+                        if queue.send((due, buf[..n].to_vec())).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let mut state = self.state.subscribe();
+        tokio::spawn(async move {
+            while let Some((due, bytes)) = carried.recv().await {
+                tokio::time::sleep_until(due).await;
+                while state.borrow_and_update().partitioned {
+                    if state.changed().await.is_err() {
+                        return;
+                    }
+                }
+                if to.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+            let _ = to.shutdown().await;
+        });
+    }
+}
+
+/// Where a region's nodes accept connections from the peer region: one queue per node, and
+/// whether it is alive.
+#[derive(Debug, Clone, Default)]
+pub struct Listeners {
+    inner: Arc<Mutex<Vec<Option<mpsc::UnboundedSender<DuplexStream>>>>>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Listeners {
+    /// A region of `nodes` nodes, none listening yet.
+    pub fn new(nodes: usize) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(vec![None; nodes])),
+            next: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Node `index` accepts connections from this queue (None: it is down).
+    pub fn set(&self, index: usize, queue: Option<mpsc::UnboundedSender<DuplexStream>>) {
+        self.inner.lock()[index] = queue;
+    }
+
+    /// The next live node's queue, in turn.
+    fn pick(&self) -> Option<mpsc::UnboundedSender<DuplexStream>> {
+        let nodes = self.inner.lock();
+        let n = nodes.len();
+        for _ in 0..n {
+            let i = self.next.fetch_add(1, Ordering::Relaxed) % n;
+            if let Some(q) = &nodes[i]
+                && !q.is_closed()
+            {
+                return Some(q.clone());
+            }
+        }
+        None
+    }
+}
+
+/// A tonic channel from a node to the peer region over `wire`, connecting to `peer`'s nodes.
+pub fn channel(wire: Wire, peer: Listeners) -> tonic::transport::Channel {
+    let connector = tower::service_fn(move |_: tonic::codegen::http::Uri| {
+        let (wire, peer) = (wire.clone(), peer.clone());
+        async move {
+            let Some(listener) = peer.pick() else {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "no node of the peer region is up",
+                ));
+            };
+            if wire.state().partitioned {
+                // A connection can't be opened across a partition; the client retries later.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "the link between the regions is partitioned",
+                ));
+            }
+            let (client, client_wire) = tokio::io::duplex(CHUNK * 4);
+            let (server_wire, server) = tokio::io::duplex(CHUNK * 4);
+            let (from_client, to_client) = tokio::io::split(client_wire);
+            let (from_server, to_server) = tokio::io::split(server_wire);
+            wire.pipe(from_client, to_server);
+            wire.pipe(from_server, to_client);
+            listener.send(server).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "the peer node stopped",
+                )
+            })?;
+            Ok::<_, std::io::Error>(TokioIo::new(client))
+        }
+    });
+    tonic::transport::Endpoint::from_static("http://peer-region.sim")
+        .connect_timeout(Duration::from_secs(1))
+        .connect_with_connector_lazy(connector)
+}
+
+/// Serves `service` to the connections `incoming` brings, until the queue's sender is gone.
+pub async fn serve(
+    service: tollgate_regionsync::link::LinkService,
+    incoming: mpsc::UnboundedReceiver<DuplexStream>,
+) {
+    let stream =
+        tokio_stream::wrappers::UnboundedReceiverStream::new(incoming).map(Ok::<_, std::io::Error>);
+    let _ = tonic::transport::Server::builder()
+        .add_service(service.into_server())
+        .serve_with_incoming(stream)
+        .await;
+}
+
+use tokio_stream::StreamExt as _;

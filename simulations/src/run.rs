@@ -300,7 +300,13 @@ async fn simulate(
         .enumerate()
         .map(|(i, r)| {
             LinkedStore::new(
-                MemoryStore::with_clock(clock.clone(), MemoryConfig::default()),
+                MemoryStore::with_clock(
+                    clock.clone(),
+                    MemoryConfig {
+                        id_seed: Some(derive(seed, "ids", i as u64)),
+                        ..MemoryConfig::default()
+                    },
+                ),
                 Latency {
                     median: r.store_latency.median,
                     p99: r.store_latency.p99,

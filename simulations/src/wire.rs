@@ -13,7 +13,7 @@ use std::time::Duration;
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
 /// Bytes one pipe carries per read.
@@ -31,33 +31,44 @@ pub struct WireState {
 /// The control of the link between the regions. Cloning shares it.
 #[derive(Debug, Clone)]
 pub struct Wire {
-    state: Arc<watch::Sender<WireState>>,
+    inner: Arc<WireInner>,
+}
+
+#[derive(Debug)]
+struct WireInner {
+    state: Mutex<WireState>,
+    /// Wakes what a partition holds, in order (tokio's `watch` wakes in a random order).
+    healed: Notify,
 }
 
 impl Wire {
     /// A link with `latency` one way, up.
     pub fn new(latency: Duration) -> Self {
         Self {
-            state: Arc::new(watch::Sender::new(WireState {
-                latency,
-                partitioned: false,
-            })),
+            inner: Arc::new(WireInner {
+                state: Mutex::new(WireState {
+                    latency,
+                    partitioned: false,
+                }),
+                healed: Notify::new(),
+            }),
         }
     }
 
     /// Cuts the link (true) or heals it (false).
     pub fn partition(&self, cut: bool) {
-        self.state.send_modify(|s| s.partitioned = cut);
+        self.inner.state.lock().partitioned = cut;
+        self.inner.healed.notify_waiters();
     }
 
     /// Adds `extra` to the latency (a delay fault), or takes it away again.
     pub fn set_latency(&self, latency: Duration) {
-        self.state.send_modify(|s| s.latency = latency);
+        self.inner.state.lock().latency = latency;
     }
 
     /// The link's state now.
     pub fn state(&self) -> WireState {
-        *self.state.borrow()
+        *self.inner.state.lock()
     }
 
     /// Carries bytes from `from` to `to`, each chunk after the latency in force when it was
@@ -68,14 +79,14 @@ impl Wire {
         mut to: tokio::io::WriteHalf<DuplexStream>,
     ) {
         let (queue, mut carried) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
-        let reader = self.state.subscribe();
+        let reader = self.clone();
         tokio::spawn(async move {
             let mut buf = vec![0u8; CHUNK];
             loop {
                 match from.read(&mut buf).await {
                     Ok(0) | Err(_) => return,
                     Ok(n) => {
-                        let due = Instant::now() + reader.borrow().latency;
+                        let due = Instant::now() + reader.state().latency;
                         if queue.send((due, buf[..n].to_vec())).is_err() {
                             return;
                         }
@@ -83,14 +94,18 @@ impl Wire {
                 }
             }
         });
-        let mut state = self.state.subscribe();
+        let wire = self.clone();
         tokio::spawn(async move {
             while let Some((due, bytes)) = carried.recv().await {
                 tokio::time::sleep_until(due).await;
-                while state.borrow_and_update().partitioned {
-                    if state.changed().await.is_err() {
-                        return;
+                loop {
+                    let healed = wire.inner.healed.notified();
+                    tokio::pin!(healed);
+                    healed.as_mut().enable();
+                    if !wire.state().partitioned {
+                        break;
                     }
+                    healed.await;
                 }
                 if to.write_all(&bytes).await.is_err() {
                     return;

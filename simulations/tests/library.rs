@@ -63,6 +63,38 @@ fn a_pod_crash_holding_slots() {
 }
 
 #[test]
+fn a_partition_under_split() {
+    check("region-partition-split", 1, None);
+}
+
+#[test]
+fn a_partition_under_async_sync() {
+    check("region-partition-async", 1, None);
+}
+
+#[test]
+fn two_regions_of_fifty_pods_shortened() {
+    check("two-regions-100-pods", 1, Some(5));
+}
+
+#[test]
+fn a_report_draws_as_svg() {
+    let dir = tempfile::tempdir().expect("dir");
+    let scenario = Scenario::load(&library().join("redis-down.yaml")).expect("scenario");
+    let report = run(&scenario, 2, &mut |_| {}).expect("runs");
+    let path = dir.path().join("plot.svg");
+    tollgate_simulations::plot::svg(&report, &path).expect("draws");
+    let svg = std::fs::read_to_string(&path).expect("svg");
+    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
+    // Two rules: a panel each, with their lines and the outage shaded.
+    assert!(svg.matches("<polyline").count() >= 6, "lines drawn");
+    assert!(
+        svg.contains("store down (eu)"),
+        "the fault window is labelled"
+    );
+}
+
+#[test]
 fn a_key_flood_shortened() {
     // The library's flood is 1M new keys in a second; CI floods 100,000.
     let path = library().join("key-flood.yaml");
@@ -99,43 +131,37 @@ fn every_library_scenario_parses() {
             n += 1;
         }
     }
-    assert!(n >= 8, "the library has {n} scenarios");
+    assert!(n >= 11, "the library has {n} scenarios");
 }
 
 /// One seed, two processes, the same bytes: nothing in a run reads the wall clock or the OS's
-/// randomness where it could reach the report.
+/// randomness where it could reach the report (one region with a stall, two regions with a
+/// partition: the faults that wake many waiters at once).
 #[test]
 fn one_seed_gives_a_byte_identical_report_across_processes() {
     let dir = tempfile::tempdir().expect("dir");
-    let scenario = library().join("redis-stall-fail-modes.yaml");
-    let run = |out: &Path| {
+    let run = |scenario: &str, seed: u64, out: &str| {
+        let out = dir.path().join(out);
         let status = Command::new(env!("CARGO_BIN_EXE_tollgate-sim"))
             .arg("run")
-            .arg(&scenario)
-            .args(["--seed", "7", "--quiet", "--report"])
-            .arg(out)
+            .arg(library().join(format!("{scenario}.yaml")))
+            .args(["--seed", &seed.to_string(), "--quiet", "--report"])
+            .arg(&out)
             .stdout(std::process::Stdio::null())
             .status()
             .expect("tollgate-sim runs");
-        assert!(status.success(), "{status}");
+        assert!(status.success(), "{scenario}: {status}");
         std::fs::read(out).expect("report")
     };
-    let (a, b) = (
-        run(&dir.path().join("a.json")),
-        run(&dir.path().join("b.json")),
-    );
-    assert!(a.len() > 1000, "a whole report");
-    assert!(a == b, "two runs of seed 7 differ");
-    // And another seed gives another run.
-    let other = dir.path().join("c.json");
-    let status = Command::new(env!("CARGO_BIN_EXE_tollgate-sim"))
-        .arg("run")
-        .arg(&scenario)
-        .args(["--seed", "8", "--quiet", "--report"])
-        .arg(&other)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("tollgate-sim runs");
-    assert!(status.success());
-    assert_ne!(a, std::fs::read(&other).expect("report"));
+    for scenario in ["redis-stall-fail-modes", "region-partition-split"] {
+        let (a, b) = (run(scenario, 7, "a.json"), run(scenario, 7, "b.json"));
+        assert!(a.len() > 1000, "a whole report");
+        assert!(a == b, "{scenario}: two runs of seed 7 differ");
+        // And another seed gives another run.
+        assert_ne!(
+            a,
+            run(scenario, 8, "c.json"),
+            "{scenario}: seeds 7 and 8 ran alike"
+        );
+    }
 }

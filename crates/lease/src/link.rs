@@ -21,7 +21,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 use crate::error::StoreError;
 use crate::memory::MemoryStore;
@@ -118,7 +118,10 @@ pub struct StoreLink {
 
 #[derive(Debug)]
 struct LinkInner {
-    condition: watch::Sender<LinkCondition>,
+    condition: Mutex<LinkCondition>,
+    /// Wakes calls a stall holds, in the order they came (tokio's `watch` wakes its
+    /// receivers in a random order, which a simulation could not repeat).
+    resumed: Notify,
     latency: Mutex<(Latency, StdRng)>,
     calls: LinkCalls,
     failovers: AtomicU64,
@@ -127,12 +130,13 @@ struct LinkInner {
 impl StoreLink {
     /// The link's condition now.
     pub fn condition(&self) -> LinkCondition {
-        *self.inner.condition.borrow()
+        *self.inner.condition.lock()
     }
 
     /// Sets the link's condition (a stalled call resumes when the link is no longer stalled).
     pub fn set_condition(&self, condition: LinkCondition) {
-        self.inner.condition.send_replace(condition);
+        *self.inner.condition.lock() = condition;
+        self.inner.resumed.notify_waiters();
     }
 
     /// Sets the latency distribution of later calls.
@@ -168,7 +172,8 @@ impl LinkedStore {
             store,
             link: StoreLink {
                 inner: Arc::new(LinkInner {
-                    condition: watch::Sender::new(LinkCondition::Up),
+                    condition: Mutex::new(LinkCondition::Up),
+                    resumed: Notify::new(),
                     latency: Mutex::new((latency, StdRng::seed_from_u64(seed))),
                     calls: LinkCalls::default(),
                     failovers: AtomicU64::new(0),
@@ -219,7 +224,7 @@ impl LinkedStore {
         Fut: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
         let inner = &self.link.inner;
-        if *inner.condition.borrow() == LinkCondition::Down {
+        if *inner.condition.lock() == LinkCondition::Down {
             inner.calls.refused.fetch_add(1, Ordering::Relaxed);
             return Err(StoreError::Unavailable(
                 "connection refused (the simulated link is down)".into(),
@@ -233,17 +238,14 @@ impl LinkedStore {
         let link = self.link.clone();
         let store = self.store.clone();
         let carried = tokio::spawn(async move {
-            let mut condition = link.inner.condition.subscribe();
             loop {
-                let now = *condition.borrow_and_update();
+                let resumed = link.inner.resumed.notified();
+                tokio::pin!(resumed);
+                // Registered before the condition is read: a change in between still wakes it.
+                resumed.as_mut().enable();
+                let now = *link.inner.condition.lock();
                 match now {
-                    LinkCondition::Stalled => {
-                        if condition.changed().await.is_err() {
-                            return Err(StoreError::Unavailable(
-                                "the simulated link is gone".into(),
-                            ));
-                        }
-                    }
+                    LinkCondition::Stalled => resumed.await,
                     // Killed while it held the command: the command is lost.
                     LinkCondition::Down => {
                         return Err(StoreError::Unavailable(

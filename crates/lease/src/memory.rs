@@ -26,7 +26,6 @@ use crate::limit::{Kind, Limit};
 use crate::ops::check::{BucketStatus, CheckOutcome, CheckRequest, is_slot_bucket};
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseId, LeaseRequest, ReturnRequest};
-use crate::ops::nonce;
 use crate::ops::slot::{SlotId, SlotRelease};
 use crate::store::{LeaseStore, state_key};
 use bucket::{Bucket, Keys, Value};
@@ -38,6 +37,9 @@ pub struct MemoryConfig {
     pub shards: usize,
     /// The most keys held at once, all shards together.
     pub max_keys: usize,
+    /// Where lease and slot ids start: None draws from the OS; a simulation pins it so a run
+    /// can be repeated (ids are unique within one store either way).
+    pub id_seed: Option<u64>,
 }
 
 impl Default for MemoryConfig {
@@ -45,6 +47,7 @@ impl Default for MemoryConfig {
         Self {
             shards: 64,
             max_keys: 4_000_000,
+            id_seed: None,
         }
     }
 }
@@ -62,6 +65,8 @@ struct Inner {
     clock: SharedClock,
     max_keys: usize,
     max_keys_per_shard: usize,
+    /// The next lease or slot id (a counter, scrambled).
+    ids: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +102,7 @@ impl MemoryStore {
                 clock,
                 max_keys: config.max_keys,
                 max_keys_per_shard,
+                ids: std::sync::atomic::AtomicU64::new(config.id_seed.unwrap_or_else(rand::random)),
             }),
         }
     }
@@ -123,6 +129,18 @@ impl MemoryStore {
             shard.keys.map.clear();
             shard.sweep_at = MIN_SWEEP;
         }
+    }
+
+    /// A new lease or slot id: unique in this store (a counter through splitmix64, so ids
+    /// look random and never repeat).
+    fn nonce(&self) -> String {
+        let mut z = self
+            .inner
+            .ids
+            .fetch_add(0x9e37_79b9_7f4a_7c15, std::sync::atomic::Ordering::Relaxed);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        format!("{:016x}", z ^ (z >> 31))
     }
 
     /// Drops every expired key now.
@@ -184,7 +202,7 @@ impl LeaseStore for MemoryStore {
     async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
         let items = req.items();
         let slot_nonce = if items.iter().any(|i| is_slot_bucket(&i.limit)) {
-            nonce()
+            self.nonce()
         } else {
             String::new()
         };
@@ -239,7 +257,7 @@ impl LeaseStore for MemoryStore {
     async fn acquire_leases(&self, req: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
         let asks = req.asks();
         let ttl_us = req.ttl().as_micros() as u64;
-        let nonce = nonce();
+        let nonce = self.nonce();
         let names: Vec<String> = asks
             .iter()
             .flat_map(|a| [state_key(&a.key, &a.limit).into_owned(), a.key.lease_key()])

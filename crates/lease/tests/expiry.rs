@@ -104,6 +104,7 @@ async fn a_full_memory_store_refuses_new_keys_with_a_transient_error() {
         MemoryConfig {
             shards: 1,
             max_keys: 10,
+            id_seed: None,
         },
     );
     let tb = Limit::token_bucket(10, 5.0).expect("l");

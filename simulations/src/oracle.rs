@@ -147,6 +147,9 @@ pub struct BucketOracle {
     first: u64,
     /// Units admitted that the bound covers (not fail-open, not LOCAL fallback).
     admitted: u64,
+    /// Units admitted on what the store handed out (a check or a lease), whatever else was
+    /// going on: what the store's ledger must cover.
+    pub store_backed: u64,
     /// Failovers of the bucket's store since it was first used: each refills it.
     failovers_at_first: u64,
     /// Most units in flight at once (concurrency).
@@ -165,6 +168,7 @@ impl BucketOracle {
             limit,
             first: now,
             admitted: 0,
+            store_backed: 0,
             failovers_at_first: failovers,
             peak_in_flight: 0,
             failed_over_to_fail_mode: false,
@@ -237,6 +241,11 @@ impl BucketOracle {
             }
             Algorithm::Concurrency => capacity,
         }
+    }
+
+    /// Whether the limit is a concurrency limit (slots, not units).
+    pub fn is_concurrency(&self) -> bool {
+        self.limit.algorithm() == Algorithm::Concurrency
     }
 
     /// What the bound is compared with: units admitted (or, for concurrency, the peak in

@@ -202,7 +202,7 @@ impl World {
             .map_err(|e| failed(e.to_string()))?;
         let (accept, incoming) = tokio::sync::mpsc::unbounded_channel();
         self.listeners[n.region].set(n.index, Some(accept));
-        let server = tokio::spawn(wire::serve(sync.service(), incoming));
+        let server = tokio::spawn(wire::serve(wire.clone(), sync.service(), incoming));
         let follow = tokio::spawn({
             let node = node.clone();
             async move { node.follow_region_view().await }
@@ -223,6 +223,8 @@ struct Tally {
     /// The exact limiter over both regions (rule key, identity), on the rule's whole limit.
     exact: HashMap<(String, Vec<u8>), BucketOracle, Fixed>,
     rule_names: HashMap<u64, String, Fixed>,
+    /// Each definition's bucket name (definitions of one rule share the store's bucket).
+    rule_keys: HashMap<u64, String, Fixed>,
     /// Rules counted but never enforced (SHADOW): no bound, no false denials.
     shadow: std::collections::HashSet<u64, Fixed>,
     rules: BTreeMap<String, RuleReport>,
@@ -299,7 +301,7 @@ async fn simulate(
         .iter()
         .enumerate()
         .map(|(i, r)| {
-            LinkedStore::new(
+            let store = LinkedStore::new(
                 MemoryStore::with_clock(
                     clock.clone(),
                     MemoryConfig {
@@ -312,7 +314,9 @@ async fn simulate(
                     p99: r.store_latency.p99,
                 },
                 derive(seed, "store", i as u64),
-            )
+            );
+            store.keep_ledger();
+            store
         })
         .collect();
     let mut nodes = vec![];
@@ -338,7 +342,7 @@ async fn simulate(
         nodes,
         rules,
         wire: (scenario.topology.regions.len() == 2)
-            .then(|| Wire::new(scenario.topology.link_latency)),
+            .then(|| Wire::new(scenario.topology.link_latency, derive(seed, "wire", 0))),
         listeners: scenario
             .topology
             .regions
@@ -501,6 +505,7 @@ async fn simulate(
         .sum();
     let mut invariants = vec![];
     invariants.push(bound_invariant(&mut tally, &world, end));
+    invariants.push(ledger_invariant(&tally, &world));
     for r in tally.rules.values_mut() {
         r.overshoot = r.admitted.saturating_sub(r.exact);
     }
@@ -760,6 +765,16 @@ async fn apply_fault(
                 wire.partition(begins);
             }
         }
+        FaultKind::LinkDuplicate { probability } => {
+            if let Some(wire) = &world.wire {
+                wire.set_duplicate(if begins { *probability } else { 0.0 });
+            }
+        }
+        FaultKind::LinkReorder { max_delay } => {
+            if let Some(wire) = &world.wire {
+                wire.set_reorder(if begins { *max_delay } else { Duration::ZERO });
+            }
+        }
         FaultKind::LinkDelay { latency } => {
             if let Some(wire) = &world.wire {
                 wire.set_latency(if begins {
@@ -840,6 +855,53 @@ fn bound_invariant(tally: &mut Tally, world: &World, end: u64) -> Invariant {
     }
 }
 
+/// No bucket spent more than its store handed out: per region, rule and identity, the units
+/// admitted on the store's answers are at most what checks admitted and leases granted there,
+/// less what returns credited. The rest was handed out and never spent or returned.
+fn ledger_invariant(tally: &Tally, world: &World) -> Invariant {
+    let mut spent: BTreeMap<(usize, &str, &[u8]), u64> = BTreeMap::new();
+    for ((region, uid, identity), o) in &tally.buckets {
+        if tally.shadow.contains(uid) || o.is_concurrency() {
+            continue;
+        }
+        if let Some(key) = tally.rule_keys.get(uid) {
+            *spent
+                .entry((*region, key.as_str(), identity.as_slice()))
+                .or_default() += o.store_backed;
+        }
+    }
+    let (mut breaches, mut unspent, mut checked) = (vec![], 0u64, 0usize);
+    for ((region, key, identity), units) in spent {
+        let Ok(bucket) = tollgate_lease::BucketKey::new(identity, key) else {
+            continue;
+        };
+        let Some(ledger) = world.stores[region].link().ledger_of(bucket.as_str()) else {
+            continue;
+        };
+        checked += 1;
+        let handed = ledger.handed.saturating_sub(ledger.credited);
+        if units > handed {
+            breaches.push(format!(
+                "{bucket}: {units} spent, {} handed out and {} credited back",
+                ledger.handed, ledger.credited
+            ));
+        } else {
+            unspent += handed - units;
+        }
+    }
+    Invariant {
+        name: "leased units are conserved: no bucket spends more than its store handed out".into(),
+        held: breaches.is_empty(),
+        detail: if breaches.is_empty() {
+            format!(
+                "{checked} buckets; {unspent} units handed out were neither spent nor returned (expired in leases, held by crashed pods, or checks that ran after their caller gave up)"
+            )
+        } else {
+            first_few(&breaches)
+        },
+    }
+}
+
 /// A region's bucket: region, rule definition, identity.
 type BucketId = (usize, u64, Vec<u8>);
 
@@ -896,6 +958,9 @@ impl Job {
                 t.rule_names
                     .entry(c.rule.uid)
                     .or_insert_with(|| c.rule.id.clone());
+                t.rule_keys
+                    .entry(c.rule.uid)
+                    .or_insert_with(|| c.rule.key.clone());
                 t.buckets
                     .entry((self.region, c.rule.uid, c.identity.clone()))
                     .or_insert_with(|| BucketOracle::new(limit, arrived, self.failovers));
@@ -1074,10 +1139,12 @@ impl Job {
                 if verdict.allowed {
                     // The bound covers what the store decided: not fail-open or LOCAL, and
                     // not while the store was impaired.
-                    let covered = store_ok
-                        && !status.on_last_answer
+                    let from_store = !status.on_last_answer
                         && !matches!(outcome, Outcome::FailedOpen | Outcome::LocalFallback);
-                    o.admitted(now, charge.cost, covered);
+                    o.admitted(now, charge.cost, store_ok && from_store);
+                    if from_store {
+                        o.store_backed += charge.cost;
+                    }
                     if status
                         .limit
                         .is_some_and(|l| l.algorithm() == tollgate_lease::Algorithm::Concurrency)

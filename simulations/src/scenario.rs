@@ -344,6 +344,18 @@ pub enum FaultKind {
         #[serde(with = "humantime_serde")]
         latency: Duration,
     },
+    /// Calls across the link reach the peer twice, with this probability.
+    LinkDuplicate {
+        /// In [0, 1].
+        probability: f64,
+    },
+    /// Calls across the link are held up to this long more, at random, so later calls
+    /// overtake earlier ones.
+    LinkReorder {
+        /// The longest extra hold.
+        #[serde(with = "humantime_serde")]
+        max_delay: Duration,
+    },
     /// A crashed node starts again, empty.
     Restart {
         /// The node.
@@ -368,6 +380,15 @@ impl FaultKind {
             FaultKind::Crash { node } => format!("{node} crashed"),
             FaultKind::Restart { node } => format!("{node} restarted"),
             FaultKind::Partition {} => "regions partitioned".into(),
+            FaultKind::LinkDuplicate { probability } => {
+                format!("region link duplicates {:.0} %", probability * 100.0)
+            }
+            FaultKind::LinkReorder { max_delay } => {
+                format!(
+                    "region link reorders (up to {})",
+                    humantime::format_duration(*max_delay)
+                )
+            }
             FaultKind::LinkDelay { latency } => {
                 format!(
                     "region link {} one way",
@@ -539,7 +560,13 @@ impl Scenario {
                         return bad(field("node"), format!("no node {node:?}"));
                     }
                 }
-                FaultKind::Partition {} | FaultKind::LinkDelay { .. } => {
+                FaultKind::LinkDuplicate { probability } if !(0.0..=1.0).contains(probability) => {
+                    return bad(field("probability"), "must be in [0, 1]".into());
+                }
+                FaultKind::Partition {}
+                | FaultKind::LinkDelay { .. }
+                | FaultKind::LinkDuplicate { .. }
+                | FaultKind::LinkReorder { .. } => {
                     if self.topology.regions.len() < 2 {
                         return bad(field("partition"), "needs two regions".into());
                     }

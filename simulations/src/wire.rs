@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
@@ -26,6 +28,10 @@ pub struct WireState {
     pub latency: Duration,
     /// Whether nothing gets through.
     pub partitioned: bool,
+    /// The chance that a call reaches the peer twice (a retried or duplicated delivery).
+    pub duplicate: f64,
+    /// Calls are held up to this long more, at random, so later calls can overtake them.
+    pub reorder: Duration,
 }
 
 /// The control of the link between the regions. Cloning shares it.
@@ -37,19 +43,24 @@ pub struct Wire {
 #[derive(Debug)]
 struct WireInner {
     state: Mutex<WireState>,
+    /// Draws for duplication and reordering.
+    rng: Mutex<StdRng>,
     /// Wakes what a partition holds, in order (tokio's `watch` wakes in a random order).
     healed: Notify,
 }
 
 impl Wire {
-    /// A link with `latency` one way, up.
-    pub fn new(latency: Duration) -> Self {
+    /// A link with `latency` one way, up; `seed` drives duplication and reordering.
+    pub fn new(latency: Duration, seed: u64) -> Self {
         Self {
             inner: Arc::new(WireInner {
                 state: Mutex::new(WireState {
                     latency,
                     partitioned: false,
+                    duplicate: 0.0,
+                    reorder: Duration::ZERO,
                 }),
+                rng: Mutex::new(StdRng::seed_from_u64(seed)),
                 healed: Notify::new(),
             }),
         }
@@ -64,6 +75,28 @@ impl Wire {
     /// Adds `extra` to the latency (a delay fault), or takes it away again.
     pub fn set_latency(&self, latency: Duration) {
         self.inner.state.lock().latency = latency;
+    }
+
+    /// Delivers calls twice with probability `p` (0 stops it).
+    pub fn set_duplicate(&self, p: f64) {
+        self.inner.state.lock().duplicate = p;
+    }
+
+    /// Holds calls up to `max` more at random (zero stops it).
+    pub fn set_reorder(&self, max: Duration) {
+        self.inner.state.lock().reorder = max;
+    }
+
+    /// For one call: whether it is delivered twice, and how long it is held.
+    fn mangle(&self) -> (bool, Duration) {
+        let state = self.state();
+        if state.duplicate <= 0.0 && state.reorder.is_zero() {
+            return (false, Duration::ZERO);
+        }
+        let mut rng = self.inner.rng.lock();
+        let twice = state.duplicate > 0.0 && rng.random::<f64>() < state.duplicate;
+        let held = state.reorder.mul_f64(rng.random::<f64>());
+        (twice, held)
     }
 
     /// The link's state now.
@@ -195,15 +228,81 @@ pub fn channel(wire: Wire, peer: Listeners) -> tonic::transport::Channel {
 
 /// Serves `service` to the connections `incoming` brings, until the queue's sender is gone.
 pub async fn serve(
+    wire: Wire,
     service: tollgate_regionsync::link::LinkService,
     incoming: mpsc::UnboundedReceiver<DuplexStream>,
 ) {
     let stream =
         tokio_stream::wrappers::UnboundedReceiverStream::new(incoming).map(Ok::<_, std::io::Error>);
     let _ = tonic::transport::Server::builder()
+        .layer(tower::layer::layer_fn(move |inner| Mangled {
+            inner,
+            wire: wire.clone(),
+        }))
         .add_service(service.into_server())
         .serve_with_incoming(stream)
         .await;
+}
+
+/// The peer's side of the link, where calls are duplicated and held (reordered): a tower
+/// layer in front of the region-sync service, since HTTP/2 itself delivers in order.
+#[derive(Debug, Clone)]
+struct Mangled<S> {
+    inner: S,
+    wire: Wire,
+}
+
+type Call = tonic::codegen::http::Request<tonic::body::Body>;
+
+impl<S, B> tower::Service<Call> for Mangled<S>
+where
+    S: tower::Service<Call, Response = tonic::codegen::http::Response<B>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, call: Call) -> Self::Future {
+        // The service that was made ready answers this call; a clone takes its place.
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let (twice, held) = self.wire.mangle();
+        Box::pin(async move {
+            if !held.is_zero() {
+                tokio::time::sleep(held).await;
+            }
+            if !twice {
+                return inner.call(call).await;
+            }
+            let (parts, body) = call.into_parts();
+            let bytes = http_body_util::BodyExt::collect(body)
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            let again = Call::from_parts(
+                parts.clone(),
+                tonic::body::Body::new(http_body_util::Full::new(bytes.clone())),
+            );
+            let first = Call::from_parts(
+                parts,
+                tonic::body::Body::new(http_body_util::Full::new(bytes)),
+            );
+            let answer = inner.call(first).await;
+            // The duplicate arrives after the first was handled; its answer is lost.
+            let _ = tower::ServiceExt::oneshot(inner, again).await;
+            answer
+        })
+    }
 }
 
 use tokio_stream::StreamExt as _;

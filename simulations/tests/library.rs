@@ -72,6 +72,27 @@ fn a_partition_under_async_sync() {
     check("region-partition-async", 1, None);
 }
 
+/// Duplicated and reordered calls across the link are debited once: the regions admit what
+/// they admit over a clean link (within what reordering moves between seconds).
+#[test]
+fn a_misbehaving_region_link_double_counts_nothing() {
+    let path = library().join("region-link-chaos.yaml");
+    let text = std::fs::read_to_string(&path).expect("scenario");
+    let chaos = Scenario::parse(&text, "region-link-chaos").expect("scenario");
+    let mut clean = chaos.clone();
+    clean.faults.clear();
+    let chaotic = run(&chaos, 1, &mut |_| {}).expect("runs");
+    assert!(chaotic.passed(), "{}", chaotic.table());
+    let calm = run(&clean, 1, &mut |_| {}).expect("runs");
+    let (a, b) = (chaotic.admitted as f64, calm.admitted as f64);
+    assert!(
+        (a - b).abs() <= 0.03 * b,
+        "admitted {a} with a misbehaving link against {b} over a clean one"
+    );
+    // The demand is over the limit: a double debit would show as admitting less.
+    assert!(chaotic.admitted < chaotic.decisions, "{}", chaotic.table());
+}
+
 #[test]
 fn two_regions_of_fifty_pods_shortened() {
     check("two-regions-100-pods", 1, Some(5));
@@ -131,7 +152,7 @@ fn every_library_scenario_parses() {
             n += 1;
         }
     }
-    assert!(n >= 11, "the library has {n} scenarios");
+    assert!(n >= 12, "the library has {n} scenarios");
 }
 
 /// One seed, two processes, the same bytes: nothing in a run reads the wall clock or the OS's

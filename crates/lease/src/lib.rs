@@ -47,7 +47,7 @@ pub use clock::{Clock, ManualClock, Micros, SharedClock, SystemClock, TokioClock
 pub use error::{InvalidInput, StoreError};
 pub use key::{BucketKey, KeyError};
 pub use limit::{Algorithm, Limit, LimitError, LimitSpec};
-pub use link::{Latency, LinkCalls, LinkCondition, LinkedStore, StoreLink};
+pub use link::{Latency, Ledger, LinkCalls, LinkCondition, LinkedStore, StoreLink};
 pub use memory::{MemoryConfig, MemoryStore};
 pub use ops::MAX_BUCKETS_PER_CALL;
 pub use ops::check::{BucketStatus, CheckItem, CheckOutcome, CheckRequest, Decision};

@@ -109,6 +109,17 @@ impl LinkCalls {
     }
 }
 
+/// What the store handed out and took back per bucket, as the link saw the answers: units a
+/// check admitted or a lease granted, and units a return credited (concurrency slots are not
+/// counted: they come back by release).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Ledger {
+    /// Units admitted by checks and granted in leases.
+    pub handed: u64,
+    /// Units credited back by lease returns.
+    pub credited: u64,
+}
+
 /// The control side of a link: change its condition, fail the store over, read its counts.
 /// Cloning shares the link.
 #[derive(Debug, Clone)]
@@ -125,6 +136,8 @@ struct LinkInner {
     latency: Mutex<(Latency, StdRng)>,
     calls: LinkCalls,
     failovers: AtomicU64,
+    /// Per bucket key, when kept ([`LinkedStore::keep_ledger`]).
+    ledger: Mutex<Option<std::collections::HashMap<String, Ledger>>>,
 }
 
 impl StoreLink {
@@ -153,6 +166,21 @@ impl StoreLink {
     pub fn failovers(&self) -> u64 {
         self.inner.failovers.load(Ordering::Relaxed)
     }
+
+    /// What the store handed out and took back for `key`, if the ledger is kept.
+    pub fn ledger_of(&self, key: &str) -> Option<Ledger> {
+        self.inner
+            .ledger
+            .lock()
+            .as_ref()
+            .map(|l| l.get(key).copied().unwrap_or_default())
+    }
+
+    fn book(&self, key: &str, entry: impl FnOnce(&mut Ledger)) {
+        if let Some(ledger) = self.inner.ledger.lock().as_mut() {
+            entry(ledger.entry(key.to_owned()).or_default());
+        }
+    }
 }
 
 /// A [`MemoryStore`] reached over a [`StoreLink`]. Cloning shares the store and the link.
@@ -177,10 +205,20 @@ impl LinkedStore {
                     latency: Mutex::new((latency, StdRng::seed_from_u64(seed))),
                     calls: LinkCalls::default(),
                     failovers: AtomicU64::new(0),
+                    ledger: Mutex::new(None),
                 }),
             },
             budget: None,
         }
+    }
+
+    /// Keeps a [`Ledger`] per bucket from now on (what every answer handed out and took back).
+    pub fn keep_ledger(&self) {
+        self.link
+            .inner
+            .ledger
+            .lock()
+            .get_or_insert_with(Default::default);
     }
 
     /// The link's control side.
@@ -284,24 +322,53 @@ impl LinkedStore {
 impl LeaseStore for LinkedStore {
     async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
         let req = req.clone();
-        self.call(|c| &c.check, move |s| async move { s.check(&req).await })
-            .await
+        let link = self.link.clone();
+        self.call(
+            |c| &c.check,
+            move |s| async move {
+                // Booked where the store answers, whether or not the caller still waits.
+                let outcome = s.check(&req).await?;
+                if outcome.allowed() {
+                    for item in req.items() {
+                        if item.limit.algorithm() != crate::limit::Algorithm::Concurrency {
+                            link.book(item.key.as_str(), |l| l.handed += item.cost);
+                        }
+                    }
+                }
+                Ok(outcome)
+            },
+        )
+        .await
     }
 
     async fn acquire_leases(&self, req: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
         let req = req.clone();
+        let link = self.link.clone();
         self.call(
             |c| &c.acquire,
-            move |s| async move { s.acquire_leases(&req).await },
+            move |s| async move {
+                let grants = s.acquire_leases(&req).await?;
+                for (ask, grant) in req.asks().iter().zip(&grants) {
+                    link.book(ask.key.as_str(), |l| l.handed += grant.units);
+                }
+                Ok(grants)
+            },
         )
         .await
     }
 
     async fn return_leases(&self, req: &ReturnRequest) -> Result<Vec<u64>, StoreError> {
         let req = req.clone();
+        let link = self.link.clone();
         self.call(
             |c| &c.returns,
-            move |s| async move { s.return_leases(&req).await },
+            move |s| async move {
+                let credited = s.return_leases(&req).await?;
+                for (item, units) in req.items().iter().zip(&credited) {
+                    link.book(item.key.as_str(), |l| l.credited += units);
+                }
+                Ok(credited)
+            },
         )
         .await
     }

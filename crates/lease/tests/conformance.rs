@@ -811,13 +811,18 @@ async fn largest_cost_is_exact(b: &Backend) {
     assert!(!check(b, &key, limit, 1).await.allowed());
 }
 
-/// Instantiates every case for the memory and single-Redis backends (one test each), and runs
+/// Instantiates every case for the memory, linked (memory behind the simulations' link) and
+/// single-Redis backends (one test each), and runs
 /// all of them in one test against one cluster (forming a cluster takes seconds).
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
             $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                async fn $case() { super::$case(&super::Backend::memory()).await } )*
+        }
+        mod linked {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $case() { super::$case(&super::Backend::linked()).await } )*
         }
         mod redis_single {
             $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

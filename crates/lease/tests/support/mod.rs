@@ -50,6 +50,21 @@ impl Backend {
         Self::new("memory", Store::Memory(store), Some(clock))
     }
 
+    /// The in-memory store on a manual clock behind a [`tollgate_lease::LinkedStore`] that
+    /// adds no latency (the simulations' store answers as the memory store does).
+    pub fn linked() -> Self {
+        let clock = ManualClock::new(MEMORY_EPOCH);
+        let store =
+            MemoryStore::with_clock(std::sync::Arc::new(clock.clone()), MemoryConfig::default());
+        let linked = tollgate_lease::LinkedStore::new(
+            store,
+            tollgate_lease::Latency::fixed(Duration::ZERO),
+            1,
+        );
+        linked.keep_ledger();
+        Self::new("linked", Store::Linked(linked), Some(clock))
+    }
+
     /// A fresh single `redis-server`.
     pub async fn redis() -> Self {
         let server = tokio::task::spawn_blocking(RedisServer::start)

@@ -15,7 +15,7 @@ pub fn svg(report: &Report, path: &Path) -> Result<(), String> {
     let mut rules: Vec<(&String, u64)> = report
         .rules
         .iter()
-        .map(|(id, r)| (id, r.admitted + r.denied))
+        .map(|(id, r)| (id, r.decided.admitted + r.decided.denied))
         .collect();
     rules.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     rules.truncate(MAX_PANELS);
@@ -32,9 +32,9 @@ pub fn svg(report: &Report, path: &Path) -> Result<(), String> {
                 .map(|s| (s.t as f64 + 0.5, s.rules.get(*id).map_or(0, f) as f64))
                 .collect()
         };
-        let admitted = series(|r| r.admitted);
+        let admitted = series(|r| r.decided.admitted);
         let exact = series(|r| r.exact);
-        let failed_open = series(|r| r.failed_open);
+        let failed_open = series(|r| r.decided.failed_open);
         let top = admitted
             .iter()
             .chain(&exact)

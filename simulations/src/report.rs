@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
+use tollgate_node::runtime::Outcome;
 
 /// A whole run.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -52,13 +53,54 @@ pub struct Latency {
     pub max: u64,
 }
 
+/// How a rule's decisions came out: admitted or denied, and which were made without the store.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Decided {
+    /// Requests it admitted.
+    pub admitted: u64,
+    /// Requests it denied (over the limit, failed closed, or another rule denied them).
+    pub denied: u64,
+    /// Admitted because the store failed and the rule fails open.
+    pub failed_open: u64,
+    /// Denied because the store failed and the rule fails closed.
+    pub failed_closed: u64,
+    /// Decided by the LOCAL fallback bucket.
+    pub local_fallback: u64,
+}
+
+impl Decided {
+    /// Counts one decision: `outcome` as the request's verdict saw it, `allowed` its own.
+    pub fn count(&mut self, outcome: Outcome, allowed: bool) {
+        match outcome {
+            Outcome::Allowed => self.admitted += 1,
+            Outcome::Denied => self.denied += 1,
+            Outcome::ShadowDenied => {}
+            Outcome::FailedOpen => {
+                self.admitted += 1;
+                self.failed_open += 1;
+            }
+            Outcome::FailedClosed => {
+                self.denied += 1;
+                self.failed_closed += 1;
+            }
+            Outcome::LocalFallback => {
+                self.local_fallback += 1;
+                if allowed {
+                    self.admitted += 1;
+                } else {
+                    self.denied += 1;
+                }
+            }
+        }
+    }
+}
+
 /// One rule over the run (all its identities).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RuleReport {
-    /// Requests it admitted.
-    pub admitted: u64,
-    /// Requests it denied (over the limit, or failed closed).
-    pub denied: u64,
+    /// Its decisions.
+    #[serde(flatten)]
+    pub decided: Decided,
     /// What an exact limiter fed the same requests would have admitted.
     pub exact: u64,
     /// Admitted beyond what the exact limiter admitted (0 when Tollgate admitted less).
@@ -67,12 +109,6 @@ pub struct RuleReport {
     pub false_denials: u64,
     /// SHADOW: requests it would have denied.
     pub shadow_denied: u64,
-    /// Admitted because the store failed and the rule fails open.
-    pub failed_open: u64,
-    /// Denied because the store failed and the rule fails closed.
-    pub failed_closed: u64,
-    /// Decided by the LOCAL fallback bucket.
-    pub local_fallback: u64,
     /// Decided on the store's last answer while the store was slow (OPEN rules).
     pub on_last_answer: u64,
     /// Identities seen.
@@ -118,20 +154,13 @@ pub struct RegionSecond {
 /// One rule in one second.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RuleSecond {
-    /// Admitted.
-    pub admitted: u64,
+    /// Its decisions.
+    #[serde(flatten)]
+    pub decided: Decided,
     /// What the exact limiter admitted.
     pub exact: u64,
-    /// Denied.
-    pub denied: u64,
     /// False denials.
     pub false_denials: u64,
-    /// Failed open.
-    pub failed_open: u64,
-    /// Failed closed.
-    pub failed_closed: u64,
-    /// LOCAL fallback decisions.
-    pub local_fallback: u64,
 }
 
 /// A fault's window on virtual time.
@@ -195,15 +224,15 @@ impl Report {
             let _ = writeln!(
                 out,
                 "| {id} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.3} |",
-                r.admitted,
+                r.decided.admitted,
                 r.exact,
                 r.overshoot,
-                r.denied,
+                r.decided.denied,
                 r.false_denials,
                 r.shadow_denied,
-                r.failed_open,
-                r.failed_closed,
-                r.local_fallback,
+                r.decided.failed_open,
+                r.decided.failed_closed,
+                r.decided.local_fallback,
                 r.on_last_answer,
                 r.identities,
                 r.worst_bound_use

@@ -507,7 +507,7 @@ async fn simulate(
     invariants.push(bound_invariant(&mut tally, &world, end));
     invariants.push(ledger_invariant(&tally, &world));
     for r in tally.rules.values_mut() {
-        r.overshoot = r.admitted.saturating_sub(r.exact);
+        r.overshoot = r.decided.admitted.saturating_sub(r.exact);
     }
     // Distinct identities per rule, both regions and every definition together.
     let mut identities: BTreeMap<String, u64> = BTreeMap::new();
@@ -1079,49 +1079,15 @@ impl Job {
             if status.on_last_answer {
                 r.on_last_answer += 1;
             }
-            match outcome {
-                Outcome::Allowed => r.admitted += 1,
-                Outcome::Denied => r.denied += 1,
-                Outcome::ShadowDenied => r.shadow_denied += 1,
-                Outcome::FailedOpen => {
-                    r.admitted += 1;
-                    r.failed_open += 1;
-                }
-                Outcome::FailedClosed => {
-                    r.denied += 1;
-                    r.failed_closed += 1;
-                }
-                Outcome::LocalFallback => {
-                    r.local_fallback += 1;
-                    if status.allowed {
-                        r.admitted += 1;
-                    } else {
-                        r.denied += 1;
-                    }
-                }
+            if outcome == Outcome::ShadowDenied {
+                r.shadow_denied += 1;
             }
-            let s = t.second.entry(id.clone()).or_default();
-            match outcome {
-                Outcome::Allowed => s.admitted += 1,
-                Outcome::Denied => s.denied += 1,
-                Outcome::FailedOpen => {
-                    s.admitted += 1;
-                    s.failed_open += 1;
-                }
-                Outcome::FailedClosed => {
-                    s.denied += 1;
-                    s.failed_closed += 1;
-                }
-                Outcome::LocalFallback => {
-                    s.local_fallback += 1;
-                    if status.allowed {
-                        s.admitted += 1;
-                    } else {
-                        s.denied += 1;
-                    }
-                }
-                Outcome::ShadowDenied => {}
-            }
+            r.decided.count(outcome, status.allowed);
+            t.second
+                .entry(id.clone())
+                .or_default()
+                .decided
+                .count(outcome, status.allowed);
             let (Some(charge), Mode::Enforce) = (charge, rule.mode) else {
                 continue;
             };

@@ -139,8 +139,8 @@ pub fn table(param: &Param, rows: &[Row]) -> String {
             r.admitted,
             sum(|x| x.overshoot),
             sum(|x| x.false_denials),
-            sum(|x| x.failed_open),
-            sum(|x| x.failed_closed),
+            sum(|x| x.decided.failed_open),
+            sum(|x| x.decided.failed_closed),
             r.store_calls_per_decision,
             r.latency_us.p99
         );

@@ -31,7 +31,8 @@ enum Command {
         /// Writes the whole report as JSON.
         #[arg(long)]
         report: Option<PathBuf>,
-        /// Draws admitted against exact per rule, fault windows shaded (SVG).
+        /// Draws admitted against exact per rule, fault windows shaded (SVG, or an HTML page
+        /// with the table when the name ends in .html).
         #[arg(long)]
         plot: Option<PathBuf>,
         /// No progress bar.
@@ -175,7 +176,7 @@ fn write_outputs(
             .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     if let Some(path) = svg {
-        plot::svg(report, path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        plot::write(report, path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     }
     Ok(())
 }

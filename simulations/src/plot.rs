@@ -1,5 +1,6 @@
 //! The picture of a run: per rule, admitted per second against what an exact limiter admitted
-//! (and failed-open decisions), with fault windows shaded. SVG, drawn without system fonts.
+//! (and failed-open decisions), with fault windows shaded. SVG, drawn without system fonts; or
+//! an HTML page holding the SVG and the report's table (nothing loaded from elsewhere).
 
 use std::path::Path;
 
@@ -10,8 +11,40 @@ use crate::report::Report;
 /// At most this many rules get a panel (the busiest by requests).
 const MAX_PANELS: usize = 4;
 
-/// Draws `report` to an SVG file at `path`.
-pub fn svg(report: &Report, path: &Path) -> Result<(), String> {
+/// Draws `report` to `path`: an HTML page when the name ends in `.html`, else SVG.
+pub fn write(report: &Report, path: &Path) -> Result<(), String> {
+    let svg = svg(report)?;
+    let text = if path.extension().is_some_and(|e| e == "html" || e == "htm") {
+        html(report, &svg)
+    } else {
+        svg
+    };
+    std::fs::write(path, text).map_err(|e| e.to_string())
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A page with the plot and the report's table.
+fn html(report: &Report, svg: &str) -> String {
+    format!(
+        "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title></head>\n<body style=\"font-family: sans-serif\">\n<h1>{title}</h1>\n{svg}\n<pre>{table}</pre>\n</body></html>\n",
+        title = escape(&format!("{} (seed {})", report.scenario, report.seed)),
+        table = escape(&report.table()),
+    )
+}
+
+/// The plot as SVG text.
+pub fn svg(report: &Report) -> Result<String, String> {
+    let mut out = String::new();
+    draw(report, &mut out)?;
+    Ok(out)
+}
+
+fn draw(report: &Report, out: &mut String) -> Result<(), String> {
     let mut rules: Vec<(&String, u64)> = report
         .rules
         .iter()
@@ -20,7 +53,7 @@ pub fn svg(report: &Report, path: &Path) -> Result<(), String> {
     rules.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     rules.truncate(MAX_PANELS);
     let panels = rules.len().max(1);
-    let root = SVGBackend::new(path, (960, 280 * panels as u32)).into_drawing_area();
+    let root = SVGBackend::with_string(out, (960, 280 * panels as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| e.to_string())?;
     let areas = root.split_evenly((panels, 1));
     let seconds = report.per_second.len().max(1) as f64;

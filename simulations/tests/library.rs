@@ -104,7 +104,7 @@ fn a_report_draws_as_svg() {
     let scenario = Scenario::load(&library().join("redis-down.yaml")).expect("scenario");
     let report = run(&scenario, 2, &mut |_| {}).expect("runs");
     let path = dir.path().join("plot.svg");
-    tollgate_simulations::plot::svg(&report, &path).expect("draws");
+    tollgate_simulations::plot::write(&report, &path).expect("draws");
     let svg = std::fs::read_to_string(&path).expect("svg");
     assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
     // Two rules: a panel each, with their lines and the outage shaded.

@@ -131,7 +131,11 @@ impl World {
     ) -> Result<(Node, Vec<tokio::task::JoinHandle<()>>), RunError> {
         let n = &self.nodes[index];
         let region = &self.scenario.topology.regions[n.region];
-        let metrics = Metrics::new();
+        let metrics = if self.wire.is_some() {
+            Metrics::with_regions()
+        } else {
+            Metrics::new()
+        };
         let rules = ActiveRules::new(metrics.clone());
         rules.install(&self.rules).map_err(RunError::Rules)?;
         let settings = &self.scenario.runtime;

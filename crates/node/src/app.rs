@@ -76,7 +76,11 @@ impl App {
     /// file error stops the start; Redis being down does not (the node serves per fail mode
     /// and connects in the background).
     pub async fn start(config: Config) -> Result<App, StartError> {
-        let metrics = Metrics::new();
+        let metrics = if config.region.is_some() {
+            Metrics::with_regions()
+        } else {
+            Metrics::new()
+        };
         let rules = ActiveRules::new(metrics.clone());
         let control = match &config.control {
             None => {

@@ -196,8 +196,73 @@ pub struct Metrics {
     pub rules_reload_errors: Counter,
     /// Seconds since the rules were last loaded successfully from their source.
     pub rules_staleness_seconds: Gauge,
-    /// Region sync (registered whether or not the node runs in two regions).
+    /// Region sync (exported only by a node that runs in two regions: a single-region node
+    /// showing `tollgate_region_peer_up 0` would fire a naive alert).
     pub region: tollgate_regionsync::metrics::RegionMetrics,
+    /// Requests that matched no rule (nothing limits them: an unknown domain, a descriptor
+    /// no rule names).
+    pub requests_unmatched: Counter,
+    /// Requests per API and result, and their latency per API, pre-resolved.
+    pub api: [ApiMetrics; 2],
+}
+
+/// The API a request came in by.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum Api {
+    /// Envoy's rate limit service (`ShouldRateLimit`).
+    Rls,
+    /// Tollgate's `CheckRateLimit`.
+    Check,
+}
+
+snake_label!(Api {
+    Rls => "rls",
+    Check => "check",
+});
+
+/// A request's result as the API answered it.
+#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
+pub enum ApiResult {
+    /// Admitted.
+    Ok,
+    /// Denied (over a limit, or failed closed).
+    OverLimit,
+    /// Refused as unreadable (INVALID_ARGUMENT).
+    Invalid,
+}
+
+snake_label!(ApiResult {
+    Ok => "ok",
+    OverLimit => "over_limit",
+    Invalid => "invalid",
+});
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApiLabels {
+    api: Api,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApiResultLabels {
+    api: Api,
+    result: ApiResult,
+}
+
+/// One API's request counters and latency histogram.
+#[derive(Debug, Clone)]
+pub struct ApiMetrics {
+    /// Requests admitted, denied and refused.
+    pub results: [Counter; 3],
+    /// Time from request decoded to answer built, seconds.
+    pub latency: Histogram,
+}
+
+impl ApiMetrics {
+    /// Counts one answered request that took `seconds`.
+    pub fn answered(&self, result: ApiResult, seconds: f64) {
+        self.results[result as usize].inc();
+        self.latency.observe(seconds);
+    }
 }
 
 impl Metrics {
@@ -216,8 +281,23 @@ impl Metrics {
         }
     }
 
-    /// Registers every metric in a fresh registry.
+    /// Metrics of a node of one region (region sync's are kept but not exported).
     pub fn new() -> Arc<Self> {
+        Self::build(false)
+    }
+
+    /// Metrics of a node that runs in one of two regions.
+    pub fn with_regions() -> Arc<Self> {
+        Self::build(true)
+    }
+
+    /// The metrics of `api`.
+    pub fn api(&self, api: Api) -> &ApiMetrics {
+        &self.api[api as usize]
+    }
+
+    /// Registers every metric in a fresh registry.
+    fn build(regions: bool) -> Arc<Self> {
         let mut registry = Registry::with_prefix("tollgate");
         let decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
@@ -246,7 +326,31 @@ impl Metrics {
             by_op(StoreOp::LeaseReturn),
             by_op(StoreOp::SlotRelease),
         ];
+        let results = Family::<ApiResultLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "Requests per API and result (ok, over_limit, invalid)",
+            results.clone(),
+        );
+        let latency = Family::<ApiLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_002, 2.0, 20))
+        });
+        registry.register(
+            "request_seconds",
+            "Decision latency per API, from request decoded to answer built",
+            latency.clone(),
+        );
+        let api = [Api::Rls, Api::Check].map(|api| ApiMetrics {
+            results: [ApiResult::Ok, ApiResult::OverLimit, ApiResult::Invalid].map(|result| {
+                results
+                    .get_or_create(&ApiResultLabels { api, result })
+                    .clone()
+            }),
+            latency: latency.get_or_create(&ApiLabels { api }).clone(),
+        });
         let m = Metrics {
+            requests_unmatched: Counter::default(),
+            api,
             decisions,
             store_latency,
             store_failures,
@@ -277,7 +381,14 @@ impl Metrics {
             region: Default::default(),
             registry: Registry::default(),
         };
-        m.region.register(&mut registry);
+        if regions {
+            m.region.register(&mut registry);
+        }
+        registry.register(
+            "requests_unmatched",
+            "Requests that matched no rule (nothing limited them)",
+            m.requests_unmatched.clone(),
+        );
         registry.register("store_calls", "Store calls made", m.store_calls.clone());
         registry.register(
             "breaker_state",

@@ -269,3 +269,52 @@ async fn slot_metrics_tell_released_from_expired() {
     assert_eq!(value("tollgate_slots_release_missed_total"), Some(1));
     served.stop().await;
 }
+
+/// Requests are counted per API and result, timed per API, and a request no rule matches is
+/// counted as such (it is admitted: nothing limits it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_counted_per_api_and_result_and_unmatched_ones_apart() {
+    let rules = "domain: api\nrules:\n  - {id: per-key, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 1, refillPerSecond: 0.001}\n";
+    let mut served = Served::start(rules, Settings::default()).await;
+    let mut rls = served.rls().await;
+    for domain in ["api", "api", "elsewhere"] {
+        rls.should_rate_limit(support::rls_request(domain, &[&[("api_key", "k1")]]))
+            .await
+            .expect("answered");
+    }
+    let mut bad = support::rls_request("api", &[&[("api_key", "k1")]]);
+    bad.descriptors[0].is_negative_hits = true;
+    assert!(rls.should_rate_limit(bad).await.is_err(), "refused");
+    let (_, metrics) = served.get("/metrics").await;
+    let value = |sample: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(sample))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    // The first request is admitted, the second is over the limit, the third matches nothing.
+    assert_eq!(
+        value(r#"tollgate_requests_total{api="rls",result="ok"}"#),
+        Some(2),
+        "{metrics}"
+    );
+    assert_eq!(
+        value(r#"tollgate_requests_total{api="rls",result="over_limit"}"#),
+        Some(1)
+    );
+    assert_eq!(
+        value(r#"tollgate_requests_total{api="rls",result="invalid"}"#),
+        Some(1)
+    );
+    assert_eq!(
+        value(r#"tollgate_requests_total{api="check",result="ok"}"#),
+        Some(0)
+    );
+    assert_eq!(
+        value(r#"tollgate_request_seconds_count{api="rls"}"#),
+        Some(4)
+    );
+    assert_eq!(value("tollgate_requests_unmatched_total"), Some(1));
+    served.stop().await;
+}

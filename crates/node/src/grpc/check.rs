@@ -13,6 +13,7 @@ use tollgate_proto::tollgate::ratelimit::v1::{
 use tonic::{Request, Response, Status};
 
 use crate::grpc::invalid;
+use crate::metrics::{Api, ApiResult};
 use crate::runtime::Outcome;
 use crate::runtime::verdict::Denial;
 use crate::runtime::{Descriptor, HeldSlot, Matching, Node};
@@ -58,6 +59,8 @@ impl RateLimiter for Check {
         &self,
         request: Request<CheckRateLimitRequest>,
     ) -> Result<Response<CheckRateLimitResponse>, Status> {
+        let started = tokio::time::Instant::now();
+        let metrics = self.node.metrics().api(Api::Check);
         let req = request.into_inner();
         let request = crate::runtime::Request {
             domain: req.domain,
@@ -72,7 +75,10 @@ impl RateLimiter for Check {
             cost: req.cost.max(1),
             matching: Matching::Merged,
         };
-        let verdict = self.node.check(&request).await.map_err(invalid)?;
+        let verdict = self.node.check(&request).await.map_err(|e| {
+            metrics.answered(ApiResult::Invalid, started.elapsed().as_secs_f64());
+            invalid(e)
+        })?;
         let decisive = verdict.decisive();
         let rules = verdict
             .statuses
@@ -95,7 +101,12 @@ impl RateLimiter for Check {
                 reason: reason(s.denial),
             })
             .collect();
-        Ok(Response::new(CheckRateLimitResponse {
+        let result = if verdict.allowed {
+            ApiResult::Ok
+        } else {
+            ApiResult::OverLimit
+        };
+        let response = CheckRateLimitResponse {
             decision: decision(verdict.allowed),
             remaining: decisive.map_or(0, |s| if s.allowed { s.remaining } else { 0 }),
             retry_after_ms: millis(verdict.retry_after),
@@ -103,7 +114,9 @@ impl RateLimiter for Check {
             rules,
             slots: verdict.slots.iter().map(HeldSlot::token).collect(),
             reason: reason(verdict.denial()),
-        }))
+        };
+        metrics.answered(result, started.elapsed().as_secs_f64());
+        Ok(Response::new(response))
     }
 
     async fn release_slots(

@@ -21,6 +21,7 @@ use tonic::{Request, Response, Status};
 
 use crate::grpc::invalid;
 use crate::headers::{Policy, status_policy, write_headers};
+use crate::metrics::{Api, ApiResult};
 use crate::rules::RuleKind;
 use crate::runtime::{Descriptor, LimitOverride, Matching, Node, RuleStatus, Verdict};
 
@@ -192,9 +193,26 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let request = to_request(request.into_inner())?;
+        let started = tokio::time::Instant::now();
+        let metrics = self.node.metrics().api(Api::Rls);
+        let refused = |status: Status| {
+            metrics.answered(ApiResult::Invalid, started.elapsed().as_secs_f64());
+            status
+        };
+        let request = to_request(request.into_inner()).map_err(refused)?;
         let descriptors = request.descriptors.len();
-        let verdict = self.node.check(&request).await.map_err(invalid)?;
-        Ok(Response::new(to_response(&verdict, descriptors)))
+        let verdict = self
+            .node
+            .check(&request)
+            .await
+            .map_err(|e| refused(invalid(e)))?;
+        let response = to_response(&verdict, descriptors);
+        let result = if verdict.allowed {
+            ApiResult::Ok
+        } else {
+            ApiResult::OverLimit
+        };
+        metrics.answered(result, started.elapsed().as_secs_f64());
+        Ok(Response::new(response))
     }
 }

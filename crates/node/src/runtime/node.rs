@@ -187,6 +187,9 @@ impl Node {
         request.validate()?;
         let rules = self.inner.rules.load();
         let hits = matching::hits(&rules, request, &self.inner.overrides, self.now())?;
+        if hits.is_empty() {
+            self.inner.shared.metrics.requests_unmatched.inc();
+        }
         Ok(self.decide(hits).await)
     }
 

@@ -319,6 +319,23 @@ impl Metrics {
             "Store calls that failed, by operation and cause",
             store_failures.clone(),
         );
+        // Every failure series exists from the start, at zero (alerts and rates need them).
+        for op in [
+            StoreOp::Check,
+            StoreOp::LeaseAcquire,
+            StoreOp::LeaseReturn,
+            StoreOp::SlotRelease,
+        ] {
+            for failure in [
+                StoreFailure::Timeout,
+                StoreFailure::Unavailable,
+                StoreFailure::BreakerOpen,
+                StoreFailure::Full,
+                StoreFailure::Other,
+            ] {
+                store_failures.get_or_create(&FailureLabels { op, failure });
+            }
+        }
         let by_op = |op| store_latency.get_or_create(&OpLabels { op }).clone();
         let store_latency = [
             by_op(StoreOp::Check),

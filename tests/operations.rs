@@ -1,7 +1,8 @@
-//! The alert rules in `deploy/prometheus/` against the real tools and a real node: promtool
-//! checks them and runs their unit tests, and every metric name they use is one a node
-//! exports (region metrics only on a node configured for two regions: a single-region node
-//! exporting `tollgate_region_peer_up 0` would fire the peer-down alert for nothing).
+//! The operator's artifacts against the real tools and a real node: promtool checks the alert
+//! rules in `deploy/prometheus/` and runs their unit tests; every metric name the rules and the
+//! Grafana dashboard (`deploy/grafana/`) use is one a fresh node exports (region metrics only on
+//! a node configured for two regions: a single-region node exporting
+//! `tollgate_region_peer_up 0` would fire the peer-down alert for nothing).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -40,21 +41,46 @@ fn promtool_checks_the_rules_and_runs_their_tests() {
     assert!(tested.contains("SUCCESS"), "{tested}");
 }
 
+/// The `tollgate_*` metric names in `text`.
+fn metric_names(text: &str, names: &mut BTreeSet<String>) {
+    let mut rest = text;
+    while let Some(at) = rest.find("tollgate_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        names.insert(name);
+    }
+}
+
 /// The `tollgate_*` metric names an alert expression uses.
 fn names_in_rules() -> BTreeSet<String> {
     let text = std::fs::read_to_string(deploy().join("tollgate-alerts.yaml")).expect("rules");
     let mut names = BTreeSet::new();
     for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
-        let mut rest = line;
-        while let Some(at) = rest.find("tollgate_") {
-            let name: String = rest[at..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            rest = &rest[at + name.len()..];
-            names.insert(name);
+        metric_names(line, &mut names);
+    }
+    names
+}
+
+/// The `tollgate_*` metric names the dashboard's queries use (and that it is a dashboard).
+fn names_in_dashboard() -> BTreeSet<String> {
+    let path = deploy().join("../grafana/tollgate.json");
+    let text = std::fs::read_to_string(&path).expect("dashboard");
+    let dashboard: serde_json::Value = serde_json::from_str(&text).expect("the dashboard is JSON");
+    assert_eq!(dashboard["uid"], "tollgate");
+    let panels = dashboard["panels"].as_array().expect("panels");
+    let mut names = BTreeSet::new();
+    let mut queries = 0;
+    for panel in panels {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("a query");
+            metric_names(expr, &mut names);
+            queries += 1;
         }
     }
+    assert!(queries >= 20, "{queries} queries");
     names
 }
 
@@ -102,9 +128,10 @@ async fn node(regions: bool) -> (tollgate_node::app::Serving, u16) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_metric_an_alert_uses_is_exported_from_the_start() {
-    let used = names_in_rules();
+async fn every_metric_an_alert_or_the_dashboard_uses_is_exported_from_the_start() {
+    let mut used = names_in_rules();
     assert!(used.len() >= 7, "{used:?}");
+    used.extend(names_in_dashboard());
     let (mut serving, port) = node(true).await;
     let names = tokio::task::spawn_blocking(move || exported(port))
         .await

@@ -333,7 +333,7 @@ impl Metrics {
                 StoreFailure::Full,
                 StoreFailure::Other,
             ] {
-                store_failures.get_or_create(&FailureLabels { op, failure });
+                let _ = store_failures.get_or_create(&FailureLabels { op, failure });
             }
         }
         let by_op = |op| store_latency.get_or_create(&OpLabels { op }).clone();

@@ -159,6 +159,10 @@ pub struct Settings {
     /// Log format: text or json [default: text]
     #[arg(long, env = "TOLLGATE_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// How /top-denied shows identities (they may be personal data): plain, truncated or
+    /// hashed [default: plain]
+    #[arg(long, env = "TOLLGATE_TOP_DENIED_IDENTITIES")]
+    pub top_denied_identities: Option<String>,
     /// Threads that run the node; 0 or unset: one per CPU the process may use (its affinity
     /// and cgroup quota), and a single-threaded runtime when that is one.
     #[arg(long, env = "TOLLGATE_WORKER_THREADS")]
@@ -260,6 +264,7 @@ impl Settings {
             breaker_max_cooldown_ms,
             memory_max_keys,
             log_format,
+            top_denied_identities,
             worker_threads,
             database_url,
             admin_listen,
@@ -448,6 +453,12 @@ impl TryFrom<Settings> for Config {
                 ));
             }
         };
+        let top_denied = match s.top_denied_identities.as_deref() {
+            None => crate::runtime::top_denied::IdentityShown::default(),
+            Some(text) => text
+                .parse()
+                .map_err(|reason: String| bad("top_denied_identities", reason))?,
+        };
         let failure_ratio = s
             .breaker_failure_ratio
             .unwrap_or(defaults.breaker.failure_ratio);
@@ -612,6 +623,7 @@ impl TryFrom<Settings> for Config {
                     .map_or(defaults.idle_timeout, ms)
                     .max(lease_ttl * 2),
                 seed: None,
+                top_denied,
             },
             log_json,
             worker_threads: match s.worker_threads {
@@ -676,6 +688,7 @@ mod tests {
         assert_eq!(got.cluster_nodes, want.cluster_nodes);
         assert_eq!(got.max_key_actors, want.max_key_actors);
         assert_eq!(got.idle_timeout, want.idle_timeout);
+        assert_eq!(got.top_denied, want.top_denied);
         assert_eq!(got.breaker.window, want.breaker.window);
         assert_eq!(got.breaker.min_calls, want.breaker.min_calls);
         assert_eq!(got.breaker.cooldown, want.breaker.cooldown);

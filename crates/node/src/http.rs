@@ -1,6 +1,6 @@
 //! The small HTTP port: `/healthz` (the process is up), `/readyz` (the node can answer: rules
-//! loaded; store health is in the body, never a reason to be unready) and Prometheus
-//! `/metrics`.
+//! loaded; store health is in the body, never a reason to be unready), Prometheus `/metrics`
+//! and `/top-denied` (the 20 most-denied keys, overall and per rule, as JSON).
 
 use std::future::Future;
 
@@ -78,12 +78,19 @@ async fn metrics(State(node): State<Node>) -> impl IntoResponse {
     )
 }
 
+/// The 20 most-denied keys, overall and per rule (identities shown as configured).
+async fn top_denied(State(node): State<Node>) -> impl IntoResponse {
+    let body = serde_json::to_string(&node.top_denied(20)).unwrap_or_else(|_| "{}".into());
+    ([(header::CONTENT_TYPE, "application/json")], body)
+}
+
 /// The router.
 pub fn router(node: Node) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/top-denied", get(top_denied))
         .with_state(node)
 }
 

@@ -25,6 +25,7 @@ pub mod prepared;
 pub mod request;
 pub mod shared;
 pub mod sizing;
+pub mod top_denied;
 pub mod verdict;
 
 pub use matching::{Charge, MAX_OVERRIDE_RULES};

@@ -318,3 +318,54 @@ async fn requests_are_counted_per_api_and_result_and_unmatched_ones_apart() {
     assert_eq!(value("tollgate_requests_unmatched_total"), Some(1));
     served.stop().await;
 }
+
+/// `/top-denied` lists the most-denied keys, overall and per rule; with
+/// `--top-denied-identities hashed` it shows no identity in the clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_most_denied_keys_are_served_and_can_be_hashed() {
+    let rules = "domain: api\nrules:\n  - {id: per-key, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 1, refillPerSecond: 0.001}\n";
+    for (shown, hashed) in [(None, false), (Some("hashed"), true)] {
+        let settings = Settings {
+            top_denied_identities: shown.map(String::from),
+            ..Settings::default()
+        };
+        let mut served = Served::start(rules, settings).await;
+        let mut rls = served.rls().await;
+        // k-hot is denied 5 times, k-warm twice, k-cold never (its one request fits).
+        for (key, n) in [("k-hot", 6), ("k-warm", 3), ("k-cold", 1)] {
+            for _ in 0..n {
+                rls.should_rate_limit(support::rls_request("api", &[&[("api_key", key)]]))
+                    .await
+                    .expect("answered");
+            }
+        }
+        let (status, body) = served.get("/top-denied").await;
+        assert_eq!(status, 200, "{body}");
+        let report: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+        assert_eq!(report["denials"], 7, "{report}");
+        let listed: Vec<(String, u64)> = report["rules"]["per-key"]
+            .as_array()
+            .expect("the rule's list")
+            .iter()
+            .map(|k| {
+                (
+                    k["identity"].as_str().expect("identity").to_owned(),
+                    k["denied"].as_u64().expect("count"),
+                )
+            })
+            .collect();
+        assert_eq!(listed.len(), 2, "{listed:?}");
+        assert_eq!((listed[0].1, listed[1].1), (5, 2), "{listed:?}");
+        assert_eq!(report["overall"][0]["rule"], "per-key");
+        if hashed {
+            assert!(
+                listed.iter().all(|(id, _)| id.starts_with("sha256:")),
+                "{listed:?}"
+            );
+            assert!(!body.contains("k-hot"), "{body}");
+        } else {
+            assert!(listed[0].0.contains("k-hot"), "{listed:?}");
+        }
+        served.stop().await;
+    }
+}

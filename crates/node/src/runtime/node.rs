@@ -42,6 +42,7 @@ use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::{self, Charge, Hit, OverrideRules};
 use crate::runtime::request::{Request, RequestError};
 use crate::runtime::shared::{RuntimeConfig, Shared};
+use crate::runtime::top_denied::{TopDenied, TopDeniedReport};
 use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
 
 mod direct;
@@ -77,6 +78,8 @@ struct Inner {
     /// When `fallbacks` was last swept (node clock, µs).
     fallbacks_swept: std::sync::atomic::AtomicU64,
     stopping: AtomicBool,
+    /// The most-denied keys, per rule and overall.
+    top_denied: TopDenied,
     /// How long the decision path waits for an actor: the store budget plus a margin.
     actor_wait: Duration,
 }
@@ -126,6 +129,7 @@ impl Node {
                 }
             });
         }
+        let top_denied = TopDenied::new(shared.config.top_denied);
         let overrides = OverrideRules::new(
             shared
                 .metrics
@@ -141,6 +145,7 @@ impl Node {
                 overflow: DashMap::new(),
                 fallbacks_swept: std::sync::atomic::AtomicU64::new(0),
                 stopping: AtomicBool::new(false),
+                top_denied,
                 actor_wait: store_timeout + Duration::from_millis(20),
             }),
         })
@@ -174,6 +179,11 @@ impl Node {
     /// Rules made from descriptor limit overrides, held for reuse.
     pub fn override_rules(&self) -> usize {
         self.inner.overrides.len()
+    }
+
+    /// The `n` most-denied keys overall and per rule, since the node started.
+    pub fn top_denied(&self, n: usize) -> TopDeniedReport {
+        self.inner.top_denied.report(n)
     }
 
     /// Key actors alive and buckets held.
@@ -336,7 +346,10 @@ impl Node {
             .zip(&hits)
             .map(|(s, hit)| s.unwrap_or_else(|| hit.unevaluated()))
             .collect();
-        for s in &statuses {
+        for (s, hit) in statuses.iter().zip(&hits) {
+            if s.outcome == Some(Outcome::Denied) && s.rule.mode == Mode::Enforce {
+                self.inner.top_denied.record(&s.rule.id, &hit.identity);
+            }
             let counted = match s.outcome {
                 // Rules that admitted a request another rule denied are not counted as allowing.
                 Some(Outcome::Allowed) if !allowed => None,

@@ -32,6 +32,8 @@ pub struct RuntimeConfig {
     /// Where the runtime's own randomness (the breaker's cooldown jitter) comes from: None
     /// draws a seed from the OS; a simulation pins it so a run can be repeated.
     pub seed: Option<u64>,
+    /// How the most-denied keys show identities.
+    pub top_denied: crate::runtime::top_denied::IdentityShown,
 }
 
 impl Default for RuntimeConfig {
@@ -44,6 +46,7 @@ impl Default for RuntimeConfig {
             max_key_actors: 100_000,
             idle_timeout: Duration::from_secs(10),
             seed: None,
+            top_denied: Default::default(),
         }
     }
 }

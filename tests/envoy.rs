@@ -370,3 +370,78 @@ async fn the_example_rules_through_the_shipped_envoy_config() {
     }
     node.stop().await;
 }
+
+/// The shipped deploy/envoy/envoy-problem-json.yaml: a request over its limit gets Envoy's 429
+/// rewritten to the seed's application/problem+json body, with Tollgate's headers kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_over_limit_answer_is_problem_json_through_the_shipped_envoy_config() {
+    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("tight.yaml");
+    std::fs::write(
+        &rules,
+        "domain: rl\nrules:\n  - {id: per-address, match: {remote_address: '*'}, algorithm: FIXED_WINDOW, limit: 2, window: 1m}\n",
+    )
+    .expect("rules");
+    let mut node = node_on_redis(&redis, vec![rules]).await;
+    let upstream = upstream().await;
+    let grpc = node.grpc_addr.port();
+    let envoy = tokio::task::spawn_blocking(move || {
+        Shipped::start("envoy-problem-json.yaml", upstream, grpc)
+    })
+    .await
+    .expect("join");
+    let envoy = std::sync::Arc::new(envoy);
+    let e = envoy.clone();
+    let answers = tokio::task::spawn_blocking(move || {
+        (0..3)
+            .map(|_| e.send("GET", "/orders", &[]))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    assert_eq!(
+        answers[0].status,
+        200,
+        "{:?}\n{}",
+        answers[0],
+        envoy.envoy.log()
+    );
+    assert_eq!(
+        answers[0].body, "hello from upstream\n",
+        "an admitted request is untouched"
+    );
+    let denied = &answers[2];
+    assert_eq!(denied.status, 429, "{denied:?}");
+    assert_eq!(
+        denied.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(denied.header("cache-control"), Some("no-store"));
+    let retry = denied
+        .header("retry-after")
+        .expect("retry-after")
+        .to_owned();
+    assert!(
+        denied
+            .header("ratelimit-policy")
+            .is_some_and(|p| p.contains("\"per-address\"")),
+        "{denied:?}"
+    );
+    let problem: serde_json::Value = serde_json::from_str(&denied.body).expect("a JSON body");
+    assert_eq!(
+        problem["type"],
+        "https://api.example.com/problems/rate-limited"
+    );
+    assert_eq!(problem["title"], "Too Many Requests");
+    assert_eq!(problem["status"], 429, "{problem}");
+    assert_eq!(
+        problem["detail"],
+        format!("GET /orders: the rate limit is exceeded; retry after {retry} s."),
+        "{problem}"
+    );
+    node.stop().await;
+}

@@ -280,3 +280,47 @@ fn the_dockerfile_copies_files_that_exist_and_runs_flags_that_exist() {
         "the binary is copied where ENTRYPOINT runs it"
     );
 }
+
+/// The Istio example points the gateway's rate limit filter at the Service's gRPC port, for a
+/// domain the example rules define.
+#[test]
+fn the_istio_example_points_at_the_service() {
+    let text = std::fs::read_to_string(repo().join("deploy/istio/envoyfilter.yaml")).expect("read");
+    let docs: Vec<Value> = text
+        .split("\n---\n")
+        .map(|d| yaml_serde::from_str(d).expect("each document parses"))
+        .collect();
+    assert_eq!(docs.len(), 2);
+    for d in &docs {
+        assert_eq!(str_of(&d["kind"]), "EnvoyFilter");
+    }
+    let filter = &docs[0]["spec"]["configPatches"][0]["patch"]["value"];
+    assert_eq!(str_of(&filter["name"]), "envoy.filters.http.ratelimit");
+    let config = &filter["typed_config"];
+    assert_eq!(config["failure_mode_deny"], Value::Bool(false));
+    let cluster =
+        str_of(&config["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"]);
+    let service = &manifests()["Service"];
+    let name = str_of(&service["metadata"]["name"]);
+    let grpc = service["spec"]["ports"]
+        .as_sequence()
+        .expect("ports")
+        .iter()
+        .find(|p| p["name"] == "grpc")
+        .and_then(|p| p["port"].as_u64())
+        .expect("a grpc port");
+    assert!(
+        cluster.starts_with(&format!("outbound|{grpc}||{name}.")),
+        "{cluster}"
+    );
+    // The domain is one the example rules define.
+    let domain = str_of(&config["domain"]);
+    let rules = std::fs::read_to_string(repo().join("deploy/rules/example.yaml")).expect("rules");
+    assert!(rules.contains(&format!("domain: {domain}")), "{domain}");
+    let actions =
+        &docs[1]["spec"]["configPatches"][0]["patch"]["value"]["rate_limits"][0]["actions"];
+    assert_eq!(
+        str_of(&actions[0]["request_headers"]["descriptor_key"]),
+        "api_key"
+    );
+}

@@ -159,6 +159,13 @@ pub struct Settings {
     /// Log format: text or json [default: text]
     #[arg(long, env = "TOLLGATE_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// OpenTelemetry collector for traces, OTLP over gRPC (http://host:4317); unset: no traces
+    #[arg(long, env = "TOLLGATE_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+    /// Share of the traces started at this node that are exported, 0 to 1 (a caller's
+    /// sampled flag is followed) [default: 0.01]
+    #[arg(long, env = "TOLLGATE_TRACE_SAMPLE_RATIO")]
+    pub trace_sample_ratio: Option<f64>,
     /// How /top-denied shows identities (they may be personal data): plain, truncated or
     /// hashed [default: plain]
     #[arg(long, env = "TOLLGATE_TOP_DENIED_IDENTITIES")]
@@ -265,6 +272,8 @@ impl Settings {
             memory_max_keys,
             log_format,
             top_denied_identities,
+            otlp_endpoint,
+            trace_sample_ratio,
             worker_threads,
             database_url,
             admin_listen,
@@ -336,6 +345,8 @@ pub struct Config {
     pub runtime: RuntimeConfig,
     /// Logs as JSON lines.
     pub log_json: bool,
+    /// Where sampled spans go (None: no traces).
+    pub traces: Option<crate::telemetry::TraceSettings>,
     /// Threads that run the node (at least 1; 1 means a single-threaded runtime).
     pub worker_threads: usize,
     /// The rule store and admin API, when a database is configured.
@@ -451,6 +462,28 @@ impl TryFrom<Settings> for Config {
                     "log_format",
                     format!("must be text or json, got {other:?}"),
                 ));
+            }
+        };
+        let traces = match &s.otlp_endpoint {
+            None => None,
+            Some(endpoint) => {
+                if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
+                    return Err(bad(
+                        "otlp_endpoint",
+                        format!("must be an http:// or https:// URL, got {endpoint:?}"),
+                    ));
+                }
+                let sample_ratio = s.trace_sample_ratio.unwrap_or(0.01);
+                if !(0.0..=1.0).contains(&sample_ratio) {
+                    return Err(bad(
+                        "trace_sample_ratio",
+                        format!("must be between 0 and 1, got {sample_ratio}"),
+                    ));
+                }
+                Some(crate::telemetry::TraceSettings {
+                    endpoint: endpoint.clone(),
+                    sample_ratio,
+                })
             }
         };
         let top_denied = match s.top_denied_identities.as_deref() {
@@ -626,6 +659,7 @@ impl TryFrom<Settings> for Config {
                 top_denied,
             },
             log_json,
+            traces,
             worker_threads: match s.worker_threads {
                 None | Some(0) => available_cpus(),
                 Some(n) if n > 1024 => {

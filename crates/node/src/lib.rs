@@ -24,6 +24,7 @@ pub mod http;
 pub mod metrics;
 pub mod rules;
 pub mod runtime;
+pub mod telemetry;
 
 pub use builder::NodeBuilder;
 pub use runtime::{

@@ -27,7 +27,6 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    init_logging(config.log_json);
     // One thread per CPU the process may use. On one CPU a single-threaded runtime: worker
     // threads sharing one core cost more in wake-ups and work stealing than they add.
     let mut builder = if config.worker_threads == 1 {
@@ -45,8 +44,19 @@ fn main() -> std::process::ExitCode {
         }
     };
     let json = config.log_json;
+    // Logs, and traces when configured: the exporter runs on the runtime.
+    let telemetry = {
+        let _inside = runtime.enter();
+        match tollgate_node::telemetry::init(json, config.traces.as_ref()) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("tollgate: {e}");
+                return std::process::ExitCode::from(2);
+            }
+        }
+    };
     runtime.block_on(async {
-        match App::start(config).await {
+        let code = match App::start(config).await {
             Ok(app) => {
                 app.run(shutdown_signal()).await;
                 std::process::ExitCode::SUCCESS
@@ -61,7 +71,11 @@ fn main() -> std::process::ExitCode {
                 }
                 std::process::ExitCode::from(2)
             }
-        }
+        };
+        // The spans still buffered go out before the process ends (the exporter needs the
+        // runtime, so it is flushed from a blocking thread while the runtime runs).
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+        code
     })
 }
 
@@ -142,22 +156,12 @@ fn run_command(command: Command) -> std::process::ExitCode {
 }
 
 fn init_logging(json: bool) {
-    use std::io::IsTerminal;
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        // Colours only for a person at a terminal, never in files or collectors.
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.init();
+    // Without traces the subscriber needs no runtime.
+    if let Err(e) = tollgate_node::telemetry::init(json, None) {
+        eprintln!("tollgate: {e}");
     }
 }
 
-/// Ctrl-C or SIGTERM.
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]

@@ -76,6 +76,18 @@ snake_label!(StoreOp {
     SlotRelease => "slot_release",
 });
 
+impl StoreOp {
+    /// Its name in labels and spans.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StoreOp::Check => "check",
+            StoreOp::LeaseAcquire => "lease_acquire",
+            StoreOp::LeaseReturn => "lease_return",
+            StoreOp::SlotRelease => "slot_release",
+        }
+    }
+}
+
 /// Why a store call failed.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
 pub enum StoreFailure {

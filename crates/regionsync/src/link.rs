@@ -170,6 +170,10 @@ impl PeerClient {
                 Method::Forward => client.forward(request).await,
             }
         };
+        let call = tracing::Instrument::instrument(
+            call,
+            tracing::debug_span!("region_link", method = ?method, bytes = size),
+        );
         let reply = tokio::time::timeout(timeout, call)
             .await
             .map_err(|_| LinkError::Timeout(timeout))

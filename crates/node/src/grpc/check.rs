@@ -11,6 +11,7 @@ use tollgate_proto::tollgate::ratelimit::v1::{
     ReleaseSlotsResponse, RuleStatus,
 };
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::grpc::invalid;
 use crate::metrics::{Api, ApiResult};
@@ -59,6 +60,30 @@ impl RateLimiter for Check {
         &self,
         request: Request<CheckRateLimitRequest>,
     ) -> Result<Response<CheckRateLimitResponse>, Status> {
+        let span = tracing::debug_span!(
+            "CheckRateLimit",
+            domain = tracing::field::Empty,
+            descriptors = tracing::field::Empty,
+            allowed = tracing::field::Empty,
+            rules = tracing::field::Empty,
+        );
+        crate::telemetry::continue_trace(&span, request.metadata());
+        self.decide(request).instrument(span).await
+    }
+
+    async fn release_slots(
+        &self,
+        request: Request<ReleaseSlotsRequest>,
+    ) -> Result<Response<ReleaseSlotsResponse>, Status> {
+        self.release(request).await
+    }
+}
+
+impl Check {
+    async fn decide(
+        &self,
+        request: Request<CheckRateLimitRequest>,
+    ) -> Result<Response<CheckRateLimitResponse>, Status> {
         let started = tokio::time::Instant::now();
         let metrics = self.node.metrics().api(Api::Check);
         let req = request.into_inner();
@@ -79,6 +104,7 @@ impl RateLimiter for Check {
             metrics.answered(ApiResult::Invalid, started.elapsed().as_secs_f64());
             invalid(e)
         })?;
+        crate::telemetry::record_decision(&request.domain, request.descriptors.len(), &verdict);
         let decisive = verdict.decisive();
         let rules = verdict
             .statuses
@@ -119,7 +145,7 @@ impl RateLimiter for Check {
         Ok(Response::new(response))
     }
 
-    async fn release_slots(
+    async fn release(
         &self,
         request: Request<ReleaseSlotsRequest>,
     ) -> Result<Response<ReleaseSlotsResponse>, Status> {

@@ -18,6 +18,7 @@ use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::Ra
 use tollgate_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_proto::envoy::r#type::v3::RateLimitUnit;
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::grpc::invalid;
 use crate::headers::{Policy, status_policy, write_headers};
@@ -193,6 +194,23 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        let span = tracing::debug_span!(
+            "ShouldRateLimit",
+            domain = tracing::field::Empty,
+            descriptors = tracing::field::Empty,
+            allowed = tracing::field::Empty,
+            rules = tracing::field::Empty,
+        );
+        crate::telemetry::continue_trace(&span, request.metadata());
+        self.decide(request).instrument(span).await
+    }
+}
+
+impl Rls {
+    async fn decide(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
         let started = tokio::time::Instant::now();
         let metrics = self.node.metrics().api(Api::Rls);
         let refused = |status: Status| {
@@ -207,6 +225,7 @@ impl RateLimitService for Rls {
             .await
             .map_err(|e| refused(invalid(e)))?;
         let response = to_response(&verdict, descriptors);
+        crate::telemetry::record_decision(&request.domain, descriptors, &verdict);
         let result = if verdict.allowed {
             ApiResult::Ok
         } else {

@@ -128,6 +128,7 @@ impl ActiveRules {
 
     /// Like [`ActiveRules::install`], with the version given (a rule store's revision).
     pub fn install_at(&self, rules: &LoadedRules, version: u64) -> Result<u64, String> {
+        let _span = tracing::debug_span!("rules_install", version).entered();
         let mut installed = self.installed.lock();
         self.next_version.fetch_max(version + 1, Ordering::Relaxed);
         let view = self.region.lock().clone();

@@ -20,6 +20,7 @@ use tollgate_lease::{
     BucketKey, CheckOutcome, CheckRequest, LeaseGrant, LeaseRequest, LeaseStore, ReturnRequest,
     SharedClock, SlotRelease, Store, StoreError,
 };
+use tracing::Instrument;
 
 use crate::metrics::{Metrics, StoreFailure, StoreOp};
 use crate::runtime::breaker::{Breaker, BreakerConfig, BreakerState};
@@ -189,7 +190,9 @@ impl GuardedStore {
         let shard = self.store.shard_of(key);
         self.admit(op, shard)?;
         let start = tokio::time::Instant::now();
-        let result = call.await;
+        let result = call
+            .instrument(tracing::debug_span!("store", op = op.as_str(), shard))
+            .await;
         self.metrics
             .observe_store(op, start.elapsed().as_secs_f64());
         self.record(op, shard, &result);
@@ -214,7 +217,10 @@ impl GuardedStore {
         let shard = self.store.shard_of(&req.asks()[0].key);
         self.admit(op, shard)?;
         let start = tokio::time::Instant::now();
-        let call = self.patient.acquire_leases(req);
+        let call = self
+            .patient
+            .acquire_leases(req)
+            .instrument(tracing::debug_span!("store", op = op.as_str(), shard));
         tokio::pin!(call);
         let early = tokio::time::timeout(self.budget, &mut call).await;
         let result = match early {

@@ -1,0 +1,156 @@
+//! Logs and traces. Logs always (text or JSON, `RUST_LOG` filters them). With
+//! `--otlp-endpoint`, sampled spans go to an OpenTelemetry collector over OTLP/gRPC: a
+//! decision (`ShouldRateLimit` / `CheckRateLimit`, with its rules, outcome and any fail mode as
+//! span events), its store calls, and rule reloads. A W3C `traceparent` in the incoming gRPC
+//! metadata makes the decision a child of the caller's span, so a trace continues from Envoy.
+//!
+//! The spans are `debug` level and only the OpenTelemetry layer asks for them: with tracing
+//! off (the default) no layer is interested, and a span costs the decision path one check of
+//! a cached callsite interest.
+
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Where spans go, and how many.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceSettings {
+    /// The collector's OTLP/gRPC endpoint (`http://host:4317`).
+    pub endpoint: String,
+    /// The share of traces started here that are kept, in [0, 1]; a caller's sampled flag is
+    /// followed either way.
+    pub sample_ratio: f64,
+}
+
+/// Why tracing could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot export traces to {endpoint}: {reason}")]
+pub struct TelemetryError {
+    endpoint: String,
+    reason: String,
+}
+
+/// What must outlive the process's work: the tracer provider, flushed on [`Telemetry::shutdown`].
+#[derive(Debug)]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Exports the spans still buffered and stops the exporter.
+    pub fn shutdown(self) {
+        if let Some(provider) = self.provider {
+            let _ = provider.shutdown();
+        }
+    }
+}
+
+/// Installs the process's subscriber: logs, and traces when `traces` is given. Must run inside
+/// a tokio runtime (the exporter runs on it).
+pub fn init(json: bool, traces: Option<&TraceSettings>) -> Result<Telemetry, TelemetryError> {
+    use std::io::IsTerminal;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    let logs = if json {
+        fmt.json().with_filter(filter).boxed()
+    } else {
+        fmt.with_filter(filter).boxed()
+    };
+    let Some(settings) = traces else {
+        tracing_subscriber::registry().with(logs).init();
+        return Ok(Telemetry { provider: None });
+    };
+    let failed = |reason: String| TelemetryError {
+        endpoint: settings.endpoint.clone(),
+        reason,
+    };
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_endpoint(settings.endpoint.clone())
+        .with_timeout(Duration::from_secs(5))
+        .build()
+        .map_err(|e| failed(e.to_string()))?;
+    let batch = BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(batch)
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+            settings.sample_ratio.clamp(0.0, 1.0),
+        ))))
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name("tollgate")
+                .build(),
+        )
+        .build();
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let tracer = provider.tracer("tollgate");
+    // Only Tollgate's own spans, from debug up: the stack's (h2, tonic) stay out.
+    let spans = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target("tollgate_node", tracing::Level::DEBUG)
+                .with_target("tollgate_regionsync", tracing::Level::DEBUG),
+        );
+    tracing_subscriber::registry().with(logs).with(spans).init();
+    Ok(Telemetry {
+        provider: Some(provider),
+    })
+}
+
+/// Reads W3C trace context from gRPC metadata.
+struct Metadata<'a>(&'a tonic::metadata::MetadataMap);
+
+impl opentelemetry::propagation::Extractor for Metadata<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|v| v.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0
+            .keys()
+            .filter_map(|k| match k {
+                tonic::metadata::KeyRef::Ascii(k) => Some(k.as_str()),
+                tonic::metadata::KeyRef::Binary(_) => None,
+            })
+            .collect()
+    }
+}
+
+/// Makes `span` a child of the caller's span when the request carries a `traceparent`.
+pub fn continue_trace(span: &tracing::Span, metadata: &tonic::metadata::MetadataMap) {
+    if span.is_disabled() || metadata.get("traceparent").is_none() {
+        return;
+    }
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let parent = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Metadata(metadata)));
+    let _ = span.set_parent(parent);
+}
+
+/// Records what was decided on the current span (the decision's), when it is traced.
+pub fn record_decision(domain: &str, descriptors: usize, verdict: &crate::runtime::Verdict) {
+    let span = tracing::Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    let rules: Vec<&str> = verdict
+        .statuses
+        .iter()
+        .map(|s| s.rule.id.as_str())
+        .collect();
+    span.record("domain", domain);
+    span.record("descriptors", descriptors);
+    span.record("allowed", verdict.allowed);
+    span.record("rules", rules.join(",").as_str());
+}

@@ -93,6 +93,21 @@ fn a_misbehaving_region_link_double_counts_nothing() {
     assert!(chaotic.admitted < chaotic.decisions, "{}", chaotic.table());
 }
 
+/// Issue 11's baselines: an ASYNC_SYNC burst from both regions admits more than the exact
+/// limiter (each region spends the whole capacity before hearing of the other), a lone region
+/// gets the capacity, and a demand shift keeps the rate.
+#[test]
+fn the_async_sync_baselines() {
+    for name in ["async-burst-both", "async-burst-lone", "async-demand-shift"] {
+        check(name, 1, None);
+    }
+    let path = library().join("async-burst-both.yaml");
+    let both = Scenario::load(&path).expect("scenario");
+    let report = run(&both, 1, &mut |_| {}).expect("runs");
+    let rule = &report.rules["contract"];
+    assert!(rule.decided.admitted > rule.exact, "{}", report.table());
+}
+
 #[test]
 fn two_regions_of_fifty_pods_shortened() {
     check("two-regions-100-pods", 1, Some(5));

@@ -6,8 +6,10 @@
 //!
 //! The spans are `debug` level and only the OpenTelemetry layer asks for them: with tracing
 //! off (the default) no layer is interested, and a span costs the decision path one check of
-//! a cached callsite interest.
+//! a cached callsite interest. With tracing on, a decision is sampled before its span is made
+//! ([`sampled`]): one that is not kept builds no span at all, nor do its store calls.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -17,6 +19,34 @@ use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+
+/// The share of traces started here that are kept (f64 bits); 0 until tracing starts.
+static SAMPLE_RATIO: AtomicU64 = AtomicU64::new(0);
+
+/// Whether spans are exported at all.
+static TRACING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether to trace a decision whose request carries `metadata`: a caller's `traceparent` is
+/// followed (kept when it says sampled, dropped when it says not); a trace that starts here is
+/// kept at the configured ratio. Always false while tracing is off.
+pub fn sampled(metadata: &tonic::metadata::MetadataMap) -> bool {
+    if !TRACING.load(Ordering::Relaxed) {
+        return false;
+    }
+    let ratio = f64::from_bits(SAMPLE_RATIO.load(Ordering::Relaxed));
+    if ratio <= 0.0 && metadata.get("traceparent").is_none() {
+        return false;
+    }
+    match metadata.get("traceparent").and_then(|v| v.to_str().ok()) {
+        // version-traceid-parentid-flags: the low bit of the flags says sampled.
+        Some(parent) => parent
+            .rsplit('-')
+            .next()
+            .and_then(|flags| u8::from_str_radix(flags, 16).ok())
+            .is_some_and(|flags| flags & 1 == 1),
+        None => rand::random::<f64>() < ratio,
+    }
+}
 
 /// Where spans go, and how many.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,9 +112,9 @@ pub fn init(json: bool, traces: Option<&TraceSettings>) -> Result<Telemetry, Tel
     let batch = BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
     let provider = SdkTracerProvider::builder()
         .with_span_processor(batch)
-        .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
-            settings.sample_ratio.clamp(0.0, 1.0),
-        ))))
+        // Decisions are sampled before their spans exist (`sampled`): what reaches the SDK is
+        // kept.
+        .with_sampler(Sampler::AlwaysOn)
         .with_resource(
             opentelemetry_sdk::Resource::builder()
                 .with_service_name("tollgate")
@@ -104,6 +134,11 @@ pub fn init(json: bool, traces: Option<&TraceSettings>) -> Result<Telemetry, Tel
                 .with_target("tollgate_regionsync", tracing::Level::DEBUG),
         );
     tracing_subscriber::registry().with(logs).with(spans).init();
+    SAMPLE_RATIO.store(
+        settings.sample_ratio.clamp(0.0, 1.0).to_bits(),
+        Ordering::Relaxed,
+    );
+    TRACING.store(true, Ordering::Relaxed);
     Ok(Telemetry {
         provider: Some(provider),
     })
@@ -125,6 +160,16 @@ impl opentelemetry::propagation::Extractor for Metadata<'_> {
                 tonic::metadata::KeyRef::Binary(_) => None,
             })
             .collect()
+    }
+}
+
+/// A span for the work of a traced decision: a child of the current span, or none when the
+/// decision is not traced (so an untraced decision's store calls make no spans either).
+pub fn child_of_current(make: impl FnOnce() -> tracing::Span) -> tracing::Span {
+    if tracing::Span::current().is_disabled() {
+        tracing::Span::none()
+    } else {
+        make()
     }
 }
 

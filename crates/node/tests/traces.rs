@@ -2,7 +2,8 @@
 //! the test from `opentelemetry-proto`'s generated code): a node started with
 //! `--otlp-endpoint` exports the span of a decision as a child of the caller's `traceparent`,
 //! with its rules and outcome, and the store call beneath it; a request that starts its own
-//! trace is sampled at the node's ratio (0 here: not exported).
+//! trace is sampled at the node's ratio (0 here: not exported), and a caller's unsampled trace
+//! is not exported either.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -152,6 +153,12 @@ async fn a_decision_continues_the_callers_trace() {
     decide_with_traceparent(grpc, Some(&format!("00-{trace_id}-{parent}-01"))).await;
     // A request without a trace is started here, at ratio 0: not exported.
     decide_with_traceparent(grpc, None).await;
+    // A caller that did not sample its trace: followed, so not exported either.
+    decide_with_traceparent(
+        grpc,
+        Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"),
+    )
+    .await;
     let spans = receiver.spans.clone();
     let found = tokio::task::spawn_blocking(move || {
         wait_for("the decision's spans", Duration::from_secs(20), || {
@@ -184,14 +191,22 @@ async fn a_decision_continues_the_callers_trace() {
         Some("check"),
         "{store:?}"
     );
-    // Only the caller's trace was exported (the node's own ratio is 0).
+    // Of the decisions, only the caller's trace was exported (the node's own ratio is 0), and
+    // the untraced one made no store span either; rule installs are traced on their own.
     let all = receiver.spans.lock().expect("spans").clone();
+    let decisions: Vec<(&String, String)> = all
+        .iter()
+        .filter(|s| s.name != "rules_install")
+        .map(|s| (&s.name, hex(&s.trace_id)))
+        .collect();
     assert!(
-        all.iter().all(|s| hex(&s.trace_id) == trace_id),
-        "{:?}",
-        all.iter()
-            .map(|s| (&s.name, hex(&s.trace_id)))
-            .collect::<Vec<_>>()
+        decisions.iter().all(|(_, t)| t == trace_id),
+        "{decisions:?}"
+    );
+    assert_eq!(decisions.len(), 2, "{decisions:?}");
+    assert!(
+        all.iter().any(|s| s.name == "rules_install"),
+        "the rule set installed at start"
     );
     drop(node);
 }

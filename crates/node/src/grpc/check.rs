@@ -60,13 +60,17 @@ impl RateLimiter for Check {
         &self,
         request: Request<CheckRateLimitRequest>,
     ) -> Result<Response<CheckRateLimitResponse>, Status> {
-        let span = tracing::debug_span!(
-            "CheckRateLimit",
-            domain = tracing::field::Empty,
-            descriptors = tracing::field::Empty,
-            allowed = tracing::field::Empty,
-            rules = tracing::field::Empty,
-        );
+        let span = if crate::telemetry::sampled(request.metadata()) {
+            tracing::debug_span!(
+                "CheckRateLimit",
+                domain = tracing::field::Empty,
+                descriptors = tracing::field::Empty,
+                allowed = tracing::field::Empty,
+                rules = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
         crate::telemetry::continue_trace(&span, request.metadata());
         self.decide(request).instrument(span).await
     }

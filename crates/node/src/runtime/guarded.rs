@@ -190,9 +190,10 @@ impl GuardedStore {
         let shard = self.store.shard_of(key);
         self.admit(op, shard)?;
         let start = tokio::time::Instant::now();
-        let result = call
-            .instrument(tracing::debug_span!("store", op = op.as_str(), shard))
-            .await;
+        let span = crate::telemetry::child_of_current(|| {
+            tracing::debug_span!("store", op = op.as_str(), shard)
+        });
+        let result = call.instrument(span).await;
         self.metrics
             .observe_store(op, start.elapsed().as_secs_f64());
         self.record(op, shard, &result);
@@ -220,7 +221,9 @@ impl GuardedStore {
         let call = self
             .patient
             .acquire_leases(req)
-            .instrument(tracing::debug_span!("store", op = op.as_str(), shard));
+            .instrument(crate::telemetry::child_of_current(|| {
+                tracing::debug_span!("store", op = op.as_str(), shard)
+            }));
         tokio::pin!(call);
         let early = tokio::time::timeout(self.budget, &mut call).await;
         let result = match early {

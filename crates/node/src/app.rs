@@ -137,6 +137,7 @@ impl App {
                     tokens,
                     default_domain: control.default_domain.clone(),
                     client_timeout: control.admin_client_timeout,
+                    node: None,
                 };
                 Some((sync, admin, state))
             }
@@ -270,7 +271,8 @@ impl App {
         );
         let watcher = match self.control {
             // With a rule store, PostgreSQL drives reloads (rule files are reloaded with it).
-            Some((sync, admin, state)) => {
+            Some((sync, admin, mut state)) => {
+                state.node = Some(self.node.clone());
                 let admin = tokio::spawn(crate::control::admin::serve(
                     state,
                     admin,

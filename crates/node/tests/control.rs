@@ -621,6 +621,16 @@ async fn tokens_authenticate_and_read_only_tokens_cannot_write() {
         (created.status, json_of(&created)["updatedBy"].clone()),
         (201, json!("alice"))
     );
+    // The most-denied keys: a read token may see them, no token may not.
+    let top = call(admin, "GET", "/admin/v1/top-denied", &read, None).await;
+    assert_eq!(top.status, 200, "{top:?}");
+    assert_eq!(json_of(&top)["denials"], json!(0));
+    assert_eq!(
+        call(admin, "GET", "/admin/v1/top-denied", &[], None)
+            .await
+            .status,
+        401
+    );
     assert_eq!(
         call(admin, "GET", &rule_path("r"), &read, None)
             .await
@@ -675,6 +685,7 @@ async fn tokens_authenticate_and_read_only_tokens_cannot_write() {
         "/admin/v1/rate-limit-rules",
         "/admin/v1/rate-limit-rules/{id}",
         "/admin/v1/rate-limit-rules/{id}/history",
+        "/admin/v1/top-denied",
     ] {
         assert!(doc["paths"].get(path).is_some(), "{path} is documented");
     }

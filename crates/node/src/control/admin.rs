@@ -46,6 +46,8 @@ pub struct AdminState {
     pub default_domain: String,
     /// How long a client may take to send a request's headers, and then its body.
     pub client_timeout: Duration,
+    /// The node whose most-denied keys `GET /admin/v1/top-denied` serves (set once it runs).
+    pub node: Option<crate::runtime::Node>,
 }
 
 /// Who is calling (set by the auth layer).
@@ -103,6 +105,10 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/admin/v1/rate-limit-rules/{id}/history",
             get(history).fallback(only("GET")),
+        )
+        .route(
+            "/admin/v1/top-denied",
+            get(top_denied).fallback(only("GET")),
         )
         .route("/admin/v1/openapi.yaml", get(openapi).fallback(only("GET")))
         .fallback(|| async { Problem::not_found("no such endpoint") })
@@ -437,6 +443,14 @@ async fn history(
         return Err(Problem::not_found(format!("rule {id:?} has no history")));
     }
     Ok((StatusCode::OK, axum::Json(json!({ "items": items }))).into_response())
+}
+
+/// This node's 20 most-denied keys, overall and per rule (as the HTTP port's `/top-denied`).
+async fn top_denied(State(state): State<AdminState>) -> Response {
+    match &state.node {
+        Some(node) => axum::Json(node.top_denied(20)).into_response(),
+        None => Problem::not_found("this admin API serves no node").into_response(),
+    }
 }
 
 async fn openapi() -> Response {

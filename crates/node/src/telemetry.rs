@@ -1,7 +1,7 @@
 //! Logs and traces. Logs always (text or JSON, `RUST_LOG` filters them). With
 //! `--otlp-endpoint`, sampled spans go to an OpenTelemetry collector over OTLP/gRPC: a
-//! decision (`ShouldRateLimit` / `CheckRateLimit`, with its rules, outcome and any fail mode as
-//! span events), its store calls, and rule reloads. A W3C `traceparent` in the incoming gRPC
+//! `decision` (its API, rules, outcome, and any fail mode as a span event), its store calls,
+//! rule installs and region link calls. A W3C `traceparent` in the incoming gRPC
 //! metadata makes the decision a child of the caller's span, so a trace continues from Envoy.
 //!
 //! The spans are `debug` level and only the OpenTelemetry layer asks for them: with tracing
@@ -161,6 +161,24 @@ impl opentelemetry::propagation::Extractor for Metadata<'_> {
             })
             .collect()
     }
+}
+
+/// The span of a decision that came in by `api` (`rls`, `check`), continuing the caller's
+/// trace; none when the decision is not traced.
+pub fn decision_span(api: &'static str, metadata: &tonic::metadata::MetadataMap) -> tracing::Span {
+    if !sampled(metadata) {
+        return tracing::Span::none();
+    }
+    let span = tracing::debug_span!(
+        "decision",
+        api,
+        domain = tracing::field::Empty,
+        descriptors = tracing::field::Empty,
+        allowed = tracing::field::Empty,
+        rules = tracing::field::Empty,
+    );
+    continue_trace(&span, metadata);
+    span
 }
 
 /// A span for the work of a traced decision: a child of the current span, or none when the

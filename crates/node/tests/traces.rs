@@ -165,7 +165,7 @@ async fn a_decision_continues_the_callers_trace() {
             let spans = spans.lock().expect("spans");
             let decision = spans
                 .iter()
-                .find(|s| s.name == "ShouldRateLimit" && hex(&s.trace_id) == trace_id)?
+                .find(|s| s.name == "decision" && hex(&s.trace_id) == trace_id)?
                 .clone();
             let store = spans
                 .iter()
@@ -183,6 +183,7 @@ async fn a_decision_continues_the_callers_trace() {
         parent,
         "a child of the caller's span"
     );
+    assert_eq!(attribute(&decision, "api").as_deref(), Some("rls"));
     assert_eq!(attribute(&decision, "domain").as_deref(), Some("api"));
     assert_eq!(attribute(&decision, "rules").as_deref(), Some("per-key"));
     assert_eq!(attribute(&decision, "allowed").as_deref(), Some("true"));

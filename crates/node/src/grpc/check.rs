@@ -60,18 +60,7 @@ impl RateLimiter for Check {
         &self,
         request: Request<CheckRateLimitRequest>,
     ) -> Result<Response<CheckRateLimitResponse>, Status> {
-        let span = if crate::telemetry::sampled(request.metadata()) {
-            tracing::debug_span!(
-                "CheckRateLimit",
-                domain = tracing::field::Empty,
-                descriptors = tracing::field::Empty,
-                allowed = tracing::field::Empty,
-                rules = tracing::field::Empty,
-            )
-        } else {
-            tracing::Span::none()
-        };
-        crate::telemetry::continue_trace(&span, request.metadata());
+        let span = crate::telemetry::decision_span("check", request.metadata());
         self.decide(request).instrument(span).await
     }
 

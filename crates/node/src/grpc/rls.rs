@@ -194,18 +194,7 @@ impl RateLimitService for Rls {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
-        let span = if crate::telemetry::sampled(request.metadata()) {
-            tracing::debug_span!(
-                "ShouldRateLimit",
-                domain = tracing::field::Empty,
-                descriptors = tracing::field::Empty,
-                allowed = tracing::field::Empty,
-                rules = tracing::field::Empty,
-            )
-        } else {
-            tracing::Span::none()
-        };
-        crate::telemetry::continue_trace(&span, request.metadata());
+        let span = crate::telemetry::decision_span("rls", request.metadata());
         self.decide(request).instrument(span).await
     }
 }

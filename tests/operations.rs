@@ -97,7 +97,8 @@ fn exported(port: u16) -> BTreeSet<String> {
         .collect()
 }
 
-async fn node(regions: bool) -> (tollgate_node::app::Serving, u16) {
+/// A node serving on ephemeral ports; the directory holds its rules while it runs.
+async fn node(regions: bool) -> (tollgate_node::app::Serving, u16, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let rules = dir.path().join("rules.yaml");
     std::fs::write(
@@ -123,8 +124,7 @@ async fn node(regions: bool) -> (tollgate_node::app::Serving, u16) {
         .await
         .expect("node starts");
     let port = app.http_addr.port();
-    std::mem::forget(dir);
-    (app.spawn(), port)
+    (app.spawn(), port, dir)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,7 +132,7 @@ async fn every_metric_an_alert_or_the_dashboard_uses_is_exported_from_the_start(
     let mut used = names_in_rules();
     assert!(used.len() >= 7, "{used:?}");
     used.extend(names_in_dashboard());
-    let (mut serving, port) = node(true).await;
+    let (mut serving, port, _rules) = node(true).await;
     let names = tokio::task::spawn_blocking(move || exported(port))
         .await
         .expect("join");
@@ -154,7 +154,7 @@ async fn every_metric_an_alert_or_the_dashboard_uses_is_exported_from_the_start(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_single_region_node_exports_no_region_metrics() {
-    let (mut serving, port) = node(false).await;
+    let (mut serving, port, _rules) = node(false).await;
     let names = tokio::task::spawn_blocking(move || exported(port))
         .await
         .expect("join");

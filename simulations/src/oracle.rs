@@ -145,11 +145,9 @@ pub struct BucketOracle {
     ideal: Exact,
     real: Exact,
     first: u64,
-    /// Units admitted that the bound covers (not fail-open, not LOCAL fallback).
+    /// Units admitted on what the store handed out (a check or a lease; not fail-open, LOCAL
+    /// or the store's last answer): what the bound and the store's ledger must cover.
     admitted: u64,
-    /// Units admitted on what the store handed out (a check or a lease), whatever else was
-    /// going on: what the store's ledger must cover.
-    pub store_backed: u64,
     /// Failovers of the bucket's store since it was first used: each refills it.
     failovers_at_first: u64,
     /// Most units in flight at once (concurrency).
@@ -168,7 +166,6 @@ impl BucketOracle {
             limit,
             first: now,
             admitted: 0,
-            store_backed: 0,
             failovers_at_first: failovers,
             peak_in_flight: 0,
             failed_over_to_fail_mode: false,
@@ -185,19 +182,11 @@ impl BucketOracle {
         self.ideal.take(now, cost);
     }
 
-    /// A request of `cost` arrives at this bucket alone: whether the exact limiter admits it.
-    pub fn ideal(&mut self, now: u64, cost: u64) -> bool {
-        let fits = self.fits(now, cost);
-        if fits {
-            self.ideal_take(now, cost);
-        }
-        fits
-    }
-
-    /// Tollgate admitted `cost` at `now` (`covered`: by the store, so the bound applies).
-    pub fn admitted(&mut self, now: u64, cost: u64, covered: bool) {
+    /// Tollgate admitted `cost` at `now` (`from_store`: on the store's answer, so the bound and
+    /// the ledger cover it).
+    pub fn admitted(&mut self, now: u64, cost: u64, from_store: bool) {
         self.real.take(now, cost);
-        if covered {
+        if from_store {
             self.admitted += cost;
         }
         if let Exact::Concurrency { in_flight, .. } = self.real {
@@ -243,6 +232,11 @@ impl BucketOracle {
         }
     }
 
+    /// Units admitted on the store's answers.
+    pub fn store_backed(&self) -> u64 {
+        self.admitted
+    }
+
     /// Whether the limit is a concurrency limit (slots, not units).
     pub fn is_concurrency(&self) -> bool {
         self.limit.algorithm() == Algorithm::Concurrency
@@ -271,14 +265,23 @@ impl BucketOracle {
 mod tests {
     use super::*;
 
+    /// A request of `cost` arriving at this bucket alone: whether the exact limiter admits it.
+    fn ideal(o: &mut BucketOracle, now: u64, cost: u64) -> bool {
+        let fits = o.fits(now, cost);
+        if fits {
+            o.ideal_take(now, cost);
+        }
+        fits
+    }
+
     #[test]
     fn the_ideal_token_bucket_admits_its_burst_then_its_rate() {
         let limit = Limit::token_bucket(10, 10.0).expect("limit");
         let mut o = BucketOracle::new(limit, 0, 0);
-        let burst = (0..20).filter(|_| o.ideal(0, 1)).count();
+        let burst = (0..20).filter(|_| ideal(&mut o, 0, 1)).count();
         assert_eq!(burst, 10);
         // One second later: ten more.
-        let later = (0..20).filter(|_| o.ideal(1_000_000, 1)).count();
+        let later = (0..20).filter(|_| ideal(&mut o, 1_000_000, 1)).count();
         assert_eq!(later, 10);
     }
 

@@ -402,8 +402,6 @@ async fn simulate(
             until: (f.at + f.lasts.unwrap_or_default()).as_secs_f64(),
         })
         .collect();
-    // Per region: store faults in force (the exact bound is not checked on fail modes).
-    let impaired: Arc<Mutex<Vec<u32>>> = Arc::new(Mutex::new(vec![0; world.stores.len()]));
 
     let tally = Arc::new(Mutex::new(Tally::default()));
     let budget = decision_budget(scenario);
@@ -422,7 +420,7 @@ async fn simulate(
         while next_event < events.len() && events[next_event].0 <= t {
             let (_, i, begins) = events[next_event];
             next_event += 1;
-            apply_fault(&mut world, &impaired, &scenario.faults[i].kind, begins).await?;
+            apply_fault(&mut world, &scenario.faults[i].kind, begins).await?;
         }
         for stream in &mut streams {
             stream.carry += stream.rate_at(t) * tick.as_secs_f64();
@@ -453,7 +451,6 @@ async fn simulate(
                     alive: sim.alive.clone(),
                     clock: world.clock.clone(),
                     tally: tally.clone(),
-                    impaired: impaired.clone(),
                     failovers: world.stores[sim.region].link().failovers(),
                     budget,
                 };
@@ -693,12 +690,7 @@ fn lease_units(world: &World) -> (u64, u64) {
     total
 }
 
-async fn apply_fault(
-    world: &mut World,
-    impaired: &Mutex<Vec<u32>>,
-    fault: &FaultKind,
-    begins: bool,
-) -> Result<(), RunError> {
+async fn apply_fault(world: &mut World, fault: &FaultKind, begins: bool) -> Result<(), RunError> {
     use tollgate_lease::LinkCondition;
     let region_of = |world: &World, name: &str| world.scenario.region(name).unwrap_or(0);
     match fault {
@@ -714,12 +706,6 @@ async fn apply_fault(
                 (true, _) => LinkCondition::Up,
             };
             world.stores[r].link().set_condition(condition);
-            let mut impaired = impaired.lock();
-            if begins {
-                impaired[r] += 1;
-            } else {
-                impaired[r] = impaired[r].saturating_sub(1);
-            }
         }
         FaultKind::StoreFailover { region } if begins => {
             let r = region_of(world, region);
@@ -871,7 +857,7 @@ fn ledger_invariant(tally: &Tally, world: &World) -> Invariant {
         if let Some(key) = tally.rule_keys.get(uid) {
             *spent
                 .entry((*region, key.as_str(), identity.as_slice()))
-                .or_default() += o.store_backed;
+                .or_default() += o.store_backed();
         }
     }
     let (mut breaches, mut unspent, mut checked) = (vec![], 0u64, 0usize);
@@ -935,7 +921,6 @@ struct Job {
     alive: Arc<AtomicBool>,
     clock: SharedClock,
     tally: Arc<Mutex<Tally>>,
-    impaired: Arc<Mutex<Vec<u32>>>,
     failovers: u64,
     budget: Duration,
 }
@@ -995,8 +980,7 @@ impl Job {
         };
         let took = started.elapsed().as_micros() as u64;
         let decided = self.node_now();
-        let store_ok = self.impaired.lock()[self.region] == 0;
-        let held_costs = self.record(&charges, &verdict, decided, took, store_ok);
+        let held_costs = self.record(&charges, &verdict, decided, took);
         if let (Some(hold), false) = (self.hold, verdict.slots.is_empty()) {
             tokio::time::sleep(hold).await;
             // A request whose pod crashed meanwhile is gone with it: nothing releases its slots.
@@ -1031,7 +1015,6 @@ impl Job {
         verdict: &Verdict,
         now: u64,
         took: u64,
-        store_ok: bool,
     ) -> Vec<(u64, Vec<u8>, u64)> {
         let mut held = vec![];
         let mut t = self.tally.lock();
@@ -1107,14 +1090,11 @@ impl Job {
                     o.failed_over_to_fail_mode = true;
                 }
                 if verdict.allowed {
-                    // The bound covers what the store decided: not fail-open or LOCAL, and
-                    // not while the store was impaired.
+                    // The bound and the ledger cover what the store decided: not fail-open,
+                    // LOCAL or the store's last answer.
                     let from_store = !status.on_last_answer
                         && !matches!(outcome, Outcome::FailedOpen | Outcome::LocalFallback);
-                    o.admitted(now, charge.cost, store_ok && from_store);
-                    if from_store {
-                        o.store_backed += charge.cost;
-                    }
+                    o.admitted(now, charge.cost, from_store);
                     if status
                         .limit
                         .is_some_and(|l| l.algorithm() == tollgate_lease::Algorithm::Concurrency)

@@ -397,17 +397,6 @@ impl FaultKind {
             }
         }
     }
-
-    /// Whether the store can't be trusted to answer while it lasts (the exact bound is not
-    /// checked over it: fail modes decide).
-    pub fn impairs_store(&self) -> bool {
-        matches!(
-            self,
-            FaultKind::StoreDown { .. }
-                | FaultKind::StoreStall { .. }
-                | FaultKind::StoreSlow { .. }
-        )
-    }
 }
 
 /// Why a scenario can't be run.

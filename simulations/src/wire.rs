@@ -17,6 +17,7 @@ use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
+use tokio_stream::StreamExt as _;
 
 /// Bytes one pipe carries per read.
 const CHUNK: usize = 16 * 1024;
@@ -304,5 +305,3 @@ where
         })
     }
 }
-
-use tokio_stream::StreamExt as _;

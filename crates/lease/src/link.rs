@@ -141,20 +141,10 @@ struct LinkInner {
 }
 
 impl StoreLink {
-    /// The link's condition now.
-    pub fn condition(&self) -> LinkCondition {
-        *self.inner.condition.lock()
-    }
-
     /// Sets the link's condition (a stalled call resumes when the link is no longer stalled).
     pub fn set_condition(&self, condition: LinkCondition) {
         *self.inner.condition.lock() = condition;
         self.inner.resumed.notify_waiters();
-    }
-
-    /// Sets the latency distribution of later calls.
-    pub fn set_latency(&self, latency: Latency) {
-        self.inner.latency.lock().0 = latency;
     }
 
     /// The calls made so far.

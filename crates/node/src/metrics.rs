@@ -69,12 +69,12 @@ struct OpLabels {
     op: StoreOp,
 }
 
-snake_label!(StoreOp {
-    Check => "check",
-    LeaseAcquire => "lease_acquire",
-    LeaseReturn => "lease_return",
-    SlotRelease => "slot_release",
-});
+impl EncodeLabelValue for StoreOp {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        use std::fmt::Write;
+        encoder.write_str(self.as_str())
+    }
+}
 
 impl StoreOp {
     /// Its name in labels and spans.
@@ -248,6 +248,17 @@ snake_label!(ApiResult {
     OverLimit => "over_limit",
     Invalid => "invalid",
 });
+
+impl ApiResult {
+    /// The result of a decision that admitted (or not).
+    pub fn of(allowed: bool) -> Self {
+        if allowed {
+            ApiResult::Ok
+        } else {
+            ApiResult::OverLimit
+        }
+    }
+}
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ApiLabels {

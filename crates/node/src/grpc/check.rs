@@ -120,11 +120,7 @@ impl Check {
                 reason: reason(s.denial),
             })
             .collect();
-        let result = if verdict.allowed {
-            ApiResult::Ok
-        } else {
-            ApiResult::OverLimit
-        };
+        let result = ApiResult::of(verdict.allowed);
         let response = CheckRateLimitResponse {
             decision: decision(verdict.allowed),
             remaining: decisive.map_or(0, |s| if s.allowed { s.remaining } else { 0 }),

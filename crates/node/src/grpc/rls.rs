@@ -219,11 +219,7 @@ impl Rls {
             .map_err(|e| refused(invalid(e)))?;
         let response = to_response(&verdict, descriptors);
         crate::telemetry::record_decision(&request.domain, descriptors, &verdict);
-        let result = if verdict.allowed {
-            ApiResult::Ok
-        } else {
-            ApiResult::OverLimit
-        };
+        let result = ApiResult::of(verdict.allowed);
         metrics.answered(result, started.elapsed().as_secs_f64());
         Ok(Response::new(response))
     }

@@ -56,6 +56,14 @@ pub enum InvalidInput {
         /// The bucket's capacity.
         capacity: u64,
     },
+    /// A regional allowance or demand report whose parameters make no sense.
+    #[error("invalid regional allowance for {key}: {reason}")]
+    BadAllowance {
+        /// The bucket.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A lease request whose parameters make no sense.
     #[error("invalid lease request for {key}: {reason}")]
     BadLease {

@@ -107,6 +107,16 @@ impl BucketKey {
         format!("{}:leases", self.key)
     }
 
+    /// The key of the bucket's regional allowance (same slot as the state).
+    pub(crate) fn allowance_key(&self) -> String {
+        format!("{}:allowance", self.key)
+    }
+
+    /// The key of the bucket's demand reports (same slot as the state).
+    pub(crate) fn demand_key(&self) -> String {
+        format!("{}:demand", self.key)
+    }
+
     /// The Redis key of the bucket's debit-once records (same slot as the state).
     pub(crate) fn remote_key(&self) -> String {
         format!("{}:remote", self.key)

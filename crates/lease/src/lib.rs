@@ -50,6 +50,7 @@ pub use limit::{Algorithm, Limit, LimitError, LimitSpec};
 pub use link::{Latency, Ledger, LinkCalls, LinkCondition, LinkedStore, StoreLink};
 pub use memory::{MemoryConfig, MemoryStore};
 pub use ops::MAX_BUCKETS_PER_CALL;
+pub use ops::allowance::{Allowance, DemandReport, DemandRequest, FLOOR_SHARE, share_of};
 pub use ops::check::{BucketStatus, CheckItem, CheckOutcome, CheckRequest, Decision};
 pub use ops::debit::{DebitItem, DebitOnce, DebitRequest};
 pub use ops::lease::{LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, ReturnRequest};

@@ -473,6 +473,12 @@ impl Limit {
         self.kind
     }
 
+    /// A limit of `kind` as it is (callers scale a valid limit, see
+    /// [`crate::ops::allowance::share_of`]).
+    pub(crate) fn of_kind(kind: Kind) -> Self {
+        Self { kind }
+    }
+
     /// The two numeric parameters as the scripts receive them.
     pub(crate) fn script_params(&self) -> (String, String) {
         match self.kind {

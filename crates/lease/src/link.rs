@@ -25,6 +25,7 @@ use tokio::sync::Notify;
 
 use crate::error::StoreError;
 use crate::memory::MemoryStore;
+use crate::ops::allowance::DemandRequest;
 use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
@@ -89,6 +90,8 @@ pub struct LinkCalls {
     pub release: AtomicU64,
     /// Debits (consumption from the peer region).
     pub debit: AtomicU64,
+    /// Demand reports (regional allowances' shares).
+    pub demand: AtomicU64,
     /// Calls that failed because the link was down.
     pub refused: AtomicU64,
 }
@@ -102,6 +105,7 @@ impl LinkCalls {
             &self.returns,
             &self.release,
             &self.debit,
+            &self.demand,
         ]
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
@@ -376,6 +380,15 @@ impl LeaseStore for LinkedStore {
         let req = req.clone();
         self.call(|c| &c.debit, move |s| async move { s.debit(&req).await })
             .await
+    }
+
+    async fn report_demand(&self, req: &DemandRequest) -> Result<(), StoreError> {
+        let req = req.clone();
+        self.call(
+            |c| &c.demand,
+            move |s| async move { s.report_demand(&req).await },
+        )
+        .await
     }
 }
 

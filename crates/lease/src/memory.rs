@@ -23,6 +23,7 @@ use crate::clock::{Micros, SharedClock, SystemClock};
 use crate::error::StoreError;
 use crate::key::BucketKey;
 use crate::limit::{Kind, Limit};
+use crate::ops::allowance::{Allowance, Demand, DemandRequest, share_of};
 use crate::ops::check::{BucketStatus, CheckOutcome, CheckRequest, is_slot_bucket};
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseId, LeaseRequest, ReturnRequest};
@@ -207,34 +208,52 @@ impl LeaseStore for MemoryStore {
             String::new()
         };
         let state_keys: Vec<_> = items.iter().map(|i| state_key(&i.key, &i.limit)).collect();
-        let creates: Vec<&str> = state_keys.iter().map(|k| k.as_ref()).collect();
+        let extra = allowance_keys(items.iter().map(|i| &i.key), req.allowances());
+        let creates: Vec<&str> = state_keys
+            .iter()
+            .map(|k| k.as_ref())
+            .chain(extra.iter().map(String::as_str))
+            .collect();
         self.with_shard(&items[0].key, &creates, |keys, now| {
-            let buckets: Vec<(std::borrow::Cow<str>, Bucket)> = items
+            let buckets: Vec<(std::borrow::Cow<str>, Bucket, Option<Allowed>)> = items
                 .iter()
-                .map(|i| {
+                .zip(req.allowances())
+                .map(|(i, a)| {
                     let k = state_key(&i.key, &i.limit);
                     let b = Bucket::load(keys, &k, &i.limit, now);
-                    (k, b)
+                    let allowed = a
+                        .as_ref()
+                        .map(|a| Allowed::load(keys, &i.key, &i.limit, a, now));
+                    (k, b, allowed)
                 })
                 .collect();
-            let admits: Vec<bool> = items
+            // Per item: whether the view admits, whether the allowance does.
+            let admits: Vec<(bool, bool)> = items
                 .iter()
                 .zip(&buckets)
-                .map(|(i, (_, b))| b.admits(&i.limit, now, i.cost))
+                .map(|(i, (_, b, a))| {
+                    (
+                        b.admits(&i.limit, now, i.cost),
+                        a.as_ref()
+                            .is_none_or(|a| a.bucket.admits(&a.limit, now, i.cost)),
+                    )
+                })
                 .collect();
-            let all = admits.iter().all(|a| *a);
+            let all = admits.iter().all(|(v, a)| *v && *a);
             let mut out = Vec::with_capacity(items.len());
-            for ((item, (k, mut b)), allowed) in items.iter().zip(buckets).zip(admits) {
+            for ((item, (k, mut b, mut allowance)), (view_ok, allowance_ok)) in
+                items.iter().zip(buckets).zip(admits)
+            {
                 let consume = all && item.cost > 0 && !req.is_peek();
                 let entry = if consume {
                     b.consume(&item.limit, now, item.cost, &slot_nonce)
                 } else {
                     None
                 };
-                out.push(BucketStatus {
-                    allowed,
+                let mut status = BucketStatus {
+                    allowed: view_ok,
                     remaining: b.available(&item.limit, now),
-                    retry_after: us(if allowed {
+                    retry_after: us(if view_ok {
                         0
                     } else {
                         b.retry_after(&item.limit, now, item.cost)
@@ -243,11 +262,30 @@ impl LeaseStore for MemoryStore {
                     slot: entry
                         .filter(|_| is_slot_bucket(&item.limit))
                         .map(|s| SlotId(s.into())),
-                });
+                };
+                if let Some(a) = allowance.as_mut() {
+                    if consume {
+                        a.bucket.consume(&a.limit, now, item.cost, "");
+                    }
+                    status.allowed &= allowance_ok;
+                    status.remaining = status.remaining.min(a.bucket.available(&a.limit, now));
+                    if !allowance_ok {
+                        status.retry_after = status
+                            .retry_after
+                            .max(us(a.bucket.retry_after(&a.limit, now, item.cost)));
+                    }
+                    status.reset_after = status
+                        .reset_after
+                        .max(us(a.bucket.reset_after(&a.limit, now)));
+                }
+                out.push(status);
                 if consume {
                     b.store(keys, &k, &item.limit, now);
                 } else {
                     b.restore(keys, &k);
+                }
+                if let Some(a) = allowance {
+                    a.store(keys, consume, now);
                 }
             }
             CheckOutcome { buckets: out }
@@ -262,34 +300,74 @@ impl LeaseStore for MemoryStore {
             .iter()
             .flat_map(|a| [state_key(&a.key, &a.limit).into_owned(), a.key.lease_key()])
             .collect();
-        let creates: Vec<&str> = names.iter().map(String::as_str).collect();
+        let extra = allowance_keys(asks.iter().map(|a| &a.key), req.allowances());
+        let creates: Vec<&str> = names
+            .iter()
+            .chain(extra.iter())
+            .map(String::as_str)
+            .collect();
         self.with_shard(&asks[0].key, &creates, |keys, now| {
             asks.iter()
+                .zip(req.allowances())
                 .enumerate()
-                .map(|(position, ask)| {
+                .map(|(position, (ask, allowance))| {
                     let lease_key = ask.key.lease_key();
                     let mut leases = keys.take_sorted(&lease_key, now);
                     leases.remove_up_to(now);
                     let k = state_key(&ask.key, &ask.limit);
                     let mut b = Bucket::load(keys, &k, &ask.limit, now);
-                    let available = b.available(&ask.limit, now);
+                    let mut allowance = allowance
+                        .as_ref()
+                        .map(|a| Allowed::load(keys, &ask.key, &ask.limit, a, now));
+                    let view_available = b.available(&ask.limit, now);
+                    let available = match &allowance {
+                        Some(a) => view_available.min(a.bucket.available(&a.limit, now)),
+                        None => view_available,
+                    };
                     let grant = grant_size(available, ask.want, ask.min, ask.max_share);
                     if grant == 0 {
                         store_leases(keys, &lease_key, leases, now);
+                        let mut retry = if view_available < ask.min {
+                            b.retry_after(&ask.limit, now, ask.min)
+                        } else {
+                            0
+                        };
+                        let mut reset = b.reset_after(&ask.limit, now);
+                        if let Some(a) = &allowance {
+                            if a.bucket.available(&a.limit, now) < ask.min {
+                                retry = retry.max(a.bucket.retry_after(&a.limit, now, ask.min));
+                            }
+                            reset = reset.max(a.bucket.reset_after(&a.limit, now));
+                        }
                         let refusal = LeaseGrant {
                             units: 0,
                             lease: None,
                             valid_for: Duration::ZERO,
                             remaining: available,
-                            retry_after: us(b.retry_after(&ask.limit, now, ask.min)),
-                            reset_after: us(b.reset_after(&ask.limit, now)),
+                            retry_after: us(retry),
+                            reset_after: us(reset),
                         };
                         b.restore(keys, &k);
+                        if let Some(a) = allowance {
+                            a.store(keys, false, now);
+                        }
                         return refusal;
                     }
                     let entry = b.consume(&ask.limit, now, grant, "");
                     let (valid_for, ws) = lease_validity(&ask.limit, &b, now, ttl_us);
-                    let tail = format!(":{ws}:{}:{nonce}", ask.limit.algorithm().script_code());
+                    let mut code = ask.limit.algorithm().script_code();
+                    let (mut remaining, mut reset) =
+                        (b.available(&ask.limit, now), b.reset_after(&ask.limit, now));
+                    if let Some(a) = allowance.as_mut() {
+                        a.bucket.consume(&a.limit, now, grant, "");
+                        code += ALLOWANCE_CODE;
+                        remaining = remaining.min(a.bucket.available(&a.limit, now));
+                        reset = reset.max(a.bucket.reset_after(&a.limit, now));
+                    }
+                    if let Some(a) = allowance {
+                        a.store(keys, true, now);
+                    }
+                    let tail = format!(":{ws}:{code}:{nonce}");
                     let id = match entry {
                         // The log's lease is named after its entry (`<id>:<units>`); other
                         // leases after the time and the ask's position (the nonce tells
@@ -303,9 +381,9 @@ impl LeaseStore for MemoryStore {
                         units: grant,
                         lease: Some(LeaseId(lease.into())),
                         valid_for: us(valid_for),
-                        remaining: b.available(&ask.limit, now),
+                        remaining,
                         retry_after: Duration::ZERO,
-                        reset_after: us(b.reset_after(&ask.limit, now)),
+                        reset_after: us(reset),
                     };
                     b.store(keys, &k, &ask.limit, now);
                     store_leases(keys, &lease_key, leases, now);
@@ -320,7 +398,8 @@ impl LeaseStore for MemoryStore {
         self.with_shard(&items[0].key, &[], |keys, now| {
             items
                 .iter()
-                .map(|item| {
+                .zip(req.allowances())
+                .map(|(item, allowance)| {
                     let lease_key = item.key.lease_key();
                     let mut leases = keys.take_sorted(&lease_key, now);
                     let Some(expiry) = leases.score(item.lease.as_str()) else {
@@ -332,26 +411,29 @@ impl LeaseStore for MemoryStore {
                     let Some(lease) = ParsedLease::parse(item.lease.as_str()) else {
                         return 0;
                     };
-                    if expiry <= now || lease.algorithm != item.limit.algorithm().script_code() {
+                    let code = item.limit.algorithm().script_code();
+                    if expiry <= now || lease.algorithm % ALLOWANCE_CODE != code {
                         return 0;
                     }
                     let credit = item.unspent.min(lease.units);
+                    // A lease taken under an allowance gives its units back to it too (at the
+                    // share in force now; the used tokens are what carries over).
+                    if let Some(a) = allowance
+                        .as_ref()
+                        .filter(|_| lease.algorithm > ALLOWANCE_CODE)
+                    {
+                        let mut allowed = Allowed::load(keys, &item.key, &item.limit, a, now);
+                        let back =
+                            credit_bucket(&mut allowed.bucket, &allowed.limit, credit, lease.ws);
+                        allowed.store(keys, back > 0, now);
+                    }
                     let k = state_key(&item.key, &item.limit);
                     let mut b = Bucket::load(keys, &k, &item.limit, now);
                     let credited = match &mut b {
-                        Bucket::TokenBucket(tb) => {
-                            tb.credit(credit, item.limit.capacity());
-                            credit
-                        }
-                        Bucket::FixedWindow(fw) if fw.ws == lease.ws => {
-                            let c = credit.min(fw.count);
-                            fw.count -= c;
-                            c
-                        }
-                        Bucket::SlidingWindow(sw) if sw.ws == lease.ws => {
-                            let c = credit.min(sw.cur);
-                            sw.cur -= c;
-                            c
+                        Bucket::TokenBucket(_)
+                        | Bucket::FixedWindow(_)
+                        | Bucket::SlidingWindow(_) => {
+                            credit_bucket(&mut b, &item.limit, credit, lease.ws)
                         }
                         Bucket::Log(log) => match log.remove(&lease.entry) {
                             Some((score, units)) => {
@@ -392,6 +474,23 @@ impl LeaseStore for MemoryStore {
                     released
                 })
                 .collect()
+        })
+    }
+
+    async fn report_demand(&self, req: &DemandRequest) -> Result<(), StoreError> {
+        let reports = req.reports();
+        let names: Vec<String> = reports.iter().map(|r| r.key.demand_key()).collect();
+        let creates: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.with_shard(&reports[0].key, &creates, |keys, now| {
+            for (r, key) in reports.iter().zip(&names) {
+                let mut demand = match keys.get(key, now) {
+                    Some(Value::Demand(d)) => d.clone(),
+                    _ => Demand::default(),
+                };
+                demand.report(r, now);
+                let expires_at = demand.expires_at(0, now);
+                keys.put(key, Value::Demand(demand), expires_at);
+            }
         })
     }
 
@@ -472,6 +571,80 @@ impl LeaseStore for MemoryStore {
                 })
                 .collect()
         })
+    }
+}
+
+/// Added to a lease's algorithm code when the lease was also taken from an allowance.
+const ALLOWANCE_CODE: u8 = 10;
+
+/// Gives `credit` units back to a counting bucket (the window's only if the lease was taken
+/// in it); returns what was credited.
+fn credit_bucket(b: &mut Bucket, limit: &Limit, credit: u64, ws: Micros) -> u64 {
+    match b {
+        Bucket::TokenBucket(tb) => {
+            tb.credit(credit, limit.capacity());
+            credit
+        }
+        Bucket::FixedWindow(fw) if fw.ws == ws => {
+            let c = credit.min(fw.count);
+            fw.count -= c;
+            c
+        }
+        Bucket::SlidingWindow(sw) if sw.ws == ws => {
+            let c = credit.min(sw.cur);
+            sw.cur -= c;
+            c
+        }
+        _ => 0,
+    }
+}
+
+/// The allowance and demand keys a request may create.
+fn allowance_keys<'a>(
+    keys: impl Iterator<Item = &'a BucketKey>,
+    allowances: &[Option<Allowance>],
+) -> Vec<String> {
+    keys.zip(allowances)
+        .filter(|(_, a)| a.is_some())
+        .flat_map(|(k, _)| [k.allowance_key(), k.demand_key()])
+        .collect()
+}
+
+/// A bucket's allowance as loaded for one call (the demand record is written as it loads:
+/// asking is demand, whatever the answer).
+struct Allowed {
+    key: String,
+    limit: Limit,
+    bucket: Bucket,
+}
+
+impl Allowed {
+    fn load(keys: &mut Keys, key: &BucketKey, limit: &Limit, a: &Allowance, now: Micros) -> Self {
+        let demand_key = key.demand_key();
+        let mut demand = match keys.get(&demand_key, now) {
+            Some(Value::Demand(d)) => d.clone(),
+            _ => Demand::default(),
+        };
+        let share = demand.share(a, now);
+        let expires_at = demand.expires_at(a.horizon_us(), now);
+        keys.put(&demand_key, Value::Demand(demand), expires_at);
+        let limit = share_of(limit, share);
+        let key = key.allowance_key();
+        let mut bucket = Bucket::load(keys, &key, &limit, now);
+        if let Bucket::TokenBucket(tb) = &mut bucket {
+            tb.cap = limit.capacity();
+        }
+        Self { key, limit, bucket }
+    }
+
+    fn store(self, keys: &mut Keys, changed: bool, now: Micros) {
+        // A token bucket whose capacity moved is written even when nothing was taken, so the
+        // next call measures the move from here.
+        if changed || matches!(self.bucket, Bucket::TokenBucket(_)) {
+            self.bucket.store(keys, &self.key, &self.limit, now);
+        } else {
+            self.bucket.restore(keys, &self.key);
+        }
     }
 }
 

@@ -8,7 +8,9 @@
 //! - [`lease`]: take a batch of units to spend locally; give back what is left.
 //! - [`slot`]: release a concurrency slot.
 //! - [`debit`]: subtract units consumed elsewhere.
+//! - [`allowance`]: a region's demand-based share of a bucket that syncs with a peer region.
 
+pub mod allowance;
 pub mod check;
 pub mod debit;
 pub mod lease;
@@ -64,6 +66,34 @@ pub(crate) fn validate_keys<'a>(
         if repeats == Repeats::Forbidden && !seen.insert(key.as_str()) {
             return Err(InvalidInput::DuplicateBucket {
                 key: key.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Checks the allowances given to a request's items: one per item (or none), each valid, and
+/// only on buckets that can carry one (token buckets and the two counting windows).
+pub(crate) fn check_allowances<'a>(
+    items: impl ExactSizeIterator<Item = (&'a BucketKey, &'a crate::limit::Limit)>,
+    allowances: &[Option<allowance::Allowance>],
+) -> Result<(), InvalidInput> {
+    if allowances.len() != items.len() {
+        return Err(InvalidInput::BadAllowance {
+            key: String::new(),
+            reason: format!("{} allowances for {} items", allowances.len(), items.len()),
+        });
+    }
+    for ((key, limit), a) in items.zip(allowances) {
+        let Some(a) = a else { continue };
+        a.validate(key)?;
+        if matches!(
+            limit.algorithm(),
+            crate::limit::Algorithm::SlidingWindowLog | crate::limit::Algorithm::Concurrency
+        ) {
+            return Err(InvalidInput::BadAllowance {
+                key: key.to_string(),
+                reason: format!("{:?} buckets take no allowance", limit.algorithm()),
             });
         }
     }

@@ -23,6 +23,7 @@ use crate::key::BucketKey;
 
 use crate::error::StoreError;
 use crate::limit::Limit;
+use crate::ops::allowance::{Allowance, DemandRequest};
 use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
@@ -227,6 +228,33 @@ fn classify(e: RedisError, budget: Duration) -> StoreError {
     }
 }
 
+/// The four arguments that describe an item's allowance to the scripts (the KEYS index of its
+/// allowance key, pushed with the demand key after it, or 0), see `lib.lua`.
+fn allowance_args(
+    key: &BucketKey,
+    allowance: Option<&Allowance>,
+    extra: &mut Vec<String>,
+    args: &mut Vec<String>,
+    first_extra: usize,
+) {
+    match allowance {
+        None => args.extend([
+            "0".to_owned(),
+            String::new(),
+            "0".to_owned(),
+            "1".to_owned(),
+        ]),
+        Some(a) => {
+            args.push((first_extra + extra.len() + 1).to_string());
+            extra.push(key.allowance_key());
+            extra.push(key.demand_key());
+            args.push(a.region.to_string());
+            args.push(a.interval_us.to_string());
+            args.push(format!("{:?}", a.unknown_share));
+        }
+    }
+}
+
 /// The three arguments that describe a bucket's limit to the scripts.
 fn limit_args(limit: &Limit, args: &mut Vec<String>) {
     let (p1, p2) = limit.script_params();
@@ -238,17 +266,20 @@ fn limit_args(limit: &Limit, args: &mut Vec<String>) {
 impl LeaseStore for RedisStore {
     async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
         let items = req.items();
-        let keys: Vec<String> = items
+        let mut keys: Vec<String> = items
             .iter()
             .map(|i| state_key(&i.key, &i.limit).into_owned())
             .collect();
-        let mut args = Vec::with_capacity(2 + 4 * items.len());
+        let mut args = Vec::with_capacity(2 + 8 * items.len());
+        let mut extra = vec![];
         args.push(nonce());
         args.push(if req.is_peek() { "1" } else { "0" }.to_owned());
-        for item in items {
+        for (item, a) in items.iter().zip(req.allowances()) {
             limit_args(&item.limit, &mut args);
             args.push(item.cost.to_string());
+            allowance_args(&item.key, a.as_ref(), &mut extra, &mut args, items.len());
         }
+        keys.extend(extra);
         let reply = self.eval(&SCRIPTS.check, &keys, &args).await?;
         reply::check(reply, items.len())
     }
@@ -256,17 +287,20 @@ impl LeaseStore for RedisStore {
     async fn acquire_leases(&self, req: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
         let asks = req.asks();
         let mut keys = Vec::with_capacity(2 * asks.len());
-        let mut args = Vec::with_capacity(2 + 6 * asks.len());
+        let mut args = Vec::with_capacity(2 + 10 * asks.len());
+        let mut extra = vec![];
         args.push(nonce());
         args.push((req.ttl().as_micros() as u64).to_string());
-        for ask in asks {
+        for (ask, a) in asks.iter().zip(req.allowances()) {
             keys.push(state_key(&ask.key, &ask.limit).into_owned());
             keys.push(ask.key.lease_key());
             limit_args(&ask.limit, &mut args);
             args.push(ask.want.to_string());
             args.push(ask.min.to_string());
             args.push(format!("{:?}", ask.max_share));
+            allowance_args(&ask.key, a.as_ref(), &mut extra, &mut args, 2 * asks.len());
         }
+        keys.extend(extra);
         let reply = self.eval(&SCRIPTS.lease_acquire, &keys, &args).await?;
         reply::grants(reply, asks.len())
     }
@@ -274,14 +308,23 @@ impl LeaseStore for RedisStore {
     async fn return_leases(&self, req: &ReturnRequest) -> Result<Vec<u64>, StoreError> {
         let items = req.items();
         let mut keys = Vec::with_capacity(2 * items.len());
-        let mut args = Vec::with_capacity(5 * items.len());
-        for item in items {
+        let mut args = Vec::with_capacity(9 * items.len());
+        let mut extra = vec![];
+        for (item, a) in items.iter().zip(req.allowances()) {
             keys.push(state_key(&item.key, &item.limit).into_owned());
             keys.push(item.key.lease_key());
             limit_args(&item.limit, &mut args);
             args.push(item.lease.as_str().to_owned());
             args.push(item.unspent.to_string());
+            allowance_args(
+                &item.key,
+                a.as_ref(),
+                &mut extra,
+                &mut args,
+                2 * items.len(),
+            );
         }
+        keys.extend(extra);
         let reply = self.eval(&SCRIPTS.lease_return, &keys, &args).await?;
         reply::counts(reply, items.len(), "lease return reply")
     }
@@ -295,6 +338,20 @@ impl LeaseStore for RedisStore {
             .into_iter()
             .map(|n| n == 1)
             .collect())
+    }
+
+    async fn report_demand(&self, req: &DemandRequest) -> Result<(), StoreError> {
+        let reports = req.reports();
+        let keys: Vec<String> = reports.iter().map(|r| r.key.demand_key()).collect();
+        let mut args = Vec::with_capacity(4 * reports.len());
+        for r in reports {
+            args.push(r.origin.clone());
+            args.push(r.region.clone());
+            args.push(r.units.to_string());
+            args.push(r.interval_us.to_string());
+        }
+        self.eval(&SCRIPTS.demand_report, &keys, &args).await?;
+        Ok(())
     }
 
     async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {

@@ -8,6 +8,7 @@ use crate::key::BucketKey;
 use crate::limit::{Algorithm, Limit};
 use crate::link::LinkedStore;
 use crate::memory::MemoryStore;
+use crate::ops::allowance::DemandRequest;
 use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
@@ -49,6 +50,13 @@ pub trait LeaseStore: Send + Sync {
         &self,
         req: &DebitRequest,
     ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
+
+    /// Records what nodes (of this region or the peer's) asked of buckets in their last
+    /// interval: the inputs of the regional allowances' shares.
+    fn report_demand(
+        &self,
+        req: &DemandRequest,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// Where a bucket's state lives: counters in a hash at the bucket key itself, the log and the
@@ -133,6 +141,14 @@ impl LeaseStore for Store {
             Store::Memory(s) => s.debit(req).await,
             Store::Redis(s) => s.debit(req).await,
             Store::Linked(s) => s.debit(req).await,
+        }
+    }
+
+    async fn report_demand(&self, req: &DemandRequest) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(s) => s.report_demand(req).await,
+            Store::Redis(s) => s.report_demand(req).await,
+            Store::Linked(s) => s.report_demand(req).await,
         }
     }
 }

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use support::{Backend, check1};
 use tollgate_lease::{
-    BucketKey, CheckItem, CheckOutcome, CheckRequest, DebitItem, DebitRequest, Decision, LeaseAsk,
-    LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, LeaseStore, Limit, ReturnRequest, SlotRelease,
+    Allowance, BucketKey, CheckItem, CheckOutcome, CheckRequest, DebitItem, DebitRequest, Decision,
+    DemandReport, DemandRequest, LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn,
+    LeaseStore, Limit, ReturnRequest, SlotRelease,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -814,6 +815,90 @@ async fn largest_cost_is_exact(b: &Backend) {
 /// Instantiates every case for the memory, linked (memory behind the simulations' link) and
 /// single-Redis backends (one test each), and runs
 /// all of them in one test against one cluster (forming a cluster takes seconds).
+fn allowance(interval: Duration) -> Allowance {
+    Allowance {
+        region: "us".into(),
+        interval_us: interval.as_micros() as u64,
+        unknown_share: 0.5,
+    }
+}
+
+async fn lease_under(b: &Backend, key: &BucketKey, limit: Limit, a: &Allowance) -> LeaseGrant {
+    let req = LeaseRequest::new(
+        vec![LeaseAsk {
+            key: key.clone(),
+            limit,
+            want: limit.capacity(),
+            min: 1,
+            max_share: 1.0,
+        }],
+        HOUR,
+    )
+    .and_then(|r| r.with_allowances(vec![Some(a.clone())]))
+    .expect("valid lease request");
+    b.store.acquire_leases(&req).await.expect("lease").remove(0)
+}
+
+async fn report(b: &Backend, key: &BucketKey, region: &str, origin: &str, units: u64) {
+    let req = DemandRequest::new(vec![DemandReport {
+        key: key.clone(),
+        origin: origin.into(),
+        region: region.into(),
+        units,
+        interval_us: 10_000_000,
+    }])
+    .expect("valid report");
+    b.store.report_demand(&req).await.expect("report");
+}
+
+async fn allowance_splits_a_burst_and_follows_demand(b: &Backend) {
+    let key = b.fresh_key("synced");
+    let limit = Limit::token_bucket(600, 10.0).expect("limit");
+    let a = allowance(Duration::from_secs(10));
+    // Nothing known of the peer: the cautious half.
+    let first = lease_under(b, &key, limit, &a).await;
+    assert_eq!(first.units, 300, "{first:?}");
+    // Both regions report: 100 here against 300 there, a quarter: its 150 are spent.
+    report(b, &key, "us", "us/1", 100).await;
+    report(b, &key, "eu", "eu/1", 300).await;
+    let held = lease_under(b, &key, limit, &a).await;
+    assert_eq!(held.units, 0, "{held:?}");
+    assert!(held.retry_after > Duration::ZERO);
+    // Demand here triples (another node reports): 900 against 300, three quarters, and the
+    // used tokens carry over: 450 − 300 at once.
+    report(b, &key, "us", "us/2", 800).await;
+    let more = lease_under(b, &key, limit, &a).await;
+    assert!((150..=152).contains(&more.units), "{more:?}");
+    // A return gives the units back to the allowance as well as to the view.
+    let req = ReturnRequest::new(vec![LeaseReturn {
+        key: key.clone(),
+        limit,
+        lease: more.lease.clone().expect("lease"),
+        unspent: more.units,
+    }])
+    .and_then(|r| r.with_allowances(vec![Some(a.clone())]))
+    .expect("valid return");
+    assert_eq!(
+        b.store.return_leases(&req).await.expect("return"),
+        vec![more.units]
+    );
+    let again = lease_under(b, &key, limit, &a).await;
+    assert!((150..=153).contains(&again.units), "{again:?}");
+}
+
+async fn an_idle_peer_leaves_nearly_everything(b: &Backend) {
+    let key = b.fresh_key("synced");
+    let limit = Limit::token_bucket(600, 10.0).expect("limit");
+    let a = allowance(Duration::from_millis(100));
+    assert_eq!(lease_under(b, &key, limit, &a).await.units, 300);
+    // No report from the peer for an interval and a second: it is idle; the share rises to
+    // 95 %, the 300 used carry over (570 − 300, plus the refill at the new rate).
+    // (A gap longer than the horizon, 1.2 s here, would start a new stretch of asking.)
+    b.advance(Duration::from_millis(1_150)).await;
+    let rest = lease_under(b, &key, limit, &a).await;
+    assert!((279..=284).contains(&rest.units), "{rest:?}");
+}
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -873,4 +958,6 @@ conformance!(
     debit_once_keeps_to_the_window_of_consumption,
     hostile_identities_keep_separate_counters,
     largest_cost_is_exact,
+    allowance_splits_a_burst_and_follows_demand,
+    an_idle_peer_leaves_nearly_everything,
 );

@@ -16,6 +16,10 @@ pub(crate) const EPSILON: f64 = 1e-9;
 pub(crate) struct TokenBucket {
     pub(crate) tokens: f64,
     pub(crate) ts: Micros,
+    /// The capacity the tokens were counted against, for a bucket that keeps its *used*
+    /// tokens when its capacity moves (a regional allowance); 0 for every other bucket, whose
+    /// level is kept (and capped) instead.
+    pub(crate) cap: u64,
 }
 
 impl TokenBucket {
@@ -29,12 +33,21 @@ impl TokenBucket {
             None => Self {
                 tokens: cap,
                 ts: now,
+                cap: 0,
             },
             Some(s) => {
                 let elapsed = now.saturating_sub(s.ts);
+                // A tracked capacity that moved moves the level with it: the used tokens
+                // carry over (a debt floored at one bucket, as a debit's is).
+                let tokens = if s.cap != 0 && capacity != s.cap {
+                    f64::max(-cap, s.tokens + (cap - s.cap as f64))
+                } else {
+                    s.tokens
+                };
                 Self {
-                    tokens: f64::min(cap, s.tokens + elapsed as f64 * rate / 1e6),
+                    tokens: f64::min(cap, tokens + elapsed as f64 * rate / 1e6),
                     ts: s.ts.max(now),
+                    cap: if s.cap != 0 { capacity } else { 0 },
                 }
             }
         }
@@ -108,6 +121,7 @@ mod tests {
             Some(TokenBucket {
                 tokens: 2.0,
                 ts: 10_000_000,
+                cap: 0,
             }),
             10,
             5.0,
@@ -118,6 +132,7 @@ mod tests {
             Some(TokenBucket {
                 tokens: 2.0,
                 ts: 10_000_000,
+                cap: 0,
             }),
             10,
             5.0,
@@ -127,8 +142,27 @@ mod tests {
             back,
             TokenBucket {
                 tokens: 2.0,
-                ts: 10_000_000
+                ts: 10_000_000,
+                cap: 0,
             }
+        );
+    }
+
+    #[test]
+    fn a_tracked_capacity_keeps_the_used_tokens_when_it_moves() {
+        // An allowance at 300 with 290 used; its share rises to 570: 280 at once.
+        let tracked = TokenBucket {
+            tokens: 10.0,
+            ts: 1_000_000,
+            cap: 300,
+        };
+        let b = TokenBucket::load(Some(tracked), 570, 9.5, 1_000_000);
+        assert_eq!((b.tokens, b.cap), (280.0, 570));
+        let down = TokenBucket::load(Some(b), 30, 0.5, 1_000_000);
+        assert_eq!(
+            (down.tokens, down.cap),
+            (-30.0, 30),
+            "a lowered share keeps the used tokens, the debt floored at one bucket"
         );
     }
 
@@ -138,6 +172,7 @@ mod tests {
             Some(TokenBucket {
                 tokens: 90.0,
                 ts: 5,
+                cap: 0,
             }),
             20,
             1.0,

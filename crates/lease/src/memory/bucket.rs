@@ -21,6 +21,8 @@ pub(crate) enum Value {
     Sorted(ZSet),
     /// Debit-once records (a hash of running totals).
     Marks(HashMap<String, u64>),
+    /// Demand reports of a bucket with regional allowances.
+    Demand(crate::ops::allowance::Demand),
 }
 
 /// A key's value and when it expires.

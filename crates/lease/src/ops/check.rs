@@ -5,8 +5,9 @@ use std::time::Duration;
 use crate::error::InvalidInput;
 use crate::key::BucketKey;
 use crate::limit::{Algorithm, Limit};
+use crate::ops::allowance::Allowance;
 use crate::ops::slot::SlotId;
-use crate::ops::{Repeats, check_units, validate_keys};
+use crate::ops::{Repeats, check_allowances, check_units, validate_keys};
 
 /// One bucket of a check.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +25,7 @@ pub struct CheckItem {
 pub struct CheckRequest {
     items: Vec<CheckItem>,
     peek: bool,
+    allowances: Vec<Option<Allowance>>,
 }
 
 impl CheckRequest {
@@ -41,7 +43,28 @@ impl CheckRequest {
                 });
             }
         }
-        Ok(Self { items, peek: false })
+        let allowances = vec![None; items.len()];
+        Ok(Self {
+            items,
+            peek: false,
+            allowances,
+        })
+    }
+
+    /// This request with a regional allowance per item (None: the item has none): an item
+    /// with one must also fit its region's share of the limit (see [`crate::ops::allowance`]).
+    pub fn with_allowances(
+        mut self,
+        allowances: Vec<Option<Allowance>>,
+    ) -> Result<Self, InvalidInput> {
+        check_allowances(self.items.iter().map(|i| (&i.key, &i.limit)), &allowances)?;
+        self.allowances = allowances;
+        Ok(self)
+    }
+
+    /// The allowance of each item.
+    pub fn allowances(&self) -> &[Option<Allowance>] {
+        &self.allowances
     }
 
     /// This request as a peek: judged exactly as a check (allowed, remaining, and when denied

@@ -8,7 +8,8 @@ use std::time::Duration;
 use crate::error::InvalidInput;
 use crate::key::BucketKey;
 use crate::limit::{Algorithm, Limit};
-use crate::ops::{Repeats, check_units, validate_keys};
+use crate::ops::allowance::Allowance;
+use crate::ops::{Repeats, check_allowances, check_units, validate_keys};
 
 /// The longest a lease may live.
 pub const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
@@ -35,6 +36,7 @@ pub struct LeaseAsk {
 pub struct LeaseRequest {
     asks: Vec<LeaseAsk>,
     ttl: Duration,
+    allowances: Vec<Option<Allowance>>,
 }
 
 impl LeaseRequest {
@@ -82,7 +84,28 @@ impl LeaseRequest {
                 reason: format!("ttl must be between 1 ms and {MAX_LEASE_TTL:?}, got {ttl:?}"),
             });
         }
-        Ok(Self { asks, ttl })
+        let allowances = vec![None; asks.len()];
+        Ok(Self {
+            asks,
+            ttl,
+            allowances,
+        })
+    }
+
+    /// This request with a regional allowance per ask (None: the ask has none): a grant then
+    /// also fits this region's share of the limit, and is taken from both.
+    pub fn with_allowances(
+        mut self,
+        allowances: Vec<Option<Allowance>>,
+    ) -> Result<Self, InvalidInput> {
+        check_allowances(self.asks.iter().map(|a| (&a.key, &a.limit)), &allowances)?;
+        self.allowances = allowances;
+        Ok(self)
+    }
+
+    /// The allowance of each ask.
+    pub fn allowances(&self) -> &[Option<Allowance>] {
+        &self.allowances
     }
 
     /// The asks, in request order.
@@ -152,6 +175,7 @@ pub struct LeaseReturn {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReturnRequest {
     items: Vec<LeaseReturn>,
+    allowances: Vec<Option<Allowance>>,
 }
 
 impl ReturnRequest {
@@ -168,7 +192,24 @@ impl ReturnRequest {
                 });
             }
         }
-        Ok(Self { items })
+        let allowances = vec![None; items.len()];
+        Ok(Self { items, allowances })
+    }
+
+    /// These returns with the allowance each lease was taken under (None: none, or the
+    /// region's allowance is no longer in force): the unspent units go back to it too.
+    pub fn with_allowances(
+        mut self,
+        allowances: Vec<Option<Allowance>>,
+    ) -> Result<Self, InvalidInput> {
+        check_allowances(self.items.iter().map(|i| (&i.key, &i.limit)), &allowances)?;
+        self.allowances = allowances;
+        Ok(self)
+    }
+
+    /// The allowance of each return.
+    pub fn allowances(&self) -> &[Option<Allowance>] {
+        &self.allowances
     }
 
     /// The returns, in request order.

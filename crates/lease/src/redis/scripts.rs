@@ -32,6 +32,7 @@ pub(crate) struct Scripts {
     pub(crate) lease_return: Script,
     pub(crate) slot_release: Script,
     pub(crate) debit: Script,
+    pub(crate) demand_report: Script,
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -40,6 +41,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     lease_return: Script::new("lease_return", include_str!("scripts/lease_return.lua")),
     slot_release: Script::new("slot_release", include_str!("scripts/slot_release.lua")),
     debit: Script::new("debit", include_str!("scripts/debit.lua")),
+    demand_report: Script::new("demand_report", include_str!("scripts/demand_report.lua")),
 });
 
 #[cfg(test)]
@@ -54,6 +56,7 @@ mod tests {
             &SCRIPTS.lease_return,
             &SCRIPTS.slot_release,
             &SCRIPTS.debit,
+            &SCRIPTS.demand_report,
         ];
         let shas: std::collections::HashSet<_> = all.iter().map(|s| &s.sha).collect();
         assert_eq!(shas.len(), all.len());

@@ -1,15 +1,19 @@
 --[[
 check: consume `cost` from every bucket of one identity, or from none.
 
-KEYS[i]  state key of bucket i (a hash for counters; `<key>:log`, `<key>:slots` sorted sets)
+KEYS[i]  state key of bucket i (a hash for counters; `<key>:log`, `<key>:slots` sorted sets),
+         then the allowance and demand keys of the items that have one
 ARGV[1]  nonce that makes concurrency slot ids unguessable
 ARGV[2]  1: a peek, judged as a check but consuming nothing; 0: a check
-ARGV[3 + 4(i-1) ...]  per bucket: algorithm code, p1, p2, cost
+ARGV[3 + 8(i-1) ...]  per bucket: algorithm code, p1, p2, cost, then its allowance: KEYS index
+         of the allowance key (0: none), region, interval us, unknown share
 Reply    per bucket: {allowed 0|1, remaining, retry_after_us, reset_after_us, slot id or ''}
 
 Invariants:
   - every bucket is judged before any is changed: all consume or none does;
-  - a denied request, a peek and a cost of 0 write nothing (only expired entries are pruned);
+  - an item with an allowance is admitted only if its allowance admits too, and consumes both;
+  - a denied request, a peek and a cost of 0 write nothing but the demand record and a token
+    bucket allowance's tracked capacity (only expired entries are pruned);
   - `remaining` is counted after consumption when the request is admitted;
   - a concurrency bucket returns a slot id only when the request is admitted.
 ]]
@@ -17,20 +21,24 @@ Invariants:
 local now = now_us()
 local nonce = ARGV[1]
 local peek = ARGV[2] == '1'
-local buckets, costs, ok = {}, {}, {}
+local n = (#ARGV - 2) / 8
+local buckets, allowances, costs, ok, aok = {}, {}, {}, {}, {}
 local all = true
-for i = 1, #KEYS do
-  local a = 3 + (i - 1) * 4
-  local b = load(tonumber(ARGV[a]), KEYS[i], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), now)
+for i = 1, n do
+  local a = 3 + (i - 1) * 8
+  local alg, p1, p2 = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local b = load(alg, KEYS[i], p1, p2, now)
   local cost = tonumber(ARGV[a + 3])
-  buckets[i], costs[i] = b, cost
+  local al = load_allowance(alg, p1, p2, a + 4, now)
+  buckets[i], allowances[i], costs[i] = b, al, cost
   ok[i] = admits(b, cost, now)
-  if not ok[i] then all = false end
+  aok[i] = (al == nil) or admits(al, cost, now)
+  if not (ok[i] and aok[i]) then all = false end
 end
 
 local reply = {}
-for i = 1, #KEYS do
-  local b, cost = buckets[i], costs[i]
+for i = 1, n do
+  local b, al, cost = buckets[i], allowances[i], costs[i]
   local take = all and cost > 0 and not peek
   local member = nil
   if take then member = consume(b, cost, now, nonce) end
@@ -39,8 +47,16 @@ for i = 1, #KEYS do
   local slot = ''
   if b.alg == CONC and member then slot = member end
   local allowed = 0
-  if ok[i] then allowed = 1 end
-  reply[i] = {allowed, available(b, now), retry, reset_after(b, now), slot}
+  if ok[i] and aok[i] then allowed = 1 end
+  local remaining, reset = available(b, now), reset_after(b, now)
+  if al then
+    if take then consume(al, cost, now, '') end
+    remaining = math.min(remaining, available(al, now))
+    if not aok[i] then retry = math.max(retry, retry_after(al, cost, now)) end
+    reset = math.max(reset, reset_after(al, now))
+    store_allowance(al, take, now)
+  end
+  reply[i] = {allowed, remaining, retry, reset, slot}
   if take then store(b, now) end
 end
 return reply

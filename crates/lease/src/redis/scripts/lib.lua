@@ -7,13 +7,15 @@ floating-point operations, so the Redis store and the in-memory store answer bit
 Time:  microseconds since the Unix epoch, from Redis TIME (never from the caller's clock).
        Windows are aligned to the epoch; math.fmod keeps `now - now % W` exact.
 Codes: 1 token bucket, 2 sliding window, 3 sliding log, 4 fixed window, 5 concurrency.
-State: token bucket    HASH  alg=1 tokens=<%.17g> ts=<us>
+State: token bucket    HASH  alg=1 tokens=<%.17g> ts=<us> [cap=<n>: an allowance, see below]
        sliding window  HASH  alg=2 ws=<us> prev=<n> cur=<n>
        fixed window    HASH  alg=4 ws=<us> count=<n>
        sliding log     ZSET  <key>:log    member <id>:<units>          score = admission time
        concurrency     ZSET  <key>:slots  member <id>:<units>:<nonce>  score = slot expiry
        leases          ZSET  <key>:leases member <id>:<units>:<ws>:<alg>:<nonce>  score = expiry
                        (<id> is the log entry's id, else <now>.<ask position>)
+       allowance       <key>:allowance, the bucket's state at this region's share
+       demand          HASH  <key>:demand  since=<us> last=<us>  r:<origin>=<region>|<units>|<until>
 Invariants:
   - a hash written by another algorithm (the rule changed) reads as no state;
   - every key expires once its state is neutral (bucket full, windows over, entries gone)
@@ -55,12 +57,16 @@ end
 local function load(alg, key, p1, p2, now)
   local b = {alg = alg, key = key, p1 = p1, p2 = p2}
   if alg == TB then
-    local s = redis.call('HMGET', key, 'alg', 'tokens', 'ts')
+    local s = redis.call('HMGET', key, 'alg', 'tokens', 'ts', 'cap')
     if s[1] == '1' then
-      local tokens, ts = tonumber(s[2]), tonumber(s[3])
+      local tokens, ts, cap = tonumber(s[2]), tonumber(s[3]), tonumber(s[4])
+      -- A tracked capacity (an allowance) that moved moves the level with it: used tokens
+      -- carry over (a debt floored at one bucket, as a debit's is).
+      if cap and p1 ~= cap then tokens = math.max(-p1, tokens + (p1 - cap)) end
       local elapsed = pos(now - ts)
       b.tokens = math.min(p1, tokens + elapsed * p2 / 1000000)
       b.ts = math.max(ts, now)
+      if cap then b.cap = p1 end
     else
       b.tokens, b.ts = p1, now
     end
@@ -230,6 +236,7 @@ end
 local function store(b, now)
   if b.alg == TB then
     redis.call('HSET', b.key, 'alg', '1', 'tokens', float(b.tokens), 'ts', int(b.ts))
+    if b.cap then redis.call('HSET', b.key, 'cap', int(b.cap)) end
     redis.call('PEXPIRE', b.key, ttl_ms(reset_after(b, now)))
   elseif b.alg == FW then
     redis.call('HSET', b.key, 'alg', '4', 'ws', int(b.ws), 'count', int(b.count))
@@ -246,4 +253,92 @@ end
 local function store_leases(lease_key, now)
   local last = last_score(lease_key)
   if last then redis.call('PEXPIRE', lease_key, ttl_ms(pos(last - now))) end
+end
+
+-- Regional allowances (crates/lease/src/ops/allowance.rs).
+local FLOOR_SHARE = 0.05
+local REPORT_MARGIN_US = 1000000
+local MAX_PERIOD_S = 316224000
+
+-- The demand record's live reports: this region's units, the peer's, whether the peer
+-- reported, the latest report expiry; expired reports are deleted.
+local function demand_reports(dkey, region, now)
+  local flat = redis.call('HGETALL', dkey)
+  local fields = {}
+  local own, peer, known, latest = 0, 0, false, 0
+  local expired = {}
+  for i = 1, #flat, 2 do
+    local f, v = flat[i], flat[i + 1]
+    if string.sub(f, 1, 2) == 'r:' then
+      local r, units, untl = string.match(v, '^([^|]*)|(%d+)|(%d+)$')
+      untl = tonumber(untl)
+      if untl and untl > now then
+        if untl > latest then latest = untl end
+        if r == region then own = own + tonumber(units)
+        else peer = peer + tonumber(units); known = true end
+      else
+        expired[#expired + 1] = f
+      end
+    else
+      fields[f] = tonumber(v)
+    end
+  end
+  if #expired > 0 then redis.call('HDEL', dkey, unpack(expired)) end
+  return own, peer, known, latest, fields
+end
+
+local function demand_expire(dkey, latest, last, horizon, now)
+  redis.call('PEXPIRE', dkey, ttl_ms(pos(math.max(latest, last + horizon) - now)))
+end
+
+-- This region's share (Demand::share), noting that it asks now.
+local function demand_share(dkey, region, interval, unknown, now)
+  local horizon = 2 * interval + REPORT_MARGIN_US
+  local own, peer, known, latest, fields = demand_reports(dkey, region, now)
+  local since, last = fields['since'] or 0, fields['last'] or 0
+  if last == 0 or pos(now - last) > horizon then since = now end
+  redis.call('HSET', dkey, 'since', int(since), 'last', int(now))
+  demand_expire(dkey, latest, now, horizon, now)
+  if not known then
+    if pos(now - since) >= interval + REPORT_MARGIN_US then return 1.0 - FLOOR_SHARE end
+    return unknown
+  end
+  if own == 0 then return FLOOR_SHARE end
+  local s = own / (own + peer)
+  if s < FLOOR_SHARE then return FLOOR_SHARE end
+  if s > 1.0 - FLOOR_SHARE then return 1.0 - FLOOR_SHARE end
+  return s
+end
+
+-- p1, p2 of a limit at `s` of it (allowance.rs share_of).
+local function share_params(alg, p1, p2, s)
+  if s >= 1 then return p1, p2 end
+  local c = math.floor(p1 * s)
+  if c < 1 then c = 1 end
+  if alg == TB then
+    local rate = p2 * s
+    local slowest = c / MAX_PERIOD_S
+    if rate < slowest then rate = slowest end
+    return c, rate
+  end
+  return c, p2
+end
+
+-- The allowance of a bucket at this region's share, or nil when `ai` is 0. ARGV from
+-- position `a`: KEYS index of the allowance key (the demand key follows it), region,
+-- interval us, unknown share.
+local function load_allowance(alg, p1, p2, a, now)
+  local ai = tonumber(ARGV[a])
+  if ai == 0 then return nil end
+  local s = demand_share(KEYS[ai + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), now)
+  local q1, q2 = share_params(alg, p1, p2, s)
+  local al = load(alg, KEYS[ai], q1, q2, now)
+  if alg == TB then al.cap = q1 end
+  return al
+end
+
+-- Writes an allowance back: always for a token bucket (its capacity is tracked), else when
+-- it changed.
+local function store_allowance(al, changed, now)
+  if al and (changed or al.alg == TB) then store(al, now) end
 end

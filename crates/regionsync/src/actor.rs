@@ -10,8 +10,8 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 
 use crate::consumption::ConsumptionLog;
-use crate::link::PeerClient;
-use crate::messages::{Batch, Entry, Origin, Ping};
+use crate::link::{LinkError, PeerClient};
+use crate::messages::{Batch, DemandBatch, Entry, Origin, Ping};
 use crate::metrics::RegionMetrics;
 use crate::peer::PeerTracker;
 use crate::policy::PeerState;
@@ -54,6 +54,8 @@ pub struct SyncParts {
     pub sync_interval: Duration,
     /// How often to probe.
     pub heartbeat_interval: Duration,
+    /// Whether the peer speaks link version 1 only (no demand reports: allowances off).
+    pub peer_v1: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The actor (stateless; state in [`SyncState`]).
@@ -113,6 +115,59 @@ impl SyncParts {
             self.metrics.units_sent.inc_by(pending.units);
         }
         all
+    }
+
+    /// Reports what this node's requests asked of synced buckets since the last tick: into
+    /// this region's store, and to the peer region (the regional allowances' shares). A peer
+    /// that does not know the call (link version 1) turns the allowances off until it does.
+    async fn flush_demand(&self) {
+        let items = self.log.take_demand();
+        if items.is_empty() {
+            return;
+        }
+        let interval_us = self.sync_interval.as_micros() as u64;
+        if let Err(e) = self.receiver.report(&items, &self.origin, interval_us).await {
+            tracing::debug!(error = %e, "demand not recorded in this region's store");
+        }
+        if self.peer.state() == PeerState::Down {
+            return;
+        }
+        for chunk in items.chunks(MAX_ENTRIES_PER_BATCH) {
+            let batch = DemandBatch {
+                origin: self.origin.clone(),
+                interval_us,
+                items: chunk.to_vec(),
+            };
+            match self
+                .client
+                .demand(&batch, self.sync_interval.max(Duration::from_millis(500)))
+                .await
+            {
+                Ok(_) => {
+                    if self.peer_v1.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::info!("the peer region now speaks link version 2: regional allowances on");
+                    }
+                }
+                Err(LinkError::Status {
+                    code: tonic::Code::Unimplemented,
+                    ..
+                }) => {
+                    if !self.peer_v1.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        tracing::warn!(
+                            "the peer region speaks link version 1 (no demand reports): ASYNC_SYNC \
+                             runs without regional allowances, as in version 1, until it is upgraded"
+                        );
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "demand not delivered; the next tick reports anew");
+                    if e.is_link_failure() {
+                        return;
+                    }
+                }
+            }
+        }
     }
 
     /// Lets time alone move the peer's state (the state metric follows its changes), and
@@ -188,6 +243,7 @@ impl Actor for SyncActor {
                     let (parts, seq, me) = (state.parts.clone(), state.seq.clone(), myself.clone());
                     tokio::spawn(async move {
                         let ok = parts.flush(&seq).await;
+                        parts.flush_demand().await;
                         let _ = me.cast(SyncMsg::Flushed(ok));
                     });
                 }

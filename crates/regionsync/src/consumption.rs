@@ -47,6 +47,8 @@ struct Epoch {
 struct Counter {
     rule: String,
     identity: Vec<u8>,
+    /// Units asked since the last demand sweep, admitted or not.
+    asked: u64,
     /// At most a few: the current epoch, and earlier ones until they end or are shipped.
     epochs: Vec<Epoch>,
 }
@@ -151,10 +153,59 @@ impl ConsumptionLog {
             .or_insert_with(|| Counter {
                 rule: rule.to_owned(),
                 identity: identity.to_vec(),
+                asked: 0,
                 epochs: Vec::with_capacity(2),
             });
         add(&mut counter);
         true
+    }
+
+    /// Notes that a request asked `units` of `rule`'s bucket for `identity` (admitted or not):
+    /// the demand the regional allowances share by. False when the log is full.
+    pub fn ask(&self, rule: &str, identity: &[u8], units: u64) -> bool {
+        let found = LOOKUP.with_borrow_mut(|key| {
+            map_key(rule, identity, key);
+            match self.counters.get_mut(key.as_slice()) {
+                Some(mut c) => {
+                    c.asked += units;
+                    true
+                }
+                None => false,
+            }
+        });
+        if found {
+            return true;
+        }
+        if self.counters.len() >= self.max_keys {
+            return false;
+        }
+        let mut key = Vec::with_capacity(rule.len() + 1 + identity.len());
+        map_key(rule, identity, &mut key);
+        self.counters
+            .entry(key.into_boxed_slice())
+            .or_insert_with(|| Counter {
+                rule: rule.to_owned(),
+                identity: identity.to_vec(),
+                asked: 0,
+                epochs: Vec::with_capacity(2),
+            })
+            .asked += units;
+        true
+    }
+
+    /// The demand asked since the last sweep, per bucket (and the sweep starts over).
+    pub fn take_demand(&self) -> Vec<crate::messages::DemandItem> {
+        let mut out = vec![];
+        for mut c in self.counters.iter_mut() {
+            if c.asked > 0 {
+                out.push(crate::messages::DemandItem {
+                    rule: c.rule.clone(),
+                    identity: c.identity.clone(),
+                    units: std::mem::take(&mut c.asked),
+                });
+            }
+        }
+        out
     }
 
     /// Takes back `units` recorded at `at` that went back to this region's store unspent (a
@@ -191,7 +242,7 @@ impl ConsumptionLog {
                     });
                 }
             }
-            !c.epochs.is_empty()
+            !c.epochs.is_empty() || c.asked > 0
         });
         out
     }

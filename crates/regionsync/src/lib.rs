@@ -155,6 +155,8 @@ pub struct RegionSync {
     metrics: RegionMetrics,
     clock: SharedClock,
     actor: ActorRef<SyncMsg>,
+    peer_v1: Arc<std::sync::atomic::AtomicBool>,
+    region_name: Arc<str>,
 }
 
 fn check_config(c: &RegionConfig) -> Result<(), StartError> {
@@ -233,6 +235,7 @@ impl RegionSync {
         ));
         // Not up until the peer has been heard from.
         metrics.peer_up.set(0);
+        let peer_v1 = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let parts = SyncParts {
             origin: origin.clone(),
             log: log.clone(),
@@ -243,6 +246,7 @@ impl RegionSync {
             clock: clock.clone(),
             sync_interval: config.sync_interval,
             heartbeat_interval: config.heartbeat_interval,
+            peer_v1: peer_v1.clone(),
         };
         let (actor, _) = Actor::spawn(None, SyncActor, parts).await?;
         {
@@ -258,6 +262,8 @@ impl RegionSync {
         }
         tracing::info!(region = %config.region, peer = %config.peer_region, origin = %origin.name(), "region sync started");
         Ok(Arc::new(Self {
+            region_name: config.region.as_str().into(),
+            peer_v1,
             config,
             origin,
             log,
@@ -303,6 +309,33 @@ impl RegionSync {
     /// The settings.
     pub fn config(&self) -> &RegionConfig {
         &self.config
+    }
+
+    /// The regional allowance store calls of ASYNC_SYNC buckets carry (their share of the limit
+    /// by demand, see `tollgate_lease::ops::allowance`): none while the peer is down (the
+    /// survivor holds the whole limit, as before) or speaks link version 1 (it reports no
+    /// demand and enforces none).
+    pub fn allowance(&self) -> Option<tollgate_lease::Allowance> {
+        if self.peer.state() == PeerState::Down
+            || self.peer_v1.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return None;
+        }
+        Some(tollgate_lease::Allowance {
+            region: self.region_name.clone(),
+            interval_us: self.config.sync_interval.as_micros() as u64,
+            unknown_share: self.config.default_share,
+        })
+    }
+
+    /// Whether the regional allowances are in force (what `/readyz` says).
+    pub fn allowances_on(&self) -> bool {
+        self.allowance().is_some()
+    }
+
+    /// Notes that a request asked `units` of a synced rule's bucket (admitted or not).
+    pub fn ask(&self, rule: &str, identity: &[u8], units: u64) {
+        self.log.ask(rule, identity, units);
     }
 
     /// Records `units` admitted at `now` under a rule that syncs.

@@ -22,7 +22,9 @@ use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
 
 use crate::codec::{self, MAX_MESSAGE_BYTES};
-use crate::messages::{Batch, BatchAck, ForwardReply, ForwardRequest, Ping, Pong};
+use crate::messages::{
+    Batch, BatchAck, DemandAck, DemandBatch, ForwardReply, ForwardRequest, Ping, Pong,
+};
 use crate::receiver::Receiver;
 use crate::throttle::Throttled;
 
@@ -168,6 +170,7 @@ impl PeerClient {
                 Method::Exchange => client.exchange(request).await,
                 Method::Heartbeat => client.heartbeat(request).await,
                 Method::Forward => client.forward(request).await,
+                Method::Demand => client.demand(request).await,
             }
         };
         let call = tracing::Instrument::instrument(
@@ -196,6 +199,15 @@ impl PeerClient {
         self.call(Method::Exchange, batch, timeout).await
     }
 
+    /// Ships this node's demand (link version 2; a version 1 peer answers UNIMPLEMENTED).
+    pub async fn demand(
+        &self,
+        batch: &DemandBatch,
+        timeout: Duration,
+    ) -> Result<DemandAck, LinkError> {
+        Ok(self.call(Method::Demand, batch, timeout).await?.0)
+    }
+
     /// A liveness probe.
     pub async fn heartbeat(&self, ping: &Ping, timeout: Duration) -> Result<Pong, LinkError> {
         Ok(self.call(Method::Heartbeat, ping, timeout).await?.0)
@@ -216,6 +228,7 @@ enum Method {
     Exchange,
     Heartbeat,
     Forward,
+    Demand,
 }
 
 /// The link service this region serves to its peer.
@@ -349,5 +362,10 @@ impl RegionSyncService for LinkService {
     async fn forward(&self, request: Request<Frame>) -> Result<Response<Frame>, Status> {
         let forwarded: ForwardRequest = self.decode(request.into_inner())?;
         frame(&self.receiver.decide(forwarded).await?)
+    }
+
+    async fn demand(&self, request: Request<Frame>) -> Result<Response<Frame>, Status> {
+        let batch: DemandBatch = self.decode(request.into_inner())?;
+        frame(&self.receiver.record_demand(batch).await?)
     }
 }

@@ -57,6 +57,35 @@ pub struct BatchAck {
     pub skipped: u32,
 }
 
+/// What a node's requests asked of synced buckets in its last interval (link version 2).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DemandBatch {
+    /// The sender.
+    pub origin: Origin,
+    /// The sender's interval (its reports count for two of them and a second).
+    pub interval_us: u64,
+    /// Per bucket, units asked.
+    pub items: Vec<DemandItem>,
+}
+
+/// One bucket's demand.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DemandItem {
+    /// The rule id.
+    pub rule: String,
+    /// The identity its counter is keyed by.
+    pub identity: Vec<u8>,
+    /// Units asked in the interval, admitted or not.
+    pub units: u64,
+}
+
+/// The receiver's answer to a [`DemandBatch`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DemandAck {
+    /// Reports recorded (items of rules that sync here).
+    pub recorded: u32,
+}
+
 /// A liveness probe.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ping {

@@ -12,18 +12,32 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures::StreamExt;
 use tollgate_lease::limit::{MAX_PERIOD, MAX_UNITS};
 use tollgate_lease::{
-    BucketKey, DebitItem, DebitOnce, DebitRequest, LeaseStore, MAX_BUCKETS_PER_CALL, SharedClock,
+    BucketKey, DebitItem, DebitOnce, DebitRequest, DemandReport, DemandRequest, LeaseStore, MAX_BUCKETS_PER_CALL, SharedClock,
     Store,
 };
 use tonic::Status;
 
 use crate::RegionHost;
 use crate::consumption::epoch_until;
-use crate::messages::{Batch, BatchAck, ForwardReply, ForwardRequest, Origin, Ping, Pong};
+use crate::messages::{
+    Batch, BatchAck, DemandAck, DemandBatch, DemandItem, ForwardReply, ForwardRequest, Origin,
+    Ping, Pong,
+};
 use crate::metrics::{ReasonLabel, RegionMetrics};
 
 /// The most entries one batch may carry.
 pub const MAX_ENTRIES_PER_BATCH: usize = 4096;
+
+/// Why demand reports were not recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    /// An item is malformed.
+    #[error("{0}")]
+    Invalid(String),
+    /// The store failed.
+    #[error("the store failed: {0}")]
+    Store(tollgate_lease::StoreError),
+}
 
 /// Store calls in flight while applying one batch.
 const CONCURRENT_DEBITS: usize = 16;
@@ -223,6 +237,95 @@ impl Receiver {
         Ok(Pong {
             origin: self.own.clone(),
         })
+    }
+
+    /// Records the peer's demand for synced buckets in this region's store (the regional
+    /// allowances' shares). Items of rules that do not sync here are skipped; a malformed
+    /// batch is refused whole.
+    pub async fn record_demand(&self, batch: DemandBatch) -> Result<DemandAck, Status> {
+        if batch.origin.region != self.peer_region {
+            self.reject("unknown peer");
+            return Err(Status::permission_denied(format!(
+                "demand from region {:?}, not this region's peer",
+                batch.origin.region
+            )));
+        }
+        if batch.items.len() > MAX_ENTRIES_PER_BATCH {
+            return Err(self.invalid(format!(
+                "{} demand items; at most {MAX_ENTRIES_PER_BATCH} per batch",
+                batch.items.len()
+            )));
+        }
+        let recorded = self
+            .report(&batch.items, &batch.origin, batch.interval_us)
+            .await
+            .map_err(|e| match e {
+                ReportError::Invalid(m) => self.invalid(m),
+                ReportError::Store(e) => {
+                    Status::aborted(format!("this region's store failed: {e}"))
+                }
+            })?;
+        Ok(DemandAck { recorded })
+    }
+
+    /// Writes demand reports of `origin` (this node, or a peer node) into this region's
+    /// store; returns how many were recorded.
+    pub async fn report(
+        &self,
+        items: &[DemandItem],
+        origin: &Origin,
+        interval_us: u64,
+    ) -> Result<u32, ReportError> {
+        let mut by_identity: HashMap<Vec<u8>, Vec<DemandReport>> = HashMap::new();
+        let mut recorded = 0;
+        for item in items {
+            let key = BucketKey::new(&item.identity, &item.rule)
+                .map_err(|e| ReportError::Invalid(format!("demand item {:?}: {e}", item.rule)))?;
+            if item.units > MAX_UNITS {
+                return Err(ReportError::Invalid(format!(
+                    "demand item {:?}: {} units",
+                    item.rule, item.units
+                )));
+            }
+            if self.host.synced_limit(&item.rule).is_none() {
+                continue;
+            }
+            recorded += 1;
+            by_identity
+                .entry(item.identity.clone())
+                .or_default()
+                .push(DemandReport {
+                    key,
+                    origin: origin.name(),
+                    region: origin.region.clone(),
+                    units: item.units,
+                    interval_us,
+                });
+        }
+        let mut requests = vec![];
+        for (_, reports) in by_identity {
+            for chunk in reports.chunks(MAX_BUCKETS_PER_CALL) {
+                requests.push(
+                    DemandRequest::new(chunk.to_vec())
+                        .map_err(|e| ReportError::Invalid(e.to_string()))?,
+                );
+            }
+        }
+        let calls = requests.into_iter().map(|request| {
+            let store = self.store.clone();
+            async move { store.report_demand(&request).await }
+        });
+        let mut results = futures::stream::iter(calls).buffer_unordered(CONCURRENT_DEBITS);
+        let mut failure = None;
+        while let Some(result) = results.next().await {
+            if let Err(e) = result {
+                failure = Some(e);
+            }
+        }
+        match failure {
+            Some(e) => Err(ReportError::Store(e)),
+            None => Ok(recorded),
+        }
     }
 
     /// Makes a HOME_REGION decision for the peer.

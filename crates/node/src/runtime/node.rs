@@ -47,7 +47,7 @@ use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
 
 mod direct;
 mod fail_modes;
-mod region;
+pub(crate) mod region;
 mod reserve;
 
 use fail_modes::Fallback;
@@ -224,7 +224,7 @@ impl Node {
     pub(crate) async fn leased_buckets(
         &self,
         request: &Request,
-    ) -> Option<Vec<(Arc<Bucket>, u64)>> {
+    ) -> Option<Vec<(Arc<Bucket>, u64, Vec<u8>)>> {
         let rules = self.inner.rules.load();
         let hits = matching::hits(&rules, request, &self.inner.overrides, self.now()).ok()?;
         if hits.is_empty() || !hits.iter().all(|h| matching::leasable(&h.rule, h.cost)) {
@@ -233,7 +233,7 @@ impl Node {
         let mut out = Vec::with_capacity(hits.len());
         for hit in &hits {
             let limit = hit.rule.limit()?;
-            out.push((self.bucket(hit, limit).await?, hit.cost));
+            out.push((self.bucket(hit, limit).await?, hit.cost, hit.identity.clone()));
         }
         Some(out)
     }
@@ -303,6 +303,12 @@ impl Node {
         let mut attempt = Attempt::new(hits.len());
         let (mut enforce, mut shadow) = (vec![], vec![]);
         let mut blocked = false;
+        if let Some(region) = self.inner.shared.region.get() {
+            // Demand for ASYNC_SYNC buckets, admitted or not: the regional allowances' shares.
+            for hit in hits.iter().filter(|h| h.rule.synced()) {
+                region.ask(&hit.rule.key, &hit.identity, hit.cost);
+            }
+        }
         for (i, hit) in hits.iter().enumerate() {
             match hit.rule.kind {
                 RuleKind::Unlimited => {

@@ -27,6 +27,8 @@ pub enum Decision {
 struct Part {
     bucket: Arc<Bucket>,
     cost: u64,
+    /// The identity, for a bucket whose demand is reported to the peer region.
+    synced: Option<Vec<u8>>,
 }
 
 /// A resolved request. Create it with [`Node::prepare`].
@@ -70,7 +72,11 @@ impl Prepared {
             .map(|parts| {
                 parts
                     .into_iter()
-                    .map(|(bucket, cost)| Part { bucket, cost })
+                    .map(|(bucket, cost, identity)| Part {
+                        synced: bucket.rule.synced().then_some(identity),
+                        bucket,
+                        cost,
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -90,6 +96,17 @@ impl Prepared {
         }
         let shared = self.node.shared();
         let now = shared.clock.now_micros();
+        // Demand for ASYNC_SYNC buckets, admitted or not (the regional allowances), noted when
+        // decided here (the full path notes its own).
+        let asked = |parts: &[Part]| {
+            if let Some(region) = shared.region.get() {
+                for p in parts {
+                    if let Some(identity) = &p.synced {
+                        region.ask(&p.bucket.rule.key, identity, p.cost);
+                    }
+                }
+            }
+        };
         let undo = |parts: &[Part]| {
             for p in parts {
                 p.bucket.give_back(p.cost);
@@ -123,9 +140,11 @@ impl Prepared {
                 }
             };
             undo(&self.parts[..i]);
+            asked(&self.parts);
             part.bucket.rule.counters.denied.inc();
             return Some(Decision::Limited { retry_after });
         }
+        asked(&self.parts);
         for part in &self.parts {
             part.bucket.rule.counters.allowed.inc();
         }

@@ -11,6 +11,7 @@
 //! before the next lease call (a superseded definition's units, or units given back to ask
 //! for all of a request at once) rides in front of that call, in the same task.
 
+use crate::runtime::node::region::allowance_of;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
@@ -542,7 +543,12 @@ impl KeyState {
                 max_share: policy.max_share,
             })
             .collect();
-        let request = LeaseRequest::new(lease_asks, policy.ttl);
+        let allowances = asks
+            .iter()
+            .map(|a| allowance_of(&self.shared, &a.bucket.rule, &a.bucket.limit))
+            .collect();
+        let request =
+            LeaseRequest::new(lease_asks, policy.ttl).and_then(|r| r.with_allowances(allowances));
         let shared = self.shared.clone();
         let myself = myself.clone();
         // Returns that must precede this call go first, in the same task.
@@ -781,7 +787,11 @@ async fn give_back(shared: &Shared, identity: &[u8], returns: Vec<Return>) {
             unspent: r.units,
         })
         .collect();
-    let Ok(req) = ReturnRequest::new(items) else {
+    let allowances = returns
+        .iter()
+        .map(|r| allowance_of(shared, &r.bucket.rule, &r.bucket.limit))
+        .collect();
+    let Ok(req) = ReturnRequest::new(items).and_then(|r| r.with_allowances(allowances)) else {
         return;
     };
     match shared.store.return_leases(&req).await {

@@ -2,6 +2,7 @@
 //! actor cap, shutting down), peeks and concurrency slots; and the store's word on when a
 //! request the pre-limit denied would fit.
 
+use super::region::allowance_of;
 use std::time::Duration;
 
 use tollgate_lease::{BucketKey, CheckItem, CheckRequest};
@@ -40,7 +41,18 @@ impl Node {
                 cost: hit.cost,
             });
         }
-        let request = match CheckRequest::new(items) {
+        let allowances = group
+            .iter()
+            .zip(&item_of)
+            .filter(|(_, item)| item.is_some())
+            .map(|(&i, _)| {
+                let hit = &hits[i];
+                hit.rule
+                    .limit()
+                    .and_then(|l| allowance_of(&self.inner.shared, &hit.rule, &l))
+            })
+            .collect();
+        let request = match CheckRequest::new(items).and_then(|r| r.with_allowances(allowances)) {
             Ok(r) => r,
             Err(e) => {
                 // Only a cost above a bucket's capacity is refused here: it can never fit.
@@ -145,7 +157,10 @@ impl Node {
         if need == 0 || bucket.room_seen(need, now) {
             return Duration::ZERO;
         }
-        let Ok(peek) = CheckRequest::single(bucket.key.clone(), bucket.limit, need) else {
+        let allowance = allowance_of(&self.inner.shared, &bucket.rule, &bucket.limit);
+        let Ok(peek) = CheckRequest::single(bucket.key.clone(), bucket.limit, need)
+            .and_then(|r| r.with_allowances(vec![allowance]))
+        else {
             return Duration::ZERO;
         };
         match self.inner.shared.store.check(&peek.peek()).await {

@@ -93,19 +93,49 @@ fn a_misbehaving_region_link_double_counts_nothing() {
     assert!(chaotic.admitted < chaotic.decisions, "{}", chaotic.table());
 }
 
-/// Issue 11's baselines: an ASYNC_SYNC burst from both regions admits more than the exact
-/// limiter (each region spends the whole capacity before hearing of the other), a lone region
-/// gets the capacity, and a demand shift keeps the rate.
+/// Issue 11's targets, with the regional allowances: an ASYNC_SYNC burst from both regions is
+/// split instead of doubled, a lone region gets nearly the whole capacity, and a demand shift
+/// reaches the rate within two intervals.
 #[test]
-fn the_async_sync_baselines() {
-    for name in ["async-burst-both", "async-burst-lone", "async-demand-shift"] {
-        check(name, 1, None);
-    }
-    let path = library().join("async-burst-both.yaml");
-    let both = Scenario::load(&path).expect("scenario");
-    let report = run(&both, 1, &mut |_| {}).expect("runs");
-    let rule = &report.rules["contract"];
-    assert!(rule.decided.admitted > rule.exact, "{}", report.table());
+fn regional_allowances_meet_issue_11s_targets() {
+    let report_of = |name: &str| {
+        let scenario = Scenario::load(&library().join(format!("{name}.yaml"))).expect("scenario");
+        let report = run(&scenario, 1, &mut |_| {}).expect("runs");
+        assert!(report.passed(), "{}", report.table());
+        report
+    };
+    // Both regions burst at once: within 5 % of the exact limiter, either way (it was 1,240
+    // against 799 before the allowances).
+    let both = report_of("async-burst-both");
+    let rule = &both.rules["contract"];
+    let (admitted, exact) = (rule.decided.admitted as f64, rule.exact as f64);
+    assert!(
+        admitted <= exact * 1.05 && admitted >= exact * 0.95,
+        "{}",
+        both.table()
+    );
+    // One region bursts alone: 90 % of the capacity (600) within two sync intervals (4 s).
+    let lone = report_of("async-burst-lone");
+    let early: u64 = lone.per_second[..4]
+        .iter()
+        .map(|s| s.rules["contract"].decided.admitted)
+        .sum();
+    assert!(
+        early >= 540,
+        "{early} admitted in the first 4 s\n{}",
+        lone.table()
+    );
+    // Traffic moves from eu to us at 20 s: us reaches 90 % of the rate (what the exact
+    // limiter admits) within two intervals.
+    let shift = report_of("async-demand-shift");
+    let at = &shift.per_second[23];
+    let us = at.regions["us"].admitted as f64;
+    let rate = at.rules["contract"].exact as f64;
+    assert!(
+        us >= 0.9 * rate,
+        "us admitted {us} of {rate} at 23 s\n{}",
+        shift.table()
+    );
 }
 
 #[test]

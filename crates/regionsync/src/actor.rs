@@ -126,7 +126,11 @@ impl SyncParts {
             return;
         }
         let interval_us = self.sync_interval.as_micros() as u64;
-        if let Err(e) = self.receiver.report(&items, &self.origin, interval_us).await {
+        if let Err(e) = self
+            .receiver
+            .report(&items, &self.origin, interval_us)
+            .await
+        {
             tracing::debug!(error = %e, "demand not recorded in this region's store");
         }
         if self.peer.state() == PeerState::Down {
@@ -144,15 +148,23 @@ impl SyncParts {
                 .await
             {
                 Ok(_) => {
-                    if self.peer_v1.swap(false, std::sync::atomic::Ordering::Relaxed) {
-                        tracing::info!("the peer region now speaks link version 2: regional allowances on");
+                    if self
+                        .peer_v1
+                        .swap(false, std::sync::atomic::Ordering::Relaxed)
+                    {
+                        tracing::info!(
+                            "the peer region now speaks link version 2: regional allowances on"
+                        );
                     }
                 }
                 Err(LinkError::Status {
                     code: tonic::Code::Unimplemented,
                     ..
                 }) => {
-                    if !self.peer_v1.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    if !self
+                        .peer_v1
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
+                    {
                         tracing::warn!(
                             "the peer region speaks link version 1 (no demand reports): ASYNC_SYNC \
                              runs without regional allowances, as in version 1, until it is upgraded"

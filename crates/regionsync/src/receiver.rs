@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures::StreamExt;
 use tollgate_lease::limit::{MAX_PERIOD, MAX_UNITS};
 use tollgate_lease::{
-    BucketKey, DebitItem, DebitOnce, DebitRequest, DemandReport, DemandRequest, LeaseStore, MAX_BUCKETS_PER_CALL, SharedClock,
-    Store,
+    BucketKey, DebitItem, DebitOnce, DebitRequest, DemandReport, DemandRequest, LeaseStore,
+    MAX_BUCKETS_PER_CALL, SharedClock, Store,
 };
 use tonic::Status;
 

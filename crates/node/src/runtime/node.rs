@@ -233,7 +233,11 @@ impl Node {
         let mut out = Vec::with_capacity(hits.len());
         for hit in &hits {
             let limit = hit.rule.limit()?;
-            out.push((self.bucket(hit, limit).await?, hit.cost, hit.identity.clone()));
+            out.push((
+                self.bucket(hit, limit).await?,
+                hit.cost,
+                hit.identity.clone(),
+            ));
         }
         Some(out)
     }

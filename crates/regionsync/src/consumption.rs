@@ -129,11 +129,26 @@ impl ConsumptionLog {
                 }),
             }
         };
+        self.with_counter(rule, identity, add)
+    }
+
+    /// Notes that a request asked `units` of `rule`'s bucket for `identity` (admitted or not):
+    /// the demand the regional allowances share by. False when the log is full.
+    pub fn ask(&self, rule: &str, identity: &[u8], units: u64) -> bool {
+        self.with_counter(rule, identity, |c| c.asked += units)
+    }
+
+    /// Runs `change` on the bucket's counter, made if new; false when the log is full and the
+    /// bucket is new.
+    fn with_counter(&self, rule: &str, identity: &[u8], change: impl FnOnce(&mut Counter)) -> bool {
+        let mut change = Some(change);
         let found = LOOKUP.with_borrow_mut(|key| {
             map_key(rule, identity, key);
             match self.counters.get_mut(key.as_slice()) {
                 Some(mut c) => {
-                    add(&mut c);
+                    if let Some(f) = change.take() {
+                        f(&mut c);
+                    }
                     true
                 }
                 None => false,
@@ -156,40 +171,9 @@ impl ConsumptionLog {
                 asked: 0,
                 epochs: Vec::with_capacity(2),
             });
-        add(&mut counter);
-        true
-    }
-
-    /// Notes that a request asked `units` of `rule`'s bucket for `identity` (admitted or not):
-    /// the demand the regional allowances share by. False when the log is full.
-    pub fn ask(&self, rule: &str, identity: &[u8], units: u64) -> bool {
-        let found = LOOKUP.with_borrow_mut(|key| {
-            map_key(rule, identity, key);
-            match self.counters.get_mut(key.as_slice()) {
-                Some(mut c) => {
-                    c.asked += units;
-                    true
-                }
-                None => false,
-            }
-        });
-        if found {
-            return true;
+        if let Some(f) = change.take() {
+            f(&mut counter);
         }
-        if self.counters.len() >= self.max_keys {
-            return false;
-        }
-        let mut key = Vec::with_capacity(rule.len() + 1 + identity.len());
-        map_key(rule, identity, &mut key);
-        self.counters
-            .entry(key.into_boxed_slice())
-            .or_insert_with(|| Counter {
-                rule: rule.to_owned(),
-                identity: identity.to_vec(),
-                asked: 0,
-                epochs: Vec::with_capacity(2),
-            })
-            .asked += units;
         true
     }
 

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
-use tollgate_lease::{Algorithm, Limit, LimitSpec};
+use tollgate_lease::{Algorithm, Limit};
 
 /// A regional policy as written (`regional:` in a rule document).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
@@ -351,55 +351,11 @@ pub fn place(policy: &RegionalPolicy, view: Option<&RegionView>) -> Placement {
 }
 
 /// `limit` scaled to `share`: counts are rounded down but never below 1 (a limit of 1 cannot be
-/// split: prefer HOME_REGION for tiny limits); a token bucket's rate scales too.
+/// split: prefer HOME_REGION for tiny limits); a token bucket's rate scales too, never slower
+/// than refilling from empty in the longest period. The same scaling the store gives a
+/// regional allowance ([`tollgate_lease::share_of`]).
 pub fn scale(limit: Limit, share: f64) -> Limit {
-    if share >= 1.0 {
-        return limit;
-    }
-    let part = |n: f64| (n * share).floor().max(1.0);
-    let spec = match limit.spec() {
-        LimitSpec::TokenBucket {
-            capacity,
-            refill_per_second,
-        } => LimitSpec::TokenBucket {
-            capacity: part(capacity),
-            refill_per_second: refill_per_second * share,
-        },
-        LimitSpec::SlidingWindow { limit, window } => LimitSpec::SlidingWindow {
-            limit: part(limit),
-            window,
-        },
-        LimitSpec::SlidingWindowLog { limit, window } => LimitSpec::SlidingWindowLog {
-            limit: part(limit),
-            window,
-        },
-        LimitSpec::FixedWindow { limit, window } => LimitSpec::FixedWindow {
-            limit: part(limit),
-            window,
-        },
-        LimitSpec::Concurrency {
-            max_in_flight,
-            slot_ttl,
-        } => LimitSpec::Concurrency {
-            max_in_flight: part(max_in_flight),
-            slot_ttl,
-        },
-    };
-    // A scaled valid limit is valid, except a token bucket whose scaled rate would take longer
-    // than the longest period to refill: then the slowest allowed rate (still below the
-    // unscaled one).
-    match spec.validate() {
-        Ok(scaled) => scaled,
-        Err(_) => match spec {
-            LimitSpec::TokenBucket { capacity, .. } => LimitSpec::TokenBucket {
-                capacity,
-                refill_per_second: capacity / tollgate_lease::limit::MAX_PERIOD.as_secs_f64(),
-            }
-            .validate()
-            .unwrap_or(limit),
-            _ => limit,
-        },
-    }
+    tollgate_lease::share_of(&limit, share)
 }
 
 #[cfg(test)]

@@ -483,10 +483,7 @@ impl LeaseStore for MemoryStore {
         let creates: Vec<&str> = names.iter().map(String::as_str).collect();
         self.with_shard(&reports[0].key, &creates, |keys, now| {
             for (r, key) in reports.iter().zip(&names) {
-                let mut demand = match keys.get(key, now) {
-                    Some(Value::Demand(d)) => d.clone(),
-                    _ => Demand::default(),
-                };
+                let mut demand = load_demand(keys, key, now);
                 demand.report(r, now);
                 let expires_at = demand.expires_at(0, now);
                 keys.put(key, Value::Demand(demand), expires_at);
@@ -610,6 +607,14 @@ fn allowance_keys<'a>(
         .collect()
 }
 
+/// The demand record at `key` (empty if none).
+fn load_demand(keys: &Keys, key: &str, now: Micros) -> Demand {
+    match keys.get(key, now) {
+        Some(Value::Demand(d)) => d.clone(),
+        _ => Demand::default(),
+    }
+}
+
 /// A bucket's allowance as loaded for one call (the demand record is written as it loads:
 /// asking is demand, whatever the answer).
 struct Allowed {
@@ -621,10 +626,7 @@ struct Allowed {
 impl Allowed {
     fn load(keys: &mut Keys, key: &BucketKey, limit: &Limit, a: &Allowance, now: Micros) -> Self {
         let demand_key = key.demand_key();
-        let mut demand = match keys.get(&demand_key, now) {
-            Some(Value::Demand(d)) => d.clone(),
-            _ => Demand::default(),
-        };
+        let mut demand = load_demand(keys, &demand_key, now);
         let share = demand.share(a, now);
         let expires_at = demand.expires_at(a.horizon_us(), now);
         keys.put(&demand_key, Value::Demand(demand), expires_at);

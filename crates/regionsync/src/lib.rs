@@ -328,11 +328,6 @@ impl RegionSync {
         })
     }
 
-    /// Whether the regional allowances are in force (what `/readyz` says).
-    pub fn allowances_on(&self) -> bool {
-        self.allowance().is_some()
-    }
-
     /// Notes that a request asked `units` of a synced rule's bucket (admitted or not).
     pub fn ask(&self, rule: &str, identity: &[u8], units: u64) {
         self.log.ask(rule, identity, units);

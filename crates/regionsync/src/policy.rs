@@ -105,12 +105,7 @@ fn share(field: &str, value: f64) -> Result<f64, PolicyError> {
 
 /// Checks a region name: 1 to 32 characters of `[a-z0-9-]`.
 pub fn validate_region(field: &str, name: &str) -> Result<(), PolicyError> {
-    if name.is_empty()
-        || name.len() > 32
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
+    if !tollgate_lease::ops::allowance::is_region_name(name) {
         return Err(error(
             field,
             format!("{name:?} must be 1 to 32 characters of a-z 0-9 -"),

@@ -33,6 +33,7 @@ use crate::clock::Micros;
 use crate::error::InvalidInput;
 use crate::key::BucketKey;
 use crate::limit::{Kind, Limit, MAX_PERIOD};
+use crate::ops::debit::is_origin_name;
 use crate::ops::{Repeats, check_units, validate_keys};
 
 /// The smallest share a region is given while it has demand, and what an idle peer keeps.
@@ -63,7 +64,7 @@ impl Allowance {
             key: key.to_string(),
             reason,
         };
-        if !valid_region(&self.region) {
+        if !is_region_name(&self.region) {
             return Err(bad(format!(
                 "region {:?} is not a region name",
                 self.region
@@ -85,7 +86,8 @@ impl Allowance {
     }
 }
 
-fn valid_region(name: &str) -> bool {
+/// Whether `name` is a region name: 1 to 32 characters of `[a-z0-9-]`.
+pub fn is_region_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 32
         && name
@@ -124,11 +126,13 @@ impl DemandRequest {
                 key: r.key.to_string(),
                 reason,
             };
-            if !valid_region(&r.region) {
+            if !is_region_name(&r.region) {
                 return Err(bad(format!("region {:?} is not a region name", r.region)));
             }
-            if r.origin.is_empty() || r.origin.len() > 64 || r.origin.contains(['|', ' ']) {
-                return Err(bad(format!("origin {:?} is not an origin name", r.origin)));
+            if !is_origin_name(&r.origin) {
+                return Err(InvalidInput::BadOrigin {
+                    origin: r.origin.chars().take(80).collect(),
+                });
             }
             if r.interval_us < 1_000 || r.interval_us > 3_600_000_000 {
                 return Err(bad(format!(

@@ -39,6 +39,16 @@ pub struct DebitOnce {
 /// The longest origin name.
 pub const MAX_ORIGIN_BYTES: usize = 64;
 
+/// Whether `origin` can name a sender in the store's records: 1 to [`MAX_ORIGIN_BYTES`] of
+/// `[A-Za-z0-9._:/-]` (never the `|` the records separate fields with).
+pub(crate) fn is_origin_name(origin: &str) -> bool {
+    !origin.is_empty()
+        && origin.len() <= MAX_ORIGIN_BYTES
+        && origin
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b))
+}
+
 /// Epoch ends must be below this (2^53 µs, about year 2255): exact in Lua's doubles.
 pub const MAX_UNTIL: Micros = 1 << 53;
 
@@ -55,13 +65,7 @@ impl DebitRequest {
         for item in &items {
             check_units("debit units", item.units)?;
             if let Some(once) = &item.once {
-                let valid = !once.origin.is_empty()
-                    && once.origin.len() <= MAX_ORIGIN_BYTES
-                    && once
-                        .origin
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"._:/-".contains(&b));
-                if !valid {
+                if !is_origin_name(&once.origin) {
                     return Err(InvalidInput::BadOrigin {
                         origin: once.origin.chars().take(80).collect(),
                     });

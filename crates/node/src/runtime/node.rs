@@ -220,11 +220,12 @@ impl Node {
             .collect())
     }
 
-    /// The buckets of `request`'s matched rules, if every one can be decided by a lease alone.
+    /// The buckets of `request`'s matched rules, if every one can be decided by a lease alone,
+    /// with the cost and, for an ASYNC_SYNC bucket, the identity its demand is reported under.
     pub(crate) async fn leased_buckets(
         &self,
         request: &Request,
-    ) -> Option<Vec<(Arc<Bucket>, u64, Vec<u8>)>> {
+    ) -> Option<Vec<(Arc<Bucket>, u64, Option<Vec<u8>>)>> {
         let rules = self.inner.rules.load();
         let hits = matching::hits(&rules, request, &self.inner.overrides, self.now()).ok()?;
         if hits.is_empty() || !hits.iter().all(|h| matching::leasable(&h.rule, h.cost)) {
@@ -236,7 +237,8 @@ impl Node {
             out.push((
                 self.bucket(hit, limit).await?,
                 hit.cost,
-                hit.identity.clone(),
+                // The identity of a bucket whose demand goes to the peer region.
+                hit.rule.synced().then(|| hit.identity.clone()),
             ));
         }
         Some(out)

@@ -72,10 +72,10 @@ impl Prepared {
             .map(|parts| {
                 parts
                     .into_iter()
-                    .map(|(bucket, cost, identity)| Part {
-                        synced: bucket.rule.synced().then_some(identity),
+                    .map(|(bucket, cost, synced)| Part {
                         bucket,
                         cost,
+                        synced,
                     })
                     .collect()
             })

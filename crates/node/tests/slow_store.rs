@@ -1,10 +1,12 @@
 //! A slow store is not a dead store: two nodes on a real Redis Cluster (3 primaries, 3
 //! replicas) with the default store budget (5 ms), 64 API keys on a token bucket of 20 + 2/s,
-//! and a load that saturates this machine. With no fault, every key stays within its bound
-//! (a few lease calls past the budget must not open the breaker and admit everything). With
-//! the slot-0 primary killed mid-run, keys on the other shards stay within their bound (one
-//! shard's failure opens that shard's breaker only), and every key is decided by the store
-//! again within 5 s of the replica's promotion.
+//! and a load that saturates this machine. With no fault, what the store decides for every
+//! key stays within its bound, and admissions without the store's answer stay rare (a few
+//! lease calls past the budget must not open the breaker and admit everything). With the
+//! slot-0 primary killed mid-run, keys on the other shards keep both (one shard's failure
+//! opens that shard's breaker only), and every key is decided by the store again within 5 s
+//! of the replica's promotion. (Why admissions without the store are counted apart: see
+//! [`assert_within_bounds`].)
 
 mod support;
 
@@ -46,6 +48,9 @@ fn store_key(i: usize) -> String {
 #[derive(Default)]
 struct Tally {
     admitted: Vec<AtomicU64>,
+    /// Per key, admissions made without the store's answer: on its last answer while it was
+    /// slow (owed to the next grant, forgiven if the call then fails) or by the OPEN fail mode.
+    without_store: Vec<AtomicU64>,
     failed_open: AtomicU64,
     decisions: AtomicU64,
     /// When (ms since the start) the failed shard's replica was promoted (0: not yet).
@@ -58,6 +63,7 @@ impl Tally {
     fn new() -> Arc<Self> {
         Arc::new(Tally {
             admitted: (0..KEYS).map(|_| AtomicU64::new(0)).collect(),
+            without_store: (0..KEYS).map(|_| AtomicU64::new(0)).collect(),
             back_after_promotion: (0..KEYS).map(|_| AtomicU64::new(0)).collect(),
             ..Tally::default()
         })
@@ -127,6 +133,10 @@ async fn run(
                     }
                     if verdict.allowed {
                         tally.admitted[k].fetch_add(1, Ordering::Relaxed);
+                        let status = &verdict.statuses[0];
+                        if status.on_last_answer || status.outcome == Some(Outcome::FailedOpen) {
+                            tally.without_store[k].fetch_add(1, Ordering::Relaxed);
+                        }
                     }
                 }
             }));
@@ -142,6 +152,32 @@ async fn run(
 /// The most a token bucket of 20 + 2/s admits over `elapsed`.
 fn bound(elapsed: Duration) -> u64 {
     (CAPACITY + RATE * elapsed.as_secs_f64()).floor() as u64
+}
+
+/// What the store decided stays within each key's bound, exactly: a grant's units are spent
+/// once, and what was admitted without the store is charged to the next grant. Admissions
+/// without the store (a call past its budget, decided on the store's last answer or by the
+/// fail mode) may go past it while their charge is outstanding, or forgiven when the call then
+/// fails: by design, so they are counted apart, and must stay rare: at most 1 % of what the
+/// keys' bounds allow (a breaker that opened on a healthy shard would admit thousands).
+fn assert_within_bounds(tally: &Tally, keys: &[usize], elapsed: Duration, what: &str) {
+    let bound = bound(elapsed);
+    let mut without_store = 0;
+    for &i in keys {
+        let admitted = tally.admitted[i].load(Ordering::Relaxed);
+        let unanswered = tally.without_store[i].load(Ordering::Relaxed);
+        without_store += unanswered;
+        assert!(
+            admitted - unanswered <= bound,
+            "{} {what}: {admitted} admitted, {unanswered} of them without the store; bound {bound}",
+            key(i),
+        );
+    }
+    let most = keys.len() as u64 * bound / 100;
+    assert!(
+        without_store <= most,
+        "{what}: {without_store} admitted without the store, more than 1 % of the keys' bounds ({most})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,15 +210,8 @@ async fn a_saturated_node_on_a_healthy_cluster_keeps_every_key_within_its_bound(
         100.0 * failed_open as f64 / decisions.max(1) as f64,
         bound(elapsed)
     );
-    for (i, admitted) in tally.admitted.iter().enumerate() {
-        let admitted = admitted.load(Ordering::Relaxed);
-        assert!(
-            admitted <= bound(elapsed),
-            "{}: {admitted} admitted, bound {}",
-            key(i),
-            bound(elapsed)
-        );
-    }
+    let keys: Vec<usize> = (0..KEYS).collect();
+    assert_within_bounds(&tally, &keys, elapsed, "on a healthy cluster");
     for node in &nodes {
         node.shutdown().await;
     }
@@ -249,6 +278,20 @@ async fn a_failing_shard_opens_its_own_breaker_and_its_keys_come_back_after_prom
          after the promotion",
         tally.decisions.load(Ordering::Relaxed)
     );
+    let healthy: Vec<usize> = (0..KEYS).filter(|&i| !on_shard[i]).collect();
+    eprintln!(
+        "keys on healthy shards: most admitted {} (bound {}), {} without the store",
+        healthy
+            .iter()
+            .map(|&i| tally.admitted[i].load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0),
+        bound(elapsed),
+        healthy
+            .iter()
+            .map(|&i| tally.without_store[i].load(Ordering::Relaxed))
+            .sum::<u64>()
+    );
     assert!(
         elapsed.as_millis() as u64 >= promoted + 5_000,
         "the run must last 5 s past the promotion to tell (promoted at {promoted} ms)"
@@ -261,16 +304,9 @@ async fn a_failing_shard_opens_its_own_breaker_and_its_keys_come_back_after_prom
                 "{}: first store-backed decision at {back} ms, promoted at {promoted} ms",
                 key(i)
             );
-        } else {
-            let admitted = tally.admitted[i].load(Ordering::Relaxed);
-            assert!(
-                admitted <= bound(elapsed),
-                "{} on a healthy shard: {admitted} admitted, bound {}",
-                key(i),
-                bound(elapsed)
-            );
         }
     }
+    assert_within_bounds(&tally, &healthy, elapsed, "on a healthy shard");
     for node in &nodes {
         node.shutdown().await;
     }

@@ -3,6 +3,7 @@
 //! failover, HOME_REGION's forwarding and fallback, and a region link fed duplicated,
 //! reordered, dropped, corrupted and forged batches.
 
+mod allowances;
 mod link;
 mod support;
 

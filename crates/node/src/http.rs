@@ -54,6 +54,7 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
             "sinceContactMs": status.since_contact_ms,
             "sincePeerStateChangeMs": status.since_change_ms,
             "syncLagMs": status.lag_ms,
+            "allowances": status.allowances.as_str(),
         });
     }
     let code = if ready {

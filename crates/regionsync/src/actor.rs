@@ -155,6 +155,7 @@ impl SyncParts {
                         tracing::info!(
                             "the peer region now speaks link version 2: regional allowances on"
                         );
+                        crate::Allowances::of(self.peer.state(), false).publish(&self.metrics);
                     }
                 }
                 Err(LinkError::Status {
@@ -169,6 +170,7 @@ impl SyncParts {
                             "the peer region speaks link version 1 (no demand reports): ASYNC_SYNC \
                              runs without regional allowances, as in version 1, until it is upgraded"
                         );
+                        crate::Allowances::of(self.peer.state(), true).publish(&self.metrics);
                     }
                     return;
                 }

@@ -236,6 +236,7 @@ impl RegionSync {
         // Not up until the peer has been heard from.
         metrics.peer_up.set(0);
         let peer_v1 = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        Allowances::of(peer.state(), false).publish(&metrics);
         let parts = SyncParts {
             origin: origin.clone(),
             log: log.clone(),
@@ -251,12 +252,16 @@ impl RegionSync {
         let (actor, _) = Actor::spawn(None, SyncActor, parts).await?;
         {
             let mut changes = peer.subscribe();
-            let (metrics, peer) = (metrics.clone(), peer.clone());
+            let (metrics, peer, peer_v1) = (metrics.clone(), peer.clone(), peer_v1.clone());
             tokio::spawn(async move {
                 while changes.changed().await.is_ok() {
                     metrics.peer_changes.inc();
-                    let up = *changes.borrow_and_update() == PeerState::Up && peer.reached();
-                    metrics.peer_up.set(i64::from(up));
+                    let state = *changes.borrow_and_update();
+                    metrics
+                        .peer_up
+                        .set(i64::from(state == PeerState::Up && peer.reached()));
+                    Allowances::of(state, peer_v1.load(std::sync::atomic::Ordering::Relaxed))
+                        .publish(&metrics);
                 }
             });
         }
@@ -316,9 +321,7 @@ impl RegionSync {
     /// survivor holds the whole limit, as before) or speaks link version 1 (it reports no
     /// demand and enforces none).
     pub fn allowance(&self) -> Option<tollgate_lease::Allowance> {
-        if self.peer.state() == PeerState::Down
-            || self.peer_v1.load(std::sync::atomic::Ordering::Relaxed)
-        {
+        if self.allowances() != Allowances::On {
             return None;
         }
         Some(tollgate_lease::Allowance {
@@ -326,6 +329,14 @@ impl RegionSync {
             interval_us: self.config.sync_interval.as_micros() as u64,
             unknown_share: self.config.default_share,
         })
+    }
+
+    /// Whether ASYNC_SYNC buckets are held to regional allowances now, and if not, why.
+    pub fn allowances(&self) -> Allowances {
+        Allowances::of(
+            self.peer.state(),
+            self.peer_v1.load(std::sync::atomic::Ordering::Relaxed),
+        )
     }
 
     /// Notes that a request asked `units` of a synced rule's bucket (admitted or not).
@@ -401,6 +412,7 @@ impl RegionSync {
             since_contact_ms: since_contact / 1000,
             since_change_ms: since_change / 1000,
             lag_ms: (newest > 0).then(|| now.saturating_sub(newest) / 1000),
+            allowances: self.allowances(),
         }
     }
 
@@ -453,6 +465,48 @@ pub struct RegionStatus {
     pub since_change_ms: u64,
     /// Age of the newest applied batch from the peer (None: none yet).
     pub lag_ms: Option<u64>,
+    /// Whether ASYNC_SYNC buckets are held to regional allowances.
+    pub allowances: Allowances,
+}
+
+/// Whether ASYNC_SYNC buckets are held to regional allowances by demand (see
+/// `docs/regionsync.md`), and if not, why: each region then enforces the whole limit on its
+/// view, as link version 1 did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Allowances {
+    /// Held to allowances.
+    On,
+    /// Off while the peer is down: the survivor holds the whole limit.
+    OffPeerDown,
+    /// Off while the peer answers link version 1 (it reports no demand).
+    OffPeerV1,
+}
+
+impl Allowances {
+    /// With the peer in `state`, speaking link version 1 or not.
+    pub fn of(state: PeerState, peer_v1: bool) -> Self {
+        if state == PeerState::Down {
+            Allowances::OffPeerDown
+        } else if peer_v1 {
+            Allowances::OffPeerV1
+        } else {
+            Allowances::On
+        }
+    }
+
+    /// Sets the `region_allowances_on` gauge.
+    pub(crate) fn publish(self, metrics: &RegionMetrics) {
+        metrics.allowances_on.set(i64::from(self == Allowances::On));
+    }
+
+    /// As `/readyz` shows it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Allowances::On => "on",
+            Allowances::OffPeerDown => "off: peer down",
+            Allowances::OffPeerV1 => "off: peer speaks link version 1",
+        }
+    }
 }
 
 #[cfg(test)]

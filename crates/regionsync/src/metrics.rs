@@ -51,6 +51,9 @@ pub struct RegionMetrics {
     pub sync_lag_ms: Gauge,
     /// 1 while the peer is Up, 0 while Down.
     pub peer_up: Gauge,
+    /// 1 while ASYNC_SYNC buckets are held to regional allowances, 0 while they are not (peer
+    /// down, or speaking link version 1).
+    pub allowances_on: Gauge,
     /// Peer state changes.
     pub peer_changes: Counter,
     /// Buckets with consumption waiting to be shipped or acknowledged.
@@ -126,6 +129,11 @@ impl RegionMetrics {
             "region_peer_up",
             "1 while the peer region is reachable, 0 while it is down",
             self.peer_up.clone(),
+        );
+        r.register(
+            "region_allowances_on",
+            "1 while ASYNC_SYNC buckets are held to regional allowances by demand; 0 while the peer is down or speaks link version 1",
+            self.allowances_on.clone(),
         );
         r.register(
             "region_peer_changes",

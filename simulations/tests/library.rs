@@ -114,6 +114,21 @@ fn regional_allowances_meet_issue_11s_targets() {
         "{}",
         both.table()
     );
+    // The windowed algorithms take the same path: 600 per 10 s window, both regions bursting
+    // for two windows, within 5 % of the exact limiter.
+    for name in [
+        "async-burst-both-fixed-window",
+        "async-burst-both-sliding-window",
+    ] {
+        let report = report_of(name);
+        let rule = &report.rules["contract"];
+        let (admitted, exact) = (rule.decided.admitted as f64, rule.exact as f64);
+        assert!(
+            admitted <= exact * 1.05 && admitted >= exact * 0.95,
+            "{name}\n{}",
+            report.table()
+        );
+    }
     // One region bursts alone: 90 % of the capacity (600) within two sync intervals (4 s).
     let lone = report_of("async-burst-lone");
     let early: u64 = lone.per_second[..4]

@@ -18,6 +18,7 @@ use crate::control::sync::{RuleSync, SyncConfig};
 use crate::metrics::Metrics;
 use crate::rules::watch::{ActiveRules, watch as watch_rules};
 use crate::runtime::Node;
+use crate::tls::Acceptor;
 use tollgate_regionsync::RegionSync;
 
 /// Why a node could not start.
@@ -49,6 +50,18 @@ pub enum StartError {
     /// A setting is invalid.
     #[error("{0}")]
     Config(#[from] crate::config::ConfigError),
+    /// A TLS file is missing or does not load.
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+}
+
+/// Each listener's TLS, when a certificate is configured.
+#[derive(Debug, Clone)]
+struct Acceptors {
+    grpc: Acceptor,
+    http: Acceptor,
+    admin: Acceptor,
+    region: Acceptor,
 }
 
 /// A started node process.
@@ -68,6 +81,7 @@ pub struct App {
     grpc: TcpListener,
     http: TcpListener,
     control: Option<(RuleSync, TcpListener, AdminState)>,
+    tls: Option<Acceptors>,
     config: Config,
 }
 
@@ -213,8 +227,23 @@ impl App {
             }
             None => None,
         };
+        let tls = match &config.tls {
+            None => None,
+            Some(t) => {
+                let start = |client_ca: Option<&std::path::PathBuf>, name: &'static str| {
+                    Acceptor::start(t.files(client_ca), t.reload, name, node.metrics().clone())
+                };
+                Some(Acceptors {
+                    grpc: start(t.grpc_client_ca.as_ref(), "grpc")?,
+                    http: start(None, "http")?,
+                    admin: start(None, "admin")?,
+                    region: start(t.region_client_ca.as_ref(), "region link")?,
+                })
+            }
+        };
         Ok(App {
             node,
+            tls,
             grpc_addr,
             http_addr,
             admin_addr,
@@ -276,6 +305,7 @@ impl App {
                 let admin = tokio::spawn(crate::control::admin::serve(
                     state,
                     admin,
+                    self.tls.as_ref().map(|t| t.admin.clone()),
                     stopped(stop_rx.clone()),
                 ));
                 let follow = tokio::spawn(sync.run(stopped(stop_rx.clone())));
@@ -293,19 +323,33 @@ impl App {
         let grpc = tokio::spawn(crate::grpc::server::serve(
             self.node.clone(),
             self.grpc,
+            self.tls.as_ref().map(|t| t.grpc.clone()),
             stopped(stop_rx.clone()),
         ));
         let http = tokio::spawn(crate::http::serve(
             self.node.clone(),
             self.http,
+            self.tls.as_ref().map(|t| t.http.clone()),
             stopped(stop_rx.clone()),
         ));
         let region = self.region.map(|(region, listener)| {
             let link = tokio::spawn({
                 let region = region.clone();
                 let stop = stopped(stop_rx.clone());
+                let tls = self.tls.as_ref().map(|t| t.region.clone());
                 async move {
-                    if let Err(e) = region.serve(listener, stop).await {
+                    let served = match tls {
+                        None => region.serve(listener, stop).await,
+                        Some(acceptor) => {
+                            region
+                                .serve_incoming(
+                                    crate::tls::incoming(listener, acceptor, "region link"),
+                                    stop,
+                                )
+                                .await
+                        }
+                    };
+                    if let Err(e) = served {
                         tracing::error!(error = %e, "the region link server failed");
                     }
                 }

@@ -235,6 +235,27 @@ pub struct Settings {
     /// How long a HOME_REGION decision waits for the home region, ms [default: 50]
     #[arg(long, env = "TOLLGATE_REGION_FORWARD_DEADLINE_MS")]
     pub region_forward_deadline_ms: Option<u64>,
+    /// TLS certificate chain (PEM): with --tls-key, every listener (gRPC, HTTP, admin, region
+    /// link) serves TLS only, and the region link presents it to a peer that asks for one.
+    #[arg(long, env = "TOLLGATE_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The TLS certificate's private key (PEM).
+    #[arg(long, env = "TOLLGATE_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// How often the TLS files are looked at; a changed set is loaded without a restart, ms
+    /// [default: 5000]
+    #[arg(long, env = "TOLLGATE_TLS_RELOAD_MS")]
+    pub tls_reload_ms: Option<u64>,
+    /// CA (PEM) whose certificates gRPC clients must present (mutual TLS on the gRPC port).
+    #[arg(long, env = "TOLLGATE_GRPC_CLIENT_CA")]
+    pub grpc_client_ca: Option<PathBuf>,
+    /// CA (PEM) whose certificates the peer region's nodes must present (mutual TLS on the
+    /// region link).
+    #[arg(long, env = "TOLLGATE_REGION_CLIENT_CA")]
+    pub region_client_ca: Option<PathBuf>,
+    /// CA (PEM) that signs the peer region's certificate (the peer URL is then https://).
+    #[arg(long, env = "TOLLGATE_PEER_CA")]
+    pub peer_ca: Option<PathBuf>,
 }
 
 macro_rules! merge_fields {
@@ -294,7 +315,13 @@ impl Settings {
             region_heartbeat_ms,
             region_failover_after_ms,
             region_failback_after_ms,
-            region_forward_deadline_ms
+            region_forward_deadline_ms,
+            tls_cert,
+            tls_key,
+            tls_reload_ms,
+            grpc_client_ca,
+            region_client_ca,
+            peer_ca
         )
     }
 
@@ -353,6 +380,34 @@ pub struct Config {
     pub control: Option<ControlConfig>,
     /// Region sync, when the node runs in one of two regions.
     pub region: Option<RegionSettings>,
+    /// TLS on every listener, when a certificate is configured.
+    pub tls: Option<TlsSettings>,
+}
+
+/// TLS on the node's listeners (see `docs/tls.md`).
+#[derive(Debug, Clone)]
+pub struct TlsSettings {
+    /// The certificate chain every listener serves.
+    pub cert: PathBuf,
+    /// Its key.
+    pub key: PathBuf,
+    /// How often the files are looked at.
+    pub reload: Duration,
+    /// Clients of the gRPC port must present a certificate of this CA.
+    pub grpc_client_ca: Option<PathBuf>,
+    /// The peer region's nodes must present a certificate of this CA.
+    pub region_client_ca: Option<PathBuf>,
+}
+
+impl TlsSettings {
+    /// What a listener serves: this node's certificate, and `client_ca` to require.
+    pub fn files(&self, client_ca: Option<&PathBuf>) -> crate::tls::TlsFiles {
+        crate::tls::TlsFiles {
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            client_ca: client_ca.cloned(),
+        }
+    }
 }
 
 /// Region sync's settings and where its link listens.
@@ -562,6 +617,28 @@ impl TryFrom<Settings> for Config {
                     .unwrap_or_else(|| PathBuf::from("tollgate-rules-snapshot.json")),
             }),
         };
+        let tls = match (s.tls_cert, s.tls_key) {
+            (None, None) => {
+                for (field, set) in [
+                    ("grpc_client_ca", s.grpc_client_ca.is_some()),
+                    ("region_client_ca", s.region_client_ca.is_some()),
+                ] {
+                    if set {
+                        return Err(bad(field, "needs tls_cert and tls_key (mutual TLS is TLS)"));
+                    }
+                }
+                None
+            }
+            (Some(_), None) => return Err(bad("tls_key", "is required with tls_cert")),
+            (None, Some(_)) => return Err(bad("tls_cert", "is required with tls_key")),
+            (Some(cert), Some(key)) => Some(TlsSettings {
+                cert,
+                key,
+                reload: ms(s.tls_reload_ms.unwrap_or(5000).max(10)),
+                grpc_client_ca: s.grpc_client_ca,
+                region_client_ca: s.region_client_ca,
+            }),
+        };
         let region = match (s.region, s.peer_region) {
             (None, None) => None,
             (Some(region), Some(peer)) => {
@@ -573,6 +650,29 @@ impl TryFrom<Settings> for Config {
                 })?;
                 let mut sync =
                     tollgate_regionsync::RegionConfig::new(&region, &peer, &url, &secret);
+                match (&s.peer_ca, url.starts_with("https://")) {
+                    (Some(ca), true) => {
+                        let read = |field: &str, path: &PathBuf| {
+                            std::fs::read(path)
+                                .map_err(|e| bad(field, format!("{}: {e}", path.display())))
+                        };
+                        let identity = match &tls {
+                            Some(t) => Some((read("tls_cert", &t.cert)?, read("tls_key", &t.key)?)),
+                            None => None,
+                        };
+                        sync.peer_tls = Some(tollgate_regionsync::PeerTls {
+                            ca_pem: read("peer_ca", ca)?,
+                            identity,
+                        });
+                    }
+                    (None, true) => {
+                        return Err(bad("peer_ca", "is required with an https:// peer_url"));
+                    }
+                    (Some(_), false) => {
+                        return Err(bad("peer_url", "must be https:// with peer_ca"));
+                    }
+                    (None, false) => {}
+                }
                 let positive = |field: &str, v: Option<u64>, default: Duration| match v {
                     Some(0) => Err(bad(field, "must be at least 1")),
                     Some(v) => Ok(ms(v)),
@@ -625,6 +725,7 @@ impl TryFrom<Settings> for Config {
         Ok(Config {
             region,
             control,
+            tls,
             grpc_listen: s
                 .grpc_listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8081))),
@@ -785,6 +886,19 @@ mod tests {
             with(&["--region-sync-interval-ms", "0"]),
             "region_sync_interval_ms"
         );
+        // TLS: a certificate needs its key and the reverse; mutual TLS needs TLS; an https
+        // peer needs the CA that signs it, and a peer CA an https peer.
+        assert_eq!(err(&["--tls-cert", "cert.pem"]), "tls_key");
+        assert_eq!(err(&["--tls-key", "key.pem"]), "tls_cert");
+        assert_eq!(err(&["--grpc-client-ca", "ca.pem"]), "grpc_client_ca");
+        assert_eq!(err(&["--region-client-ca", "ca.pem"]), "region_client_ca");
+        assert_eq!(with(&["--peer-ca", "ca.pem"]), "peer_url");
+        let mut https = region.to_vec();
+        https[5] = "https://eu:8083";
+        https.extend(["--region-secret", "0123456789abcdef"]);
+        assert_eq!(err(&https), "peer_ca");
+        https.extend(["--peer-ca", "/nonexistent/ca.pem"]);
+        assert_eq!(err(&https), "peer_ca");
         let unknown = yaml_serde::from_str::<Settings>("lease_max_unit: 3\n").expect_err("unknown");
         assert!(unknown.to_string().contains("lease_max_unit"), "{unknown}");
     }

@@ -99,9 +99,22 @@ pub fn router(node: Node) -> Router {
 pub async fn serve(
     node: Node,
     listener: TcpListener,
+    tls: Option<crate::tls::Acceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(node))
-        .with_graceful_shutdown(shutdown)
-        .await
+    match tls {
+        None => {
+            axum::serve(listener, router(node))
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        Some(acceptor) => {
+            axum::serve(
+                crate::tls::TlsListener::new(listener, acceptor, "http")?,
+                router(node),
+            )
+            .with_graceful_shutdown(shutdown)
+            .await
+        }
+    }
 }

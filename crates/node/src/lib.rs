@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod rules;
 pub mod runtime;
 pub mod telemetry;
+pub mod tls;
 
 pub use builder::NodeBuilder;
 pub use runtime::{

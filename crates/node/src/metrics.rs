@@ -208,6 +208,10 @@ pub struct Metrics {
     pub rules_reload_errors: Counter,
     /// Seconds since the rules were last loaded successfully from their source.
     pub rules_staleness_seconds: Gauge,
+    /// TLS certificate sets reloaded after their files changed.
+    pub tls_reloads: Counter,
+    /// TLS files that changed but did not load (the previous certificate stayed).
+    pub tls_reload_errors: Counter,
     /// Region sync (exported only by a node that runs in two regions: a single-region node
     /// showing `tollgate_region_peer_up 0` would fire a naive alert).
     pub region: tollgate_regionsync::metrics::RegionMetrics,
@@ -418,6 +422,8 @@ impl Metrics {
             rules_loaded: Gauge::default(),
             rules_reload_errors: Counter::default(),
             rules_staleness_seconds: Gauge::default(),
+            tls_reloads: Counter::default(),
+            tls_reload_errors: Counter::default(),
             region: Default::default(),
             registry: Registry::default(),
         };
@@ -540,6 +546,16 @@ impl Metrics {
             "rules_staleness_seconds",
             "Seconds since rules were last loaded from their source",
             m.rules_staleness_seconds.clone(),
+        );
+        registry.register(
+            "tls_reloads",
+            "TLS certificate sets reloaded after their files changed",
+            m.tls_reloads.clone(),
+        );
+        registry.register(
+            "tls_reload_errors",
+            "TLS files that changed but did not load (the previous certificate stayed)",
+            m.tls_reload_errors.clone(),
         );
         Arc::new(Metrics { registry, ..m })
     }

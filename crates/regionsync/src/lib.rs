@@ -102,6 +102,26 @@ pub struct RegionConfig {
     /// This node's incarnation (told apart from its earlier lives by the peer): None draws
     /// one from the OS; a simulation pins it so a run can be repeated.
     pub incarnation: Option<u64>,
+    /// TLS to the peer (an `https://` URL): None for plain HTTP/2.
+    pub peer_tls: Option<PeerTls>,
+}
+
+/// How the link reaches a peer over TLS.
+#[derive(Clone)]
+pub struct PeerTls {
+    /// The CA (PEM) that signs the peer's certificate.
+    pub ca_pem: Vec<u8>,
+    /// This node's certificate chain and key (PEM), presented when the peer asks for one
+    /// (mutual TLS).
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for PeerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerTls")
+            .field("identity", &self.identity.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl RegionConfig {
@@ -123,6 +143,7 @@ impl RegionConfig {
             default_share: 0.5,
             max_keys: 1_000_000,
             incarnation: None,
+            peer_tls: None,
         }
     }
 }
@@ -197,13 +218,16 @@ impl RegionSync {
         clock: SharedClock,
     ) -> Result<Arc<Self>, StartError> {
         check_config(&config)?;
-        let client =
-            PeerClient::new(&config.peer_url, &config.region, &config.secret).map_err(|e| {
-                StartError::Config {
-                    field: "peer_url",
-                    reason: e.to_string(),
-                }
-            })?;
+        let client = PeerClient::with_tls(
+            &config.peer_url,
+            &config.region,
+            &config.secret,
+            config.peer_tls.as_ref(),
+        )
+        .map_err(|e| StartError::Config {
+            field: "peer_url",
+            reason: e.to_string(),
+        })?;
         Self::start_over(config, client, store, host, metrics, clock).await
     }
 
@@ -423,6 +447,27 @@ impl RegionSync {
             self.config.peer_region.clone(),
             self.config.secret.clone(),
         )
+    }
+
+    /// Serves the link service on the connections `incoming` yields (TLS ones) until
+    /// `shutdown`.
+    pub async fn serve_incoming<I, IO, IE>(
+        &self,
+        incoming: I,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error>
+    where
+        I: futures::Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        self.service().serve_incoming(incoming, shutdown).await
     }
 
     /// Serves the link service on `listener` until `shutdown`.

@@ -89,12 +89,32 @@ pub struct PeerClient {
 impl PeerClient {
     /// A client for `url` (connected lazily, reconnecting as needed), calling as `region`.
     pub fn new(url: &str, region: &str, secret: &str) -> Result<Self, LinkError> {
-        let endpoint = Endpoint::from_shared(url.to_owned())
+        Self::with_tls(url, region, secret, None)
+    }
+
+    /// A client for `url` over TLS when `tls` is given (an `https://` URL).
+    pub fn with_tls(
+        url: &str,
+        region: &str,
+        secret: &str,
+        tls: Option<&crate::PeerTls>,
+    ) -> Result<Self, LinkError> {
+        let mut endpoint = Endpoint::from_shared(url.to_owned())
             .map_err(|_| LinkError::BadUrl(url.to_owned()))?
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(1))
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5));
+        if let Some(tls) = tls {
+            let mut config = tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.identity {
+                config = config.identity(tonic::transport::Identity::from_pem(cert, key));
+            }
+            endpoint = endpoint
+                .tls_config(config)
+                .map_err(|e| LinkError::BadCredentials(format!("TLS to the peer: {e}")))?;
+        }
         Self::over(endpoint.connect_lazy(), url, region, secret)
     }
 
@@ -319,13 +339,34 @@ impl LinkService {
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), tonic::transport::Error> {
+        self.serve_incoming(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
+        .await
+    }
+
+    /// Serves the link on the connections `incoming` yields (TLS ones, say) until `shutdown`.
+    pub async fn serve_incoming<I, IO, IE>(
+        self,
+        incoming: I,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error>
+    where
+        I: futures::Stream<Item = Result<IO, IE>> + Send + 'static,
+        IO: tokio::io::AsyncRead
+            + tokio::io::AsyncWrite
+            + tonic::transport::server::Connected
+            + Unpin
+            + Send
+            + 'static,
+        IO::ConnectInfo: Clone + Send + Sync + 'static,
+        IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         Server::builder()
             .tcp_nodelay(true)
             .add_service(self.into_server())
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                shutdown,
-            )
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await
     }
 }

@@ -123,6 +123,7 @@ pub fn router(state: AdminState) -> Router {
 pub async fn serve(
     state: AdminState,
     listener: TcpListener,
+    tls: Option<crate::tls::Acceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioIo, TokioTimer};
@@ -148,11 +149,22 @@ pub async fn serve(
         let stop = async move {
             let _ = closed.wait_for(|c| *c).await;
         };
+        let tls = tls.clone();
         tokio::spawn(async move {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(header_timeout);
+            let stream: Box<dyn crate::tls::Io> = match tls {
+                None => Box::new(stream),
+                Some(acceptor) => match acceptor.accept(stream).await {
+                    Ok(tls) => Box::new(tls),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "admin API: TLS handshake failed");
+                        return;
+                    }
+                },
+            };
             let connection = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(connection);
             tokio::select! {

@@ -32,6 +32,7 @@ pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 pub async fn serve(
     node: Node,
     listener: TcpListener,
+    tls: Option<crate::tls::Acceptor>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -57,7 +58,7 @@ pub async fn serve(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .expect("the file descriptor sets are compiled in and valid");
-    Server::builder()
+    let router = Server::builder()
         .tcp_nodelay(true)
         .add_service(
             RateLimitServiceServer::new(Rls::new(node.clone()))
@@ -68,12 +69,25 @@ pub async fn serve(
         )
         .add_service(health_service)
         .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener)
-                .with_nodelay(Some(true))
-                .map_ok(CoalescedConnection::new),
-            shutdown,
-        )
-        .await
+        .add_service(reflection_v1alpha);
+    match tls {
+        None => {
+            router
+                .serve_with_incoming_shutdown(
+                    TcpIncoming::from(listener)
+                        .with_nodelay(Some(true))
+                        .map_ok(CoalescedConnection::new),
+                    shutdown,
+                )
+                .await
+        }
+        Some(acceptor) => {
+            router
+                .serve_with_incoming_shutdown(
+                    crate::tls::incoming(listener, acceptor, "grpc"),
+                    shutdown,
+                )
+                .await
+        }
+    }
 }

@@ -445,3 +445,122 @@ async fn an_over_limit_answer_is_problem_json_through_the_shipped_envoy_config()
     );
     node.stop().await;
 }
+
+/// deploy/envoy-gateway's EnvoyPatchPolicy: the three values it patches into Envoy Gateway's
+/// generated configuration (the rate limit filter, the descriptors, the cluster, the cluster's
+/// address pointed at a test node), assembled around a listener as Envoy Gateway's is, run in a
+/// real Envoy in front of a node on the example rules: an API key gets its 50, then 429s that
+/// carry Tollgate's headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_envoy_gateway_patches_work_in_a_real_envoy() {
+    let text = std::fs::read_to_string(deploy("envoy-gateway/envoypatchpolicy.yaml"))
+        .expect("the patch policy");
+    let policy: serde_json::Value = yaml_serde::from_str(&text).expect("parses");
+    assert_eq!(policy["kind"], "EnvoyPatchPolicy");
+    let patch = |kind: &str| {
+        policy["spec"]["jsonPatches"]
+            .as_array()
+            .expect("patches")
+            .iter()
+            .find(|p| p["type"].as_str().is_some_and(|t| t.ends_with(kind)))
+            .unwrap_or_else(|| panic!("a {kind} patch"))["operation"]["value"]
+            .clone()
+    };
+    let (filter, rate_limits, mut cluster) = (
+        patch("Listener"),
+        patch("RouteConfiguration"),
+        patch("Cluster"),
+    );
+    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let mut node = node_on_redis(&redis, vec![deploy("rules/example.yaml")]).await;
+    let upstream = upstream().await;
+    let address = &mut cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        ["socket_address"];
+    address["address"] = "127.0.0.1".into();
+    address["port_value"] = node.grpc_addr.port().into();
+    cluster["type"] = "STATIC".into();
+    let (port, admin) = (
+        free_port(false).expect("port"),
+        free_port(false).expect("port"),
+    );
+    let router = serde_json::json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
+    });
+    let bootstrap = serde_json::json!({
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "default/eg/http",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+                "default_filter_chain": {"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "eg",
+                        "route_config": {
+                            "name": "default/eg/http",
+                            "virtual_hosts": [{
+                                "name": "all",
+                                "domains": ["*"],
+                                "rate_limits": rate_limits,
+                                "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "upstream"}}]
+                            }]
+                        },
+                        "http_filters": [filter, router]
+                    }
+                }]}
+            }],
+            "clusters": [
+                cluster,
+                {
+                    "name": "upstream",
+                    "type": "STATIC",
+                    "connect_timeout": "0.25s",
+                    "load_assignment": {"cluster_name": "upstream", "endpoints": [{"lb_endpoints": [
+                        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": upstream}}}}
+                    ]}]}
+                }
+            ]
+        }
+    });
+    let config = bootstrap.to_string();
+    let envoy = tokio::task::spawn_blocking(move || Envoy::start(&config, admin))
+        .await
+        .expect("join")
+        .expect("envoy starts with the patched configuration");
+    let answers = tokio::task::spawn_blocking(move || {
+        (0..60)
+            .map(|_| {
+                tollgate_testkit::http::request(
+                    port,
+                    "GET",
+                    "/hello",
+                    &[("x-api-key", "k-eg")],
+                    None,
+                )
+                .expect("request through envoy")
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    let admitted = answers.iter().filter(|r| r.status == 200).count();
+    assert!(
+        (50..=56).contains(&admitted),
+        "api-key-default admits its 50 (and what refills meanwhile): {admitted} of 60\n{}",
+        envoy.log()
+    );
+    let denied = answers.iter().find(|r| r.status == 429).expect("a 429");
+    assert!(
+        denied
+            .header("ratelimit-policy")
+            .is_some_and(|p| p.contains("\"api-key-default\"")),
+        "{denied:?}"
+    );
+    assert!(denied.header("retry-after").is_some(), "{denied:?}");
+    node.stop().await;
+}

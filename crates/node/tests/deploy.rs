@@ -189,7 +189,11 @@ fn the_manifests_name_what_the_node_has() {
 /// the ConfigMap, a real Redis where it names one; it must answer its probes.
 #[test]
 fn a_node_started_as_the_deployment_starts_it_answers_its_probes() {
-    let docs = manifests();
+    run_as_deployed(&manifests());
+}
+
+/// Runs the Deployment in `docs` as a process (see above) and checks its probes.
+fn run_as_deployed(docs: &BTreeMap<String, Value>) {
     let container = &docs["Deployment"]["spec"]["template"]["spec"]["containers"][0];
     let dir = tempfile::tempdir().expect("dir");
     for (name, text) in docs["ConfigMap"]["data"].as_mapping().expect("data") {
@@ -323,4 +327,284 @@ fn the_istio_example_points_at_the_service() {
         str_of(&actions[0]["request_headers"]["descriptor_key"]),
         "api_key"
     );
+}
+
+/// `deploy/helm/render.py`: Helm's own engine (its Go SDK, through the helm-python-sdk
+/// package scripts/test installs) on the chart; stdout, or a panic with Helm's complaint.
+fn helm(command: &str, values: &serde_json::Value) -> String {
+    let out = Command::new("python3")
+        .arg(repo().join("deploy/helm/render.py"))
+        .arg(command)
+        .arg(repo().join("deploy/helm/tollgate"))
+        .arg(values.to_string())
+        .output()
+        .expect("python3 runs deploy/helm/render.py");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "helm {command} {values}:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Schema-checks a YAML stream against Kubernetes 1.30's API (kubernetes-validate, strict:
+/// a misspelt field fails). Custom resources (the ServiceMonitor) have no schema there.
+fn validate(what: &str, yaml: &str) {
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("manifests.yaml");
+    std::fs::write(&file, yaml).expect("write");
+    let out = Command::new("kubernetes-validate")
+        .args(["--strict", "--quiet", "-k", "1.30.0"])
+        .arg(&file)
+        .output()
+        .expect("kubernetes-validate runs (scripts/test installs it with pip)");
+    assert!(
+        out.status.success(),
+        "{what} fails the Kubernetes schemas:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A rendered chart's documents by kind.
+fn by_kind(yaml: &str) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    for doc in yaml.split("\n---\n") {
+        let doc: Value = yaml_serde::from_str(doc).expect("a rendered document parses");
+        if let Some(kind) = doc["kind"].as_str() {
+            assert!(
+                out.insert(kind.to_owned(), doc.clone()).is_none(),
+                "two {kind}s"
+            );
+        }
+    }
+    out
+}
+
+#[test]
+fn the_plain_manifests_pass_the_kubernetes_schemas() {
+    let mut stream = String::new();
+    for doc in manifests().values() {
+        stream.push_str(&yaml_serde::to_string(doc).expect("yaml"));
+        stream.push_str("\n---\n");
+    }
+    validate("deploy/kubernetes", &stream);
+}
+
+/// The chart, linted and rendered by Helm for the shapes users ship (the defaults; the in-memory
+/// store; everything on: PostgreSQL, two regions, TLS with both client CAs and the peer's,
+/// ServiceMonitor, NetworkPolicy), schema-checked, and read as the node reads it: every
+/// variable and flag is one `tollgate --help` knows, the files it names are mounted, the ports
+/// it listens on are the ones declared, probed and served, Secrets hold the keys referenced,
+/// and what needs a value the user must give is refused without it.
+#[test]
+fn the_helm_chart_renders_what_the_node_reads() {
+    let help = help();
+    let lint = helm("lint", &serde_json::json!({}));
+    assert!(!lint.contains("[ERROR]"), "{lint}");
+    let everything = serde_json::json!({
+        "postgres": {"url": "postgres://tollgate@db:5432/rules"},
+        "admin": {"tokens": "ops:0123456789abcdef0123", "readTokens": "view:0123456789abcdef9876"},
+        "regions": {"enabled": true, "peerUrl": "https://tollgate-region.eu.example:8083", "secret": "a-shared-region-secret"},
+        "tls": {"enabled": true, "grpcClientCA": true, "regionClientCA": true, "peerCA": true},
+        "serviceMonitor": {"enabled": true},
+        "networkPolicy": {"enabled": true},
+        "autoscaling": {"enabled": false},
+    });
+    for values in [
+        serde_json::json!({}),
+        serde_json::json!({"redis": {"url": ""}}),
+        everything.clone(),
+    ] {
+        let yaml = helm("template", &values);
+        validate(&format!("the chart with {values}"), &yaml);
+        let docs = by_kind(&yaml);
+        let tls = values["tls"]["enabled"] == true;
+        let deployment = &docs["Deployment"];
+        let pod = &deployment["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        for arg in container["args"].as_sequence().expect("args") {
+            let arg = str_of(arg);
+            if arg.starts_with("--") {
+                assert!(help.contains(arg), "{arg} is not a flag of tollgate");
+            }
+        }
+        let mounts: Vec<(&str, &str)> = container["volumeMounts"]
+            .as_sequence()
+            .expect("mounts")
+            .iter()
+            .map(|m| (str_of(&m["name"]), str_of(&m["mountPath"])))
+            .collect();
+        let ports: BTreeMap<&str, u64> = container["ports"]
+            .as_sequence()
+            .expect("ports")
+            .iter()
+            .map(|p| {
+                (
+                    str_of(&p["name"]),
+                    p["containerPort"].as_u64().expect("port"),
+                )
+            })
+            .collect();
+        let mut env = BTreeMap::new();
+        for var in container["env"].as_sequence().expect("env") {
+            let name = str_of(&var["name"]);
+            assert!(
+                help.contains(&format!("[env: {name}=")),
+                "{name} is not read by tollgate ({values})"
+            );
+            if let Some(reference) = var["valueFrom"]["secretKeyRef"].as_mapping() {
+                let secret = str_of(&var["valueFrom"]["secretKeyRef"]["name"]);
+                let key = str_of(&var["valueFrom"]["secretKeyRef"]["key"]);
+                let optional = reference
+                    .get("optional")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                let rendered = docs
+                    .get("Secret")
+                    .filter(|s| s["metadata"]["name"] == secret)
+                    .map(|s| s["stringData"][key].is_string());
+                assert!(
+                    optional || rendered == Some(true),
+                    "{name} reads {secret}/{key}, which the chart does not hold ({values})"
+                );
+            }
+            if let Some(value) = var["value"].as_str() {
+                env.insert(name, value);
+            }
+        }
+        // Every file a variable names is under a mount; TLS files under the TLS Secret's.
+        for (name, value) in &env {
+            if value.starts_with('/') {
+                let (mount, _) = mounts
+                    .iter()
+                    .find(|(_, at)| value.starts_with(at))
+                    .unwrap_or_else(|| panic!("{name}={value}: not under a mount"));
+                if name.contains("TLS") || name.ends_with("_CA") {
+                    let volume = pod["volumes"]
+                        .as_sequence()
+                        .expect("volumes")
+                        .iter()
+                        .find(|v| v["name"] == *mount)
+                        .expect("volume");
+                    assert_eq!(str_of(&volume["secret"]["secretName"]), "tollgate-tls");
+                }
+            }
+        }
+        // Each listener's port is declared, and the Service targets declared ports.
+        for (var, port) in [
+            ("TOLLGATE_GRPC_LISTEN", "grpc"),
+            ("TOLLGATE_HTTP_LISTEN", "http"),
+            ("TOLLGATE_ADMIN_LISTEN", "admin"),
+            ("TOLLGATE_REGION_LISTEN", "region"),
+        ] {
+            match env.get(var) {
+                Some(listen) => {
+                    let at: u64 = listen
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| p.parse().ok())
+                        .expect("port");
+                    assert_eq!(ports.get(port), Some(&at), "{var}={listen} ({values})");
+                }
+                None => assert!(!ports.contains_key(port), "{port} declared, {var} unset"),
+            }
+        }
+        for port in docs["Service"]["spec"]["ports"]
+            .as_sequence()
+            .expect("ports")
+        {
+            let target = str_of(&port["targetPort"]);
+            assert!(ports.contains_key(target), "the Service targets {target}");
+        }
+        for probe in ["livenessProbe", "readinessProbe"] {
+            let get = &container[probe]["httpGet"];
+            assert_eq!(str_of(&get["port"]), "http");
+            assert_eq!(str_of(&get["scheme"]), if tls { "HTTPS" } else { "HTTP" });
+        }
+        assert_eq!(
+            str_of(&container["livenessProbe"]["httpGet"]["path"]),
+            "/healthz"
+        );
+        assert_eq!(
+            str_of(&container["readinessProbe"]["httpGet"]["path"]),
+            "/readyz"
+        );
+        // The rules mounted where --rules points, from the chart's ConfigMap.
+        let args: Vec<&str> = container["args"]
+            .as_sequence()
+            .expect("args")
+            .iter()
+            .map(str_of)
+            .collect();
+        let rules_at = args[args.iter().position(|a| *a == "--rules").expect("--rules") + 1];
+        let (rules_volume, _) = mounts
+            .iter()
+            .find(|(_, at)| *at == rules_at)
+            .expect("rules mount");
+        let volume = pod["volumes"]
+            .as_sequence()
+            .expect("volumes")
+            .iter()
+            .find(|v| v["name"] == *rules_volume)
+            .expect("rules volume");
+        assert_eq!(
+            volume["configMap"]["name"],
+            docs["ConfigMap"]["metadata"]["name"]
+        );
+        // Everything selects the Deployment's pods.
+        let labels = &deployment["spec"]["selector"]["matchLabels"];
+        for (key, value) in labels.as_mapping().expect("labels") {
+            assert_eq!(
+                &deployment["spec"]["template"]["metadata"]["labels"][key],
+                value
+            );
+            assert_eq!(&docs["Service"]["spec"]["selector"][key], value);
+        }
+        if let Some(monitor) = docs.get("ServiceMonitor") {
+            let scrape = &monitor["spec"]["endpoints"][0];
+            assert_eq!(str_of(&scrape["path"]), "/metrics");
+            assert_eq!(
+                str_of(&scrape["scheme"]),
+                if tls { "https" } else { "http" }
+            );
+        }
+        assert_eq!(
+            docs.contains_key("HorizontalPodAutoscaler"),
+            values["autoscaling"]["enabled"] != false
+        );
+    }
+    // What the user must give is refused without it, naming it.
+    for (values, needs) in [
+        (
+            serde_json::json!({"regions": {"enabled": true}}),
+            "regions.secret",
+        ),
+        (
+            serde_json::json!({"postgres": {"url": "postgres://db/rules"}}),
+            "admin.tokens",
+        ),
+    ] {
+        let out = Command::new("python3")
+            .arg(repo().join("deploy/helm/render.py"))
+            .arg("template")
+            .arg(repo().join("deploy/helm/tollgate"))
+            .arg(values.to_string())
+            .output()
+            .expect("render.py");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(needs),
+            "{values}: {stderr}"
+        );
+    }
+}
+
+/// The chart's Deployment at its defaults, run as a process against a real Redis: it answers
+/// its probes.
+#[test]
+fn a_node_started_as_the_charts_deployment_answers_its_probes() {
+    let docs = by_kind(&helm("template", &serde_json::json!({})));
+    run_as_deployed(&docs);
 }

@@ -2,7 +2,7 @@
 //! serve TLS only (a plaintext client and a client that trusts another CA are refused),
 //! mutual TLS on gRPC refuses a client without a certificate or with one of another CA, a
 //! certificate replaced on disk is served without a restart (and a broken replacement is
-//! refused, the previous one staying), and two regions talk over a mutual-TLS link that
+//! refused, the previous one staying), the admin API serves TLS only, and two regions talk over a mutual-TLS link that
 //! refuses a caller without a client certificate.
 
 mod support;
@@ -231,6 +231,49 @@ async fn the_ports_serve_tls_only_and_a_replaced_certificate_without_a_restart()
             .expect("still served")
             .0,
         200
+    );
+    served.stop().await;
+}
+
+/// The admin API (rules in a real PostgreSQL) serves TLS only: its bearer tokens never cross
+/// the wire in the clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_serves_tls_only() {
+    let pg = support::admin::postgres().await;
+    let dir = tempfile::tempdir().expect("dir");
+    let ca = Ca::new("admin");
+    let (cert, key) = write_server_cert(dir.path(), &ca);
+    let mut served = Served::with_database(
+        &pg.url(),
+        "",
+        Settings {
+            tls_cert: Some(cert),
+            tls_key: Some(key),
+            admin_tokens: Some(vec!["ops:0123456789abcdef0123".into()]),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let admin = served.admin.expect("the admin API runs");
+    let (status, body) = https_get(admin, &ca, "/admin/v1/openapi.yaml")
+        .await
+        .expect("the admin API over TLS");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("openapi"), "{body}");
+    let (status, _) = https_get(admin, &ca, "/admin/v1/rules").await.expect("HTTPS");
+    assert_eq!(status, 401, "tokens are still asked for over TLS");
+    // Plaintext on the admin port gets no answer.
+    let mut plain = tokio::net::TcpStream::connect(admin).await.expect("connect");
+    plain
+        .write_all(b"GET /admin/v1/openapi.yaml HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    let mut out = vec![];
+    let _ = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut out)).await;
+    assert!(
+        !String::from_utf8_lossy(&out).starts_with("HTTP/"),
+        "plain HTTP was answered on the admin port: {:?}",
+        String::from_utf8_lossy(&out)
     );
     served.stop().await;
 }

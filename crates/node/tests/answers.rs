@@ -104,6 +104,7 @@ fn check_request(
                 .collect(),
         }],
         cost,
+        with_headers: false,
     }
 }
 

@@ -270,6 +270,7 @@ fn seed_request(cost: u64) -> CheckRateLimitRequest {
             d(&[("route", "POST /orders")]),
         ],
         cost,
+        with_headers: true,
     }
 }
 
@@ -314,6 +315,29 @@ async fn check_rate_limit_answers_the_seeds_example() {
         "{}",
         denied.retry_after_ms
     );
+    // Asked with_headers: the HTTP headers an edge answers, and the rule's quota.
+    let header = |name: &str| {
+        denied
+            .headers
+            .iter()
+            .find(|h| h.name == name)
+            .map(|h| h.value.as_str())
+    };
+    assert_eq!(
+        header("ratelimit-policy"),
+        Some("\"gold-orders\";q=600;w=60")
+    );
+    assert_eq!(header("retry-after"), Some("1"));
+    assert!(header("ratelimit").is_some_and(|v| v.starts_with("\"gold-orders\";r=0")));
+    let rule = denied
+        .rules
+        .iter()
+        .find(|r| r.rule == "gold-orders-create")
+        .expect("the rule");
+    assert_eq!(
+        (rule.name.as_str(), rule.quota, rule.window_seconds),
+        ("gold-orders", 600, 60)
+    );
     let bad = api
         .check_rate_limit(CheckRateLimitRequest {
             domain: String::new(),
@@ -343,6 +367,7 @@ async fn concurrency_slots_travel_as_tokens() {
             ],
         }],
         cost: 1,
+        with_headers: false,
     };
     let held = api
         .check_rate_limit(request.clone())

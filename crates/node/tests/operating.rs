@@ -218,6 +218,7 @@ async fn slot_metrics_tell_released_from_expired() {
                 .collect(),
         }],
         cost: 1,
+        with_headers: false,
     };
     let first = api
         .check_rate_limit(request.clone())

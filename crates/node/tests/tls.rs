@@ -260,10 +260,14 @@ async fn the_admin_api_serves_tls_only() {
         .expect("the admin API over TLS");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("openapi"), "{body}");
-    let (status, _) = https_get(admin, &ca, "/admin/v1/rules").await.expect("HTTPS");
+    let (status, _) = https_get(admin, &ca, "/admin/v1/rules")
+        .await
+        .expect("HTTPS");
     assert_eq!(status, 401, "tokens are still asked for over TLS");
     // Plaintext on the admin port gets no answer.
-    let mut plain = tokio::net::TcpStream::connect(admin).await.expect("connect");
+    let mut plain = tokio::net::TcpStream::connect(admin)
+        .await
+        .expect("connect");
     plain
         .write_all(b"GET /admin/v1/openapi.yaml HTTP/1.1\r\nHost: x\r\n\r\n")
         .await

@@ -7,8 +7,8 @@
 
 use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiter;
 use tollgate_proto::tollgate::ratelimit::v1::{
-    CheckRateLimitRequest, CheckRateLimitResponse, Decision, DenyReason, ReleaseSlotsRequest,
-    ReleaseSlotsResponse, RuleStatus,
+    CheckRateLimitRequest, CheckRateLimitResponse, Decision, DenyReason, Header,
+    ReleaseSlotsRequest, ReleaseSlotsResponse, RuleStatus,
 };
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -80,6 +80,7 @@ impl Check {
         let started = tokio::time::Instant::now();
         let metrics = self.node.metrics().api(Api::Check);
         let req = request.into_inner();
+        let with_headers = req.with_headers;
         let request = crate::runtime::Request {
             domain: req.domain,
             descriptors: req
@@ -103,23 +104,45 @@ impl Check {
             .statuses
             .iter()
             .filter(|s| s.shown())
-            .map(|s| RuleStatus {
-                rule: s.rule.id.clone(),
-                decision: decision(s.allowed),
-                limit: s.limit.map_or(0, |l| l.capacity()),
-                remaining: if s.allowed { s.remaining } else { 0 },
-                retry_after_ms: millis(s.retry_after),
-                reset_after_ms: millis(s.reset_after),
-                mode: s.rule.mode.to_string(),
-                failed_with: match s.outcome {
-                    Some(Outcome::FailedOpen) => "OPEN".into(),
-                    Some(Outcome::FailedClosed) => "CLOSED".into(),
-                    Some(Outcome::LocalFallback) => "LOCAL".into(),
-                    _ => String::new(),
-                },
-                reason: reason(s.denial),
+            .map(|s| {
+                let policy = with_headers
+                    .then(|| crate::headers::status_policy(s))
+                    .flatten();
+                RuleStatus {
+                    rule: s.rule.id.clone(),
+                    decision: decision(s.allowed),
+                    limit: s.limit.map_or(0, |l| l.capacity()),
+                    remaining: if s.allowed { s.remaining } else { 0 },
+                    retry_after_ms: millis(s.retry_after),
+                    reset_after_ms: millis(s.reset_after),
+                    mode: s.rule.mode.to_string(),
+                    failed_with: match s.outcome {
+                        Some(Outcome::FailedOpen) => "OPEN".into(),
+                        Some(Outcome::FailedClosed) => "CLOSED".into(),
+                        Some(Outcome::LocalFallback) => "LOCAL".into(),
+                        _ => String::new(),
+                    },
+                    reason: reason(s.denial),
+                    name: policy
+                        .as_ref()
+                        .map(|p| p.name.to_owned())
+                        .unwrap_or_default(),
+                    quota: policy.as_ref().map_or(0, |p| p.quota),
+                    window_seconds: policy.as_ref().and_then(|p| p.window).unwrap_or(0),
+                }
             })
             .collect();
+        let headers = if with_headers {
+            crate::headers::headers(&verdict)
+                .into_iter()
+                .map(|(name, value)| Header {
+                    name: name.to_owned(),
+                    value,
+                })
+                .collect()
+        } else {
+            vec![]
+        };
         let result = ApiResult::of(verdict.allowed);
         let response = CheckRateLimitResponse {
             decision: decision(verdict.allowed),
@@ -129,6 +152,7 @@ impl Check {
             rules,
             slots: verdict.slots.iter().map(HeldSlot::token).collect(),
             reason: reason(verdict.denial()),
+            headers,
         };
         metrics.answered(result, started.elapsed().as_secs_f64());
         Ok(Response::new(response))

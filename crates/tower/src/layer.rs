@@ -1,0 +1,316 @@
+//! The layer and its service: extract, decide, then answer 429 or pass the request on with
+//! the rate-limit headers, holding a concurrency rule's slot until the response body is done.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+
+use crate::decide::{Decide, DecideError, Slots};
+use crate::extract::Extractor;
+use crate::response::{self, Answers, RequestFacts};
+
+/// A boxed error, as bodies report theirs.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the layer does when the rate limiter cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailMode {
+    /// Let the request through, without rate-limit headers (Envoy's default). The node's
+    /// own per-rule fail modes decide when only its store is down; this is for the node
+    /// itself being unreachable.
+    #[default]
+    Open,
+    /// Answer 503 with `Retry-After: 1`.
+    Closed,
+}
+
+#[derive(Debug)]
+struct Config<D> {
+    decider: D,
+    extractor: Extractor,
+    answers: Answers,
+    on_error: FailMode,
+}
+
+/// Rate-limits every request of the service it wraps. See the crate docs.
+#[derive(Debug)]
+pub struct RateLimitLayer<D> {
+    config: Arc<Config<D>>,
+}
+
+impl<D> Clone for RateLimitLayer<D> {
+    fn clone(&self) -> Self {
+        Self {
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<D: Decide> RateLimitLayer<D> {
+    /// Decides with `decider` what `extractor` makes of each request.
+    pub fn new(decider: D, extractor: Extractor) -> Self {
+        Self {
+            config: Arc::new(Config {
+                decider,
+                extractor,
+                answers: Answers::default(),
+                on_error: FailMode::Open,
+            }),
+        }
+    }
+
+    fn with(self, change: impl FnOnce(&mut Config<D>)) -> Self {
+        let mut config = Arc::try_unwrap(self.config).unwrap_or_else(|shared| Config {
+            decider: shared.decider.clone(),
+            extractor: shared.extractor.clone(),
+            answers: shared.answers.clone(),
+            on_error: shared.on_error,
+        });
+        change(&mut config);
+        Self {
+            config: Arc::new(config),
+        }
+    }
+
+    /// How denials read and which rules' headers are hidden on admission.
+    pub fn answers(self, answers: Answers) -> Self {
+        self.with(|c| c.answers = answers)
+    }
+
+    /// What to do when the rate limiter cannot answer.
+    pub fn on_error(self, mode: FailMode) -> Self {
+        self.with(|c| c.on_error = mode)
+    }
+}
+
+impl<S, D> tower::Layer<S> for RateLimitLayer<D> {
+    type Service = RateLimitService<S, D>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimitService {
+            inner,
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// The service [`RateLimitLayer`] makes.
+#[derive(Debug)]
+pub struct RateLimitService<S, D> {
+    inner: S,
+    config: Arc<Config<D>>,
+}
+
+impl<S: Clone, D> Clone for RateLimitService<S, D> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+/// Gives an admission's slots back when dropped: with the response body, or with the
+/// request's future when the client goes away or the service fails first.
+struct SlotGuard<D: Decide> {
+    held: Option<(D, Slots)>,
+}
+
+impl<D: Decide> Drop for SlotGuard<D> {
+    fn drop(&mut self) {
+        let Some((decider, slots)) = self.held.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move { decider.release(slots).await });
+            }
+            Err(_) => tracing::debug!("no runtime to release slots on; they expire with their TTL"),
+        }
+    }
+}
+
+/// A type-erased guard (the body does not name the decider).
+trait Held: Send {}
+impl<D: Decide> Held for SlotGuard<D> {}
+
+/// The response body: the layer's own answer, or the inner service's body, holding the
+/// admission's concurrency slots until it ends or is dropped.
+pub struct RateLimitBody<B> {
+    kind: Kind<B>,
+}
+
+enum Kind<B> {
+    Own(Full<Bytes>),
+    Inner {
+        body: Pin<Box<B>>,
+        guard: Option<Box<dyn Held>>,
+    },
+}
+
+impl<B> std::fmt::Debug for RateLimitBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            Kind::Own(_) => "own",
+            Kind::Inner { guard, .. } if guard.is_some() => "inner, holding slots",
+            Kind::Inner { .. } => "inner",
+        };
+        f.debug_struct("RateLimitBody")
+            .field("kind", &kind)
+            .finish()
+    }
+}
+
+impl<B> RateLimitBody<B> {
+    fn own(body: Full<Bytes>) -> Self {
+        Self {
+            kind: Kind::Own(body),
+        }
+    }
+}
+
+impl<B> Body for RateLimitBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match &mut self.get_mut().kind {
+            Kind::Own(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|never| match never {}),
+            Kind::Inner { body, guard } => {
+                let polled = body.as_mut().poll_frame(cx);
+                if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
+                    // The response is done (or broken): the slot goes back now.
+                    guard.take();
+                }
+                polled.map_err(Into::into)
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Own(body) => body.is_end_stream(),
+            Kind::Inner { body, .. } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Own(body) => body.size_hint(),
+            Kind::Inner { body, .. } => body.size_hint(),
+        }
+    }
+}
+
+impl<S, D, ReqBody, ResBody> tower::Service<Request<ReqBody>> for RateLimitService<S, D>
+where
+    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    D: Decide,
+    ReqBody: Send + 'static,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<RateLimitBody<ResBody>>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // The clone that was polled ready serves this request.
+        let fresh = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, fresh);
+        let config = self.config.clone();
+        Box::pin(async move {
+            let facts = RequestFacts {
+                method: request.method().to_string(),
+                route: Extractor::route_of(&request)
+                    .and_then(|r| r.split_once(' ').map(|(_, t)| t.to_owned()))
+                    .unwrap_or_else(|| request.uri().path().to_owned()),
+            };
+            let own = |response: Response<Full<Bytes>>| response.map(RateLimitBody::own);
+            let wanted = match config.extractor.extract(&request) {
+                Ok(wanted) => wanted,
+                Err(e) => {
+                    return Ok(own(response::plain_problem(
+                        StatusCode::BAD_REQUEST,
+                        "Bad Request",
+                        e.to_string(),
+                    )));
+                }
+            };
+            let decision = match config.decider.decide(wanted).await {
+                Ok(decision) => decision,
+                Err(DecideError::Invalid(reason)) => {
+                    return Ok(own(response::plain_problem(
+                        StatusCode::BAD_REQUEST,
+                        "Bad Request",
+                        reason,
+                    )));
+                }
+                Err(e @ DecideError::Unavailable(_)) => match config.on_error {
+                    FailMode::Open => {
+                        tracing::warn!(error = %e, "rate limiter unavailable: request let through");
+                        let response = inner.call(request).await?;
+                        return Ok(response.map(|body| RateLimitBody {
+                            kind: Kind::Inner {
+                                body: Box::pin(body),
+                                guard: None,
+                            },
+                        }));
+                    }
+                    FailMode::Closed => {
+                        let mut response = response::plain_problem(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "Service Unavailable",
+                            "the rate limiter cannot decide right now".into(),
+                        );
+                        response.headers_mut().insert(
+                            http::header::RETRY_AFTER,
+                            http::HeaderValue::from_static("1"),
+                        );
+                        return Ok(own(response));
+                    }
+                },
+            };
+            if !decision.allowed {
+                return Ok(own(response::denied(&config.answers, &decision, &facts)));
+            }
+            let mut decision = decision;
+            let slots = std::mem::take(&mut decision.slots);
+            let guard: Option<Box<dyn Held>> = (!slots.is_empty()).then(|| {
+                Box::new(SlotGuard {
+                    held: Some((config.decider.clone(), slots)),
+                }) as Box<dyn Held>
+            });
+            // Dropped here (the slot released) if the service fails or the client goes away.
+            let mut response = inner.call(request).await?;
+            response::add_allowed_headers(&mut response, &config.answers, &decision);
+            Ok(response.map(|body| RateLimitBody {
+                kind: Kind::Inner {
+                    body: Box::pin(body),
+                    guard,
+                },
+            }))
+        })
+    }
+}

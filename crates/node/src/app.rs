@@ -342,6 +342,7 @@ impl App {
                         None => region.serve(listener, stop).await,
                         Some(acceptor) => {
                             region
+                                .service()
                                 .serve_incoming(
                                     crate::tls::incoming(listener, acceptor, "region link"),
                                     stop,

@@ -56,6 +56,24 @@ fn manifests() -> BTreeMap<String, Value> {
     out
 }
 
+/// Every flag in a container's arguments and every variable of its environment is one
+/// `tollgate --help` lists.
+fn assert_flags_and_variables_exist(container: &Value, help: &str) {
+    for arg in container["args"].as_sequence().expect("args") {
+        let arg = str_of(arg);
+        if arg.starts_with("--") {
+            assert!(help.contains(arg), "{arg} is not a flag of tollgate");
+        }
+    }
+    for var in container["env"].as_sequence().expect("env") {
+        let name = str_of(&var["name"]);
+        assert!(
+            help.contains(&format!("[env: {name}=")),
+            "{name} is not read by tollgate"
+        );
+    }
+}
+
 fn str_of(v: &Value) -> &str {
     v.as_str().unwrap_or_else(|| panic!("not a string: {v:?}"))
 }
@@ -79,20 +97,9 @@ fn the_manifests_name_what_the_node_has() {
     let deployment = &docs["Deployment"];
     let pod = &deployment["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
-    // Flags and environment names the binary knows.
-    for arg in container["args"].as_sequence().expect("args") {
-        let arg = str_of(arg);
-        if arg.starts_with("--") {
-            assert!(help.contains(arg), "{arg} is not a flag of tollgate");
-        }
-    }
+    assert_flags_and_variables_exist(container, &help);
     let mut secret_keys = vec![];
     for env in container["env"].as_sequence().expect("env") {
-        let name = str_of(&env["name"]);
-        assert!(
-            help.contains(&format!("[env: {name}=")),
-            "{name} is not read by tollgate"
-        );
         if let Some(key) = env["valueFrom"]["secretKeyRef"]["key"].as_str() {
             secret_keys.push(key.to_owned());
         }
@@ -424,12 +431,7 @@ fn the_helm_chart_renders_what_the_node_reads() {
         let deployment = &docs["Deployment"];
         let pod = &deployment["spec"]["template"]["spec"];
         let container = &pod["containers"][0];
-        for arg in container["args"].as_sequence().expect("args") {
-            let arg = str_of(arg);
-            if arg.starts_with("--") {
-                assert!(help.contains(arg), "{arg} is not a flag of tollgate");
-            }
-        }
+        assert_flags_and_variables_exist(container, &help);
         let mounts: Vec<(&str, &str)> = container["volumeMounts"]
             .as_sequence()
             .expect("mounts")
@@ -450,10 +452,6 @@ fn the_helm_chart_renders_what_the_node_reads() {
         let mut env = BTreeMap::new();
         for var in container["env"].as_sequence().expect("env") {
             let name = str_of(&var["name"]);
-            assert!(
-                help.contains(&format!("[env: {name}=")),
-                "{name} is not read by tollgate ({values})"
-            );
             if let Some(reference) = var["valueFrom"]["secretKeyRef"].as_mapping() {
                 let secret = str_of(&var["valueFrom"]["secretKeyRef"]["name"]);
                 let key = str_of(&var["valueFrom"]["secretKeyRef"]["key"]);

@@ -449,27 +449,6 @@ impl RegionSync {
         )
     }
 
-    /// Serves the link service on the connections `incoming` yields (TLS ones) until
-    /// `shutdown`.
-    pub async fn serve_incoming<I, IO, IE>(
-        &self,
-        incoming: I,
-        shutdown: impl Future<Output = ()> + Send,
-    ) -> Result<(), tonic::transport::Error>
-    where
-        I: futures::Stream<Item = Result<IO, IE>> + Send + 'static,
-        IO: tokio::io::AsyncRead
-            + tokio::io::AsyncWrite
-            + tonic::transport::server::Connected
-            + Unpin
-            + Send
-            + 'static,
-        IO::ConnectInfo: Clone + Send + Sync + 'static,
-        IE: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        self.service().serve_incoming(incoming, shutdown).await
-    }
-
     /// Serves the link service on `listener` until `shutdown`.
     pub async fn serve(
         &self,

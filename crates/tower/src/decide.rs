@@ -22,18 +22,8 @@ pub struct DecidingRule {
     pub window: Option<u64>,
 }
 
-/// Why a request was denied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Denial {
-    /// Over the limit: it fits again after the retry-after.
-    OverLimit,
-    /// The store could not answer and the rule fails closed.
-    StoreUnavailable,
-    /// The cost is more than the limit can ever admit.
-    CostExceedsLimit,
-    /// The rule admits nothing.
-    Blocked,
-}
+/// Why a request was denied (the node's own reasons).
+pub use tollgate_node::runtime::verdict::Denial;
 
 /// Concurrency slots an admission holds, to give back when the response is done.
 #[derive(Debug, Default)]
@@ -100,16 +90,6 @@ pub trait Decide: Clone + Send + Sync + 'static {
     fn release(&self, slots: Slots) -> impl Future<Output = ()> + Send;
 }
 
-fn denial_of(d: tollgate_node::runtime::verdict::Denial) -> Denial {
-    use tollgate_node::runtime::verdict::Denial as D;
-    match d {
-        D::OverLimit => Denial::OverLimit,
-        D::StoreUnavailable => Denial::StoreUnavailable,
-        D::CostExceedsLimit => Denial::CostExceedsLimit,
-        D::Blocked => Denial::Blocked,
-    }
-}
-
 /// A [`Verdict`] as a [`Decision`].
 pub fn decision_of(mut verdict: Verdict) -> Decision {
     let rule = verdict.decisive().map(|s| {
@@ -121,13 +101,12 @@ pub fn decision_of(mut verdict: Verdict) -> Decision {
             window: policy.and_then(|p| p.window),
         }
     });
-    let denial = verdict.denial().map(denial_of);
+    let denial = verdict.denial();
     let headers = tollgate_node::headers::headers(&verdict)
         .into_iter()
         .map(|(n, v)| (n.to_owned(), v))
         .collect();
-    let retryable =
-        denial.is_some_and(|d| matches!(d, Denial::OverLimit | Denial::StoreUnavailable));
+    let retryable = denial.is_some_and(Denial::retryable);
     Decision {
         allowed: verdict.allowed,
         retry_after: (!verdict.allowed && retryable).then_some(verdict.retry_after),
@@ -241,8 +220,7 @@ impl Decide for Remote {
         } else {
             remote_denial(answer.reason)
         };
-        let retryable =
-            denial.is_some_and(|d| matches!(d, Denial::OverLimit | Denial::StoreUnavailable));
+        let retryable = denial.is_some_and(Denial::retryable);
         Ok(Decision {
             allowed,
             retry_after: (!allowed && retryable)

@@ -152,11 +152,8 @@ fn problem_json(status: StatusCode, problem: &Problem, detail: String) -> Bytes 
     Bytes::from(body.to_string())
 }
 
-fn with_rate_headers(
-    mut response: Response<Full<Bytes>>,
-    decision: &Decision,
-) -> Response<Full<Bytes>> {
-    let headers = response.headers_mut();
+/// Appends the decision's rate-limit headers.
+fn append_rate_headers(headers: &mut http::HeaderMap, decision: &Decision) {
     for (name, value) in &decision.headers {
         if let (Ok(name), Ok(value)) = (
             http::HeaderName::try_from(name.as_str()),
@@ -165,7 +162,6 @@ fn with_rate_headers(
             headers.append(name, value);
         }
     }
-    response
 }
 
 /// The 429 for a denial.
@@ -185,22 +181,14 @@ pub fn denied(
         HeaderValue::from_static("application/problem+json"),
     );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    with_rate_headers(response, decision)
+    append_rate_headers(response.headers_mut(), decision);
+    response
 }
 
 /// Adds the rate-limit headers of an admitted request to its response.
 pub fn add_allowed_headers<B>(response: &mut Response<B>, answers: &Answers, decision: &Decision) {
-    if !answers.shows_on_allow(decision) {
-        return;
-    }
-    let headers = response.headers_mut();
-    for (name, value) in &decision.headers {
-        if let (Ok(name), Ok(value)) = (
-            http::HeaderName::try_from(name.as_str()),
-            HeaderValue::try_from(value.as_str()),
-        ) {
-            headers.append(name, value);
-        }
+    if answers.shows_on_allow(decision) {
+        append_rate_headers(response.headers_mut(), decision);
     }
 }
 

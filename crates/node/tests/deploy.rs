@@ -74,6 +74,21 @@ fn assert_flags_and_variables_exist(container: &Value, help: &str) {
     }
 }
 
+/// A container's ports by name.
+fn container_ports(container: &Value) -> BTreeMap<&str, u64> {
+    container["ports"]
+        .as_sequence()
+        .expect("ports")
+        .iter()
+        .map(|p| {
+            (
+                str_of(&p["name"]),
+                p["containerPort"].as_u64().expect("port"),
+            )
+        })
+        .collect()
+}
+
 fn str_of(v: &Value) -> &str {
     v.as_str().unwrap_or_else(|| panic!("not a string: {v:?}"))
 }
@@ -109,17 +124,7 @@ fn the_manifests_name_what_the_node_has() {
         assert!(secret[key.as_str()].is_string(), "the Secret has no {key}");
     }
     // Ports: the node's defaults, named as the probes, Service and ServiceMonitor use them.
-    let ports: BTreeMap<&str, u64> = container["ports"]
-        .as_sequence()
-        .expect("ports")
-        .iter()
-        .map(|p| {
-            (
-                str_of(&p["name"]),
-                p["containerPort"].as_u64().expect("port"),
-            )
-        })
-        .collect();
+    let ports = container_ports(container);
     assert_eq!(ports.get("grpc"), Some(&8081), "{ports:?}");
     assert_eq!(ports.get("http"), Some(&8080), "{ports:?}");
     assert!(help.contains("[default: 0.0.0.0:8081]") && help.contains("[default: 0.0.0.0:8080]"));
@@ -438,17 +443,7 @@ fn the_helm_chart_renders_what_the_node_reads() {
             .iter()
             .map(|m| (str_of(&m["name"]), str_of(&m["mountPath"])))
             .collect();
-        let ports: BTreeMap<&str, u64> = container["ports"]
-            .as_sequence()
-            .expect("ports")
-            .iter()
-            .map(|p| {
-                (
-                    str_of(&p["name"]),
-                    p["containerPort"].as_u64().expect("port"),
-                )
-            })
-            .collect();
+        let ports = container_ports(container);
         let mut env = BTreeMap::new();
         for var in container["env"].as_sequence().expect("env") {
             let name = str_of(&var["name"]);

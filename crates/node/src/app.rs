@@ -230,14 +230,26 @@ impl App {
         let tls = match &config.tls {
             None => None,
             Some(t) => {
-                let start = |client_ca: Option<&std::path::PathBuf>, name: &'static str| {
-                    Acceptor::start(t.files(client_ca), t.reload, name, node.metrics().clone())
-                };
+                // Listeners asking for the same client CA (or none) share one configuration,
+                // and one look at its files.
+                let mut started: Vec<(Option<std::path::PathBuf>, Acceptor)> = vec![];
+                let mut acceptor =
+                    |client_ca: Option<&std::path::PathBuf>| -> Result<Acceptor, StartError> {
+                        if let Some((_, a)) =
+                            started.iter().find(|(ca, _)| ca.as_ref() == client_ca)
+                        {
+                            return Ok(a.clone());
+                        }
+                        let a =
+                            Acceptor::start(t.files(client_ca), t.reload, node.metrics().clone())?;
+                        started.push((client_ca.cloned(), a.clone()));
+                        Ok(a)
+                    };
                 Some(Acceptors {
-                    grpc: start(t.grpc_client_ca.as_ref(), "grpc")?,
-                    http: start(None, "http")?,
-                    admin: start(None, "admin")?,
-                    region: start(t.region_client_ca.as_ref(), "region link")?,
+                    grpc: acceptor(t.grpc_client_ca.as_ref())?,
+                    http: acceptor(None)?,
+                    admin: acceptor(None)?,
+                    region: acceptor(t.region_client_ca.as_ref())?,
                 })
             }
         };

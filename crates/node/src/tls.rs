@@ -186,11 +186,10 @@ impl std::fmt::Debug for Acceptor {
 
 impl Acceptor {
     /// Loads `files` (an error names the setting and the file), and looks at them again every
-    /// `reload` (`listener` names it in logs).
+    /// `reload`.
     pub fn start(
         files: TlsFiles,
         reload: Duration,
-        listener: &'static str,
         metrics: Arc<Metrics>,
     ) -> Result<Self, TlsError> {
         let config = files.server_config()?;
@@ -217,11 +216,11 @@ impl Acceptor {
                     Ok(config) => {
                         current.store(Arc::new(config));
                         metrics.tls_reloads.inc();
-                        tracing::info!(listener, cert = %files.cert.display(), "TLS certificate reloaded");
+                        tracing::info!(cert = %files.cert.display(), client_ca = ?files.client_ca, "TLS certificate reloaded");
                     }
                     Err(e) => {
                         metrics.tls_reload_errors.inc();
-                        tracing::warn!(listener, error = %e, "TLS files changed but do not load; the previous certificate stays");
+                        tracing::warn!(cert = %files.cert.display(), error = %e, "TLS files changed but do not load; the previous certificate stays");
                     }
                 }
             }

@@ -74,6 +74,49 @@ fn assert_flags_and_variables_exist(container: &Value, help: &str) {
     }
 }
 
+/// The probes ask the node's `/healthz` and `/readyz` on its `http` port, and `service`
+/// targets ports the container declares.
+fn assert_probes_and_service_targets(container: &Value, service: &Value) {
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &container[probe]["httpGet"];
+        assert_eq!((str_of(&get["path"]), str_of(&get["port"])), (path, "http"));
+    }
+    let ports = container_ports(container);
+    for port in service["spec"]["ports"].as_sequence().expect("ports") {
+        let target = str_of(&port["targetPort"]);
+        assert!(ports.contains_key(target), "the Service targets {target}");
+    }
+}
+
+/// The pod's container mounts `config_map` where its `--rules` points.
+fn assert_rules_mounted(pod: &Value, config_map: &Value) {
+    let container = &pod["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .map(str_of)
+        .collect();
+    let rules_at = args
+        .iter()
+        .position(|a| *a == "--rules")
+        .map(|i| args[i + 1])
+        .expect("--rules");
+    let mount = container["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+        .iter()
+        .find(|m| str_of(&m["mountPath"]) == rules_at)
+        .expect("the rules are mounted where --rules points");
+    let volume = pod["volumes"]
+        .as_sequence()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("the mounted volume");
+    assert_eq!(volume["configMap"]["name"], config_map["metadata"]["name"]);
+}
+
 /// A container's ports by name.
 fn container_ports(container: &Value) -> BTreeMap<&str, u64> {
     container["ports"]
@@ -128,57 +171,14 @@ fn the_manifests_name_what_the_node_has() {
     assert_eq!(ports.get("grpc"), Some(&8081), "{ports:?}");
     assert_eq!(ports.get("http"), Some(&8080), "{ports:?}");
     assert!(help.contains("[default: 0.0.0.0:8081]") && help.contains("[default: 0.0.0.0:8080]"));
-    assert_eq!(
-        str_of(&container["livenessProbe"]["httpGet"]["path"]),
-        "/healthz"
-    );
-    assert_eq!(
-        str_of(&container["readinessProbe"]["httpGet"]["path"]),
-        "/readyz"
-    );
-    for probe in ["livenessProbe", "readinessProbe"] {
-        assert_eq!(str_of(&container[probe]["httpGet"]["port"]), "http");
-    }
-    for port in docs["Service"]["spec"]["ports"]
-        .as_sequence()
-        .expect("ports")
-    {
-        let target = str_of(&port["targetPort"]);
-        assert!(ports.contains_key(target), "the Service targets {target}");
-    }
+    assert_probes_and_service_targets(container, &docs["Service"]);
     let scrape = &docs["ServiceMonitor"]["spec"]["endpoints"][0];
     assert_eq!(
         (str_of(&scrape["port"]), str_of(&scrape["path"])),
         ("http", "/metrics")
     );
     // The rules: mounted where --rules points, from the ConfigMap.
-    let args: Vec<&str> = container["args"]
-        .as_sequence()
-        .expect("args")
-        .iter()
-        .map(str_of)
-        .collect();
-    let rules_at = args
-        .iter()
-        .position(|a| *a == "--rules")
-        .map(|i| args[i + 1])
-        .expect("--rules");
-    let mount = container["volumeMounts"]
-        .as_sequence()
-        .expect("mounts")
-        .iter()
-        .find(|m| str_of(&m["mountPath"]) == rules_at)
-        .expect("the rules are mounted where --rules points");
-    let volume = pod["volumes"]
-        .as_sequence()
-        .expect("volumes")
-        .iter()
-        .find(|v| v["name"] == mount["name"])
-        .expect("the mounted volume");
-    assert_eq!(
-        volume["configMap"]["name"],
-        docs["ConfigMap"]["metadata"]["name"]
-    );
+    assert_rules_mounted(pod, &docs["ConfigMap"]);
     // Everything selects the Deployment's pods.
     let labels = &deployment["spec"]["template"]["metadata"]["labels"];
     assert_eq!(&deployment["spec"]["selector"]["matchLabels"], labels);
@@ -511,48 +511,13 @@ fn the_helm_chart_renders_what_the_node_reads() {
                 None => assert!(!ports.contains_key(port), "{port} declared, {var} unset"),
             }
         }
-        for port in docs["Service"]["spec"]["ports"]
-            .as_sequence()
-            .expect("ports")
-        {
-            let target = str_of(&port["targetPort"]);
-            assert!(ports.contains_key(target), "the Service targets {target}");
-        }
+        assert_probes_and_service_targets(container, &docs["Service"]);
         for probe in ["livenessProbe", "readinessProbe"] {
-            let get = &container[probe]["httpGet"];
-            assert_eq!(str_of(&get["port"]), "http");
-            assert_eq!(str_of(&get["scheme"]), if tls { "HTTPS" } else { "HTTP" });
+            let scheme = str_of(&container[probe]["httpGet"]["scheme"]);
+            assert_eq!(scheme, if tls { "HTTPS" } else { "HTTP" });
         }
-        assert_eq!(
-            str_of(&container["livenessProbe"]["httpGet"]["path"]),
-            "/healthz"
-        );
-        assert_eq!(
-            str_of(&container["readinessProbe"]["httpGet"]["path"]),
-            "/readyz"
-        );
         // The rules mounted where --rules points, from the chart's ConfigMap.
-        let args: Vec<&str> = container["args"]
-            .as_sequence()
-            .expect("args")
-            .iter()
-            .map(str_of)
-            .collect();
-        let rules_at = args[args.iter().position(|a| *a == "--rules").expect("--rules") + 1];
-        let (rules_volume, _) = mounts
-            .iter()
-            .find(|(_, at)| *at == rules_at)
-            .expect("rules mount");
-        let volume = pod["volumes"]
-            .as_sequence()
-            .expect("volumes")
-            .iter()
-            .find(|v| v["name"] == *rules_volume)
-            .expect("rules volume");
-        assert_eq!(
-            volume["configMap"]["name"],
-            docs["ConfigMap"]["metadata"]["name"]
-        );
+        assert_rules_mounted(pod, &docs["ConfigMap"]);
         // Everything selects the Deployment's pods.
         let labels = &deployment["spec"]["selector"]["matchLabels"];
         for (key, value) in labels.as_mapping().expect("labels") {

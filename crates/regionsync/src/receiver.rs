@@ -106,22 +106,34 @@ impl Receiver {
         Status::invalid_argument(message)
     }
 
+    /// Refuses a `what` (a batch, demand) from another region than the peer, or with more
+    /// than [`MAX_ENTRIES_PER_BATCH`] `items`.
+    fn check_envelope(
+        &self,
+        origin: &Origin,
+        count: usize,
+        what: &str,
+        items: &str,
+    ) -> Result<(), Status> {
+        if origin.region != self.peer_region {
+            self.reject("unknown peer");
+            return Err(Status::permission_denied(format!(
+                "{what} from region {:?}, not this region's peer",
+                origin.region
+            )));
+        }
+        if count > MAX_ENTRIES_PER_BATCH {
+            return Err(self.invalid(format!(
+                "{count} {items}; at most {MAX_ENTRIES_PER_BATCH} per batch"
+            )));
+        }
+        Ok(())
+    }
+
     /// Applies a batch: all of it is validated first; then every entry of a rule that syncs
     /// here is debited once.
     pub async fn apply(&self, batch: Batch) -> Result<BatchAck, Status> {
-        if batch.origin.region != self.peer_region {
-            self.reject("unknown peer");
-            return Err(Status::permission_denied(format!(
-                "batch from region {:?}, not this region's peer",
-                batch.origin.region
-            )));
-        }
-        if batch.entries.len() > MAX_ENTRIES_PER_BATCH {
-            return Err(self.invalid(format!(
-                "{} entries; at most {MAX_ENTRIES_PER_BATCH} per batch",
-                batch.entries.len()
-            )));
-        }
+        self.check_envelope(&batch.origin, batch.entries.len(), "batch", "entries")?;
         let origin = batch.origin.name();
         let now = self.clock.now_micros();
         // No epoch ends further out than two of the longest windows.
@@ -243,19 +255,7 @@ impl Receiver {
     /// allowances' shares). Items of rules that do not sync here are skipped; a malformed
     /// batch is refused whole.
     pub async fn record_demand(&self, batch: DemandBatch) -> Result<DemandAck, Status> {
-        if batch.origin.region != self.peer_region {
-            self.reject("unknown peer");
-            return Err(Status::permission_denied(format!(
-                "demand from region {:?}, not this region's peer",
-                batch.origin.region
-            )));
-        }
-        if batch.items.len() > MAX_ENTRIES_PER_BATCH {
-            return Err(self.invalid(format!(
-                "{} demand items; at most {MAX_ENTRIES_PER_BATCH} per batch",
-                batch.items.len()
-            )));
-        }
+        self.check_envelope(&batch.origin, batch.items.len(), "demand", "demand items")?;
         let recorded = self
             .report(&batch.items, &batch.origin, batch.interval_us)
             .await

@@ -30,7 +30,7 @@ pub enum FailMode {
     Closed,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Config<D> {
     decider: D,
     extractor: Extractor,
@@ -66,12 +66,7 @@ impl<D: Decide> RateLimitLayer<D> {
     }
 
     fn with(self, change: impl FnOnce(&mut Config<D>)) -> Self {
-        let mut config = Arc::try_unwrap(self.config).unwrap_or_else(|shared| Config {
-            decider: shared.decider.clone(),
-            extractor: shared.extractor.clone(),
-            answers: shared.answers.clone(),
-            on_error: shared.on_error,
-        });
+        let mut config = Arc::unwrap_or_clone(self.config);
         change(&mut config);
         Self {
             config: Arc::new(config),

@@ -326,6 +326,7 @@ impl LeaseStore for MemoryStore {
                     };
                     let grant = grant_size(available, ask.want, ask.min, ask.max_share);
                     if grant == 0 {
+                        let live_leases = leases.len() as u64;
                         store_leases(keys, &lease_key, leases, now);
                         let mut retry = if view_available < ask.min {
                             b.retry_after(&ask.limit, now, ask.min)
@@ -346,6 +347,7 @@ impl LeaseStore for MemoryStore {
                             remaining: available,
                             retry_after: us(retry),
                             reset_after: us(reset),
+                            live_leases,
                         };
                         b.restore(keys, &k);
                         if let Some(a) = allowance {
@@ -377,6 +379,7 @@ impl LeaseStore for MemoryStore {
                     };
                     let lease = format!("{id}{tail}");
                     leases.add(now + valid_for, lease.clone());
+                    let live_leases = leases.len() as u64;
                     let out = LeaseGrant {
                         units: grant,
                         lease: Some(LeaseId(lease.into())),
@@ -384,6 +387,7 @@ impl LeaseStore for MemoryStore {
                         remaining,
                         retry_after: Duration::ZERO,
                         reset_after: us(reset),
+                        live_leases,
                     };
                     b.store(keys, &k, &ask.limit, now);
                     store_leases(keys, &lease_key, leases, now);

@@ -99,6 +99,46 @@ impl RedisStore {
         table.get(usize::from(slot_of(key))).copied().unwrap_or(0)
     }
 
+    /// Makes the next call cost one round trip: connects (to every node of a cluster), loads
+    /// every script there (`SCRIPT LOAD`, which a cluster connection sends to all its nodes)
+    /// and, in a cluster, reads the slot ranges. `timeout` bounds this attempt; the caller
+    /// decides how often to try (see the node's start-up patience).
+    pub async fn warm_up(&self, timeout: Duration) -> Result<(), StoreError> {
+        let attempt = async {
+            for script in SCRIPTS.all() {
+                let mut cmd = redis::cmd("SCRIPT");
+                cmd.arg("LOAD").arg(&script.source);
+                self.conn.run(&cmd).await?;
+            }
+            if let Some(shards) = &self.shards {
+                let reply = self.conn.run(&cluster_slots()).await?;
+                if let Some(table) = slot_table(&reply) {
+                    shards.first_slot.store(Arc::new(table));
+                }
+            }
+            Ok(())
+        };
+        match tokio::time::timeout(timeout, attempt).await {
+            Ok(result) => result.map_err(|e| classify(e, timeout)),
+            Err(_) => Err(StoreError::Timeout { budget: timeout }),
+        }
+    }
+
+    /// Every shard as [`RedisStore::shard_of`] names them (what the cluster told last; `[0]`
+    /// for a single Redis).
+    pub fn shards(&self) -> Vec<u16> {
+        let Some(shards) = &self.shards else {
+            return vec![0];
+        };
+        let mut firsts: Vec<u16> = shards.first_slot.load().iter().copied().collect();
+        firsts.sort_unstable();
+        firsts.dedup();
+        if firsts.is_empty() {
+            firsts.push(0);
+        }
+        firsts
+    }
+
     /// One `PING` within the budget (for readiness checks).
     pub async fn ping(&self) -> Result<(), StoreError> {
         let cmd = redis::cmd("PING");
@@ -160,12 +200,14 @@ fn slot_of(key: &BucketKey) -> u16 {
 }
 
 /// Reads the cluster's slot ranges now and every [`SHARD_REFRESH`] until the store is dropped.
+fn cluster_slots() -> redis::Cmd {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SLOTS");
+    cmd
+}
+
 async fn refresh_shards(map: std::sync::Weak<ShardMap>, conn: Connection) {
-    let cmd = {
-        let mut cmd = redis::cmd("CLUSTER");
-        cmd.arg("SLOTS");
-        cmd
-    };
+    let cmd = cluster_slots();
     loop {
         let Some(shards) = map.upgrade() else { return };
         match conn.run(&cmd).await {

@@ -93,6 +93,23 @@ impl Store {
         }
     }
 
+    /// Makes the next call cost one round trip (see [`RedisStore::warm_up`]); the in-memory
+    /// stores are always ready.
+    pub async fn warm_up(&self, timeout: std::time::Duration) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(_) | Store::Linked(_) => Ok(()),
+            Store::Redis(s) => s.warm_up(timeout).await,
+        }
+    }
+
+    /// Every shard, as [`Store::shard_of`] names them.
+    pub fn shards(&self) -> Vec<u16> {
+        match self {
+            Store::Memory(_) | Store::Linked(_) => vec![0],
+            Store::Redis(s) => s.shards(),
+        }
+    }
+
     /// The shard `key` lives on (0 unless a Redis Cluster has several): failures of one shard
     /// say nothing of the others.
     pub fn shard_of(&self, key: &BucketKey) -> u16 {

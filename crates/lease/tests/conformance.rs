@@ -548,6 +548,38 @@ async fn lease_leaves_a_share_for_others(b: &Backend) {
     assert_eq!(grants, vec![50, 25, 12, 6]);
 }
 
+async fn lease_counts_the_live_leases_of_its_bucket(b: &Backend) {
+    let key = b.fresh_key("holders");
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    // Each grant counts itself and the leases before it; a refusal counts those still live.
+    let first = lease(b, &key, limit, 10, 1, 1.0, ms(300)).await;
+    assert_eq!((first.units, first.live_leases), (10, 1));
+    let second = lease(b, &key, limit, 10, 1, 1.0, HOUR).await;
+    assert_eq!((second.units, second.live_leases), (10, 2));
+    assert!(check(b, &key, limit, 80).await.allowed());
+    let refused = lease(b, &key, limit, 10, 1, 1.0, HOUR).await;
+    assert_eq!((refused.units, refused.live_leases), (0, 2));
+    // An ended lease no longer counts; a returned one neither.
+    b.advance(ms(400)).await;
+    let id = second.lease.expect("lease");
+    assert_eq!(give_back(b, &key, limit, &id, 10).await, 10);
+    let after = lease(b, &key, limit, 5, 1, 1.0, HOUR).await;
+    assert_eq!((after.units, after.live_leases), (5, 1));
+}
+
+async fn warming_up_makes_the_store_answer(b: &Backend) {
+    b.store
+        .warm_up(Duration::from_secs(5))
+        .await
+        .expect("warm up");
+    let key = b.fresh_key("warm");
+    assert!(
+        check(b, &key, Limit::token_bucket(1, 1.0).expect("l"), 1)
+            .await
+            .allowed()
+    );
+}
+
 async fn lease_needs_its_minimum(b: &Backend) {
     let key = b.fresh_key("min");
     let limit = Limit::token_bucket(10, 1.0).expect("l");
@@ -946,6 +978,8 @@ conformance!(
     lease_takes_units_at_once,
     lease_leaves_a_share_for_others,
     lease_needs_its_minimum,
+    lease_counts_the_live_leases_of_its_bucket,
+    warming_up_makes_the_store_answer,
     lease_return_credits_unspent_units_once,
     late_return_adds_nothing,
     return_never_exceeds_capacity,

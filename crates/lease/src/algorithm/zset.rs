@@ -23,6 +23,11 @@ impl ZSet {
         self.ordered.is_empty()
     }
 
+    /// `ZCARD key`.
+    pub(crate) fn len(&self) -> usize {
+        self.ordered.len()
+    }
+
     pub(crate) fn score(&self, member: &str) -> Option<Micros> {
         self.scores.get(member).copied()
     }

@@ -156,6 +156,11 @@ pub struct LeaseGrant {
     pub retry_after: Duration,
     /// The time until the bucket is back to its full capacity.
     pub reset_after: Duration,
+    /// Leases on the bucket still live after this call (this grant's included): at least one
+    /// per node that holds units of it, more where a node holds several. A node that must
+    /// decide on this answer while the store is slow divides what remains by the other nodes
+    /// holding leases (`live_leases` less its own), so that they do not each spend all of it.
+    pub live_leases: u64,
 }
 
 /// Unspent units to give back.

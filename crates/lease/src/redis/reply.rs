@@ -70,7 +70,7 @@ pub(crate) fn grants(v: Value, asks: usize) -> Result<Vec<LeaseGrant>, StoreErro
     array(v, asks, "lease reply")?
         .into_iter()
         .map(|row| {
-            let f = array(row, 6, "lease row")?;
+            let f = array(row, 7, "lease row")?;
             let lease = text(&f[1], "lease id")?;
             Ok(LeaseGrant {
                 units: int(&f[0], "units")?,
@@ -79,6 +79,7 @@ pub(crate) fn grants(v: Value, asks: usize) -> Result<Vec<LeaseGrant>, StoreErro
                 remaining: int(&f[3], "remaining")?,
                 retry_after: micros(&f[4], "retry_after")?,
                 reset_after: micros(&f[5], "reset_after")?,
+                live_leases: int(&f[6], "live_leases")?,
             })
         })
         .collect()

@@ -35,6 +35,20 @@ pub(crate) struct Scripts {
     pub(crate) demand_report: Script,
 }
 
+impl Scripts {
+    /// Every script.
+    pub(crate) fn all(&self) -> [&Script; 6] {
+        [
+            &self.check,
+            &self.lease_acquire,
+            &self.lease_return,
+            &self.slot_release,
+            &self.debit,
+            &self.demand_report,
+        ]
+    }
+}
+
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     check: Script::new("check", include_str!("scripts/check.lua")),
     lease_acquire: Script::new("lease_acquire", include_str!("scripts/lease_acquire.lua")),
@@ -50,14 +64,7 @@ mod tests {
 
     #[test]
     fn every_script_has_a_distinct_sha_and_a_header() {
-        let all = [
-            &SCRIPTS.check,
-            &SCRIPTS.lease_acquire,
-            &SCRIPTS.lease_return,
-            &SCRIPTS.slot_release,
-            &SCRIPTS.debit,
-            &SCRIPTS.demand_report,
-        ];
+        let all = SCRIPTS.all();
         let shas: std::collections::HashSet<_> = all.iter().map(|s| &s.sha).collect();
         assert_eq!(shas.len(), all.len());
         for s in all {

@@ -8,7 +8,8 @@ ARGV[2]     lease TTL, microseconds
 ARGV[3 + 10(i-1) ...]  per bucket: algorithm code, p1, p2, want, min, max_share, then its
             allowance: KEYS index of the allowance key (0: none), region, interval us,
             unknown share
-Reply       per bucket: {units, lease id or '', valid_for_us, remaining, retry_after_us, reset_after_us}
+Reply       per bucket: {units, lease id or '', valid_for_us, remaining, retry_after_us, reset_after_us,
+            live leases (this one included)}
 
 Grant: min(want, max(min, floor(available * max_share))), or 0 when fewer than `min` units
 are available (then retry_after is the time until `min` are). With an allowance, available is
@@ -56,7 +57,7 @@ for i = 1, n do
       reset = math.max(reset, reset_after(al, now))
       store_allowance(al, false, now)
     end
-    reply[i] = {0, '', 0, avail, retry, reset}
+    reply[i] = {0, '', 0, avail, retry, reset, redis.call('ZCARD', lease_key)}
   else
     local entry = consume(b, grant, now, '')
     local valid, ws = ttl, 0
@@ -79,7 +80,7 @@ for i = 1, n do
     local id = entry or (int(now) .. '.' .. i .. ':' .. int(grant))
     local lease = id .. ':' .. int(ws) .. ':' .. code .. ':' .. nonce
     redis.call('ZADD', lease_key, int(now + valid), lease)
-    reply[i] = {grant, lease, valid, remaining, 0, reset}
+    reply[i] = {grant, lease, valid, remaining, 0, reset, redis.call('ZCARD', lease_key)}
     store(b, now)
     store_leases(lease_key, now)
   end

@@ -243,39 +243,7 @@ async fn node_on_redis(
         ..Settings::default()
     })
     .expect("config");
-    let serving = App::start(config).await.expect("node").spawn();
-    warm(serving.node.store()).await;
-    serving
-}
-
-/// Waits until `store` answers a check and a lease within its budget: a node that starts
-/// connects to Redis in the background, and Redis compiles each script on its first call, so
-/// the first calls of a fresh node on a busy machine can pass the 5 ms budget and be decided
-/// by the fail mode. "No fault" in these tests means a node that already reaches its store.
-async fn warm(store: &tollgate_lease::Store) {
-    use tollgate_lease::{BucketKey, CheckRequest, LeaseAsk, LeaseRequest, LeaseStore, Limit};
-    let key = BucketKey::new(b"warm-up", "warm-up").expect("key");
-    let limit = Limit::fixed_window(1_000_000, Duration::from_secs(60)).expect("limit");
-    let check = CheckRequest::single(key.clone(), limit, 0).expect("check");
-    let lease = LeaseRequest::new(
-        vec![LeaseAsk {
-            key,
-            limit,
-            want: 1,
-            min: 1,
-            max_share: 1.0,
-        }],
-        Duration::from_secs(1),
-    )
-    .expect("lease");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while store.check(&check).await.is_err() || store.acquire_leases(&lease).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the node never reached its Redis"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    App::start(config).await.expect("node").spawn()
 }
 
 fn deploy(path: &str) -> std::path::PathBuf {

@@ -671,7 +671,7 @@ fn first_few(items: &[String]) -> String {
 /// The longest a decision may take: a lease acquisition's patience or a store call's budget,
 /// whichever is longer, plus one store call and the key actor's margin (20 ms).
 fn decision_budget(scenario: &Scenario) -> Duration {
-    let patience = RuntimeConfig::default().lease.patience;
+    let patience = RuntimeConfig::default().store_patience;
     let call = scenario.runtime.store_timeout;
     patience.max(call) + call + Duration::from_millis(20)
 }

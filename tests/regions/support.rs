@@ -30,9 +30,6 @@ impl Running {
             region_listen: Some("127.0.0.1:0".parse().expect("addr")),
             rules: Some(vec![file]),
             prelimit_factor: Some(0.0),
-            // Generous: these tests are about regions, not about a Redis slowed by a busy machine
-            // (a call past its budget fails open and would admit beyond the limit).
-            store_timeout_ms: Some(2000),
             ..Settings::default()
         };
         let config = Config::try_from(settings.or(base)).expect("config");

@@ -86,9 +86,10 @@ pub struct App {
 }
 
 impl App {
-    /// Loads the rules, opens the store, starts the runtime and binds both listeners. A rule
-    /// file error stops the start; Redis being down does not (the node serves per fail mode
-    /// and connects in the background).
+    /// Loads the rules, opens the store, starts the runtime, warms the store up (connected,
+    /// scripts loaded, one round trip; up to the start-up patience) and binds the listeners.
+    /// A rule file error stops the start; Redis being down does not (past the patience, the
+    /// node serves per fail mode and connects in the background).
     pub async fn start(config: Config) -> Result<App, StartError> {
         let metrics = if config.region.is_some() {
             Metrics::with_regions()
@@ -176,6 +177,9 @@ impl App {
             config.store_timeout,
         )
         .await?;
+        // The store is warmed up before any listener accepts: a fresh node's first calls
+        // (the connection set up, the scripts loaded) must not be its first requests'.
+        node.warm_up().await;
         let bind = |addr| async move {
             TcpListener::bind(addr)
                 .await

@@ -76,7 +76,9 @@ impl NodeBuilder {
         self
     }
 
-    /// Loads the rules and starts the node. Must run inside a tokio runtime.
+    /// Loads the rules, starts the node and warms its store up (connected, scripts loaded, one
+    /// round trip) before returning, waiting up to the start-up patience
+    /// ([`RuntimeConfig::startup_patience`]). Must run inside a tokio runtime.
     pub async fn start(self) -> Result<Node, StartError> {
         let metrics = Metrics::new();
         let rules = ActiveRules::new(metrics.clone());
@@ -100,7 +102,12 @@ impl NodeBuilder {
                 Duration::from_millis(5),
             ),
         };
-        Ok(Node::start(store, rules, self.runtime, clock, metrics, timeout).await?)
+        let node = Node::start(store, rules, self.runtime, clock, metrics, timeout).await?;
+        // Before the node decides anything: its store connected and its scripts loaded (up to
+        // the start-up patience; past it, the node decides by fail modes until the store
+        // answers).
+        node.warm_up().await;
+        Ok(node)
     }
 }
 

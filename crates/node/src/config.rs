@@ -11,6 +11,7 @@ use tollgate_lease::RedisConfig;
 
 use crate::runtime::RuntimeConfig;
 use crate::runtime::breaker::BreakerConfig;
+use crate::runtime::shared::DEFAULT_STORE_PATIENCE;
 use crate::runtime::sizing::LeasePolicy;
 
 /// Command line.
@@ -119,10 +120,15 @@ pub struct Settings {
     /// Lease lifetime, ms [default: 1000]
     #[arg(long, env = "TOLLGATE_LEASE_TTL_MS")]
     pub lease_ttl_ms: Option<u64>,
-    /// How long a lease call's answer is awaited past the store budget (requests are decided
-    /// by fail mode at the budget; a late grant is still used), ms [default: 500]
-    #[arg(long, env = "TOLLGATE_LEASE_PATIENCE_MS")]
-    pub lease_patience_ms: Option<u64>,
+    /// Longest wait for a store call while the store answers (a busy store or node), ms; a
+    /// store answering nothing is waited for only --store-timeout-ms [default: 500]
+    #[arg(long, alias = "lease-patience-ms", env = "TOLLGATE_STORE_PATIENCE_MS")]
+    #[serde(alias = "lease_patience_ms")]
+    pub store_patience_ms: Option<u64>,
+    /// How long a starting node waits for its store to answer before it serves, ms; past it,
+    /// it serves by its rules' fail modes [default: 5000]
+    #[arg(long, env = "TOLLGATE_STORE_STARTUP_PATIENCE_MS")]
+    pub store_startup_patience_ms: Option<u64>,
     /// Largest share of what remains globally one lease takes, (0, 1] [default: 0.5]
     #[arg(long, env = "TOLLGATE_LEASE_MAX_SHARE")]
     pub lease_max_share: Option<f64>,
@@ -279,7 +285,8 @@ impl Settings {
             store_timeout_ms,
             lease_max_units,
             lease_ttl_ms,
-            lease_patience_ms,
+            store_patience_ms,
+            store_startup_patience_ms,
             lease_max_share,
             prelimit_factor,
             cluster_nodes,
@@ -470,9 +477,11 @@ impl TryFrom<Settings> for Config {
                 urls,
                 cluster: s.redis_cluster.unwrap_or(false),
                 call_timeout: store_timeout,
-                // A late lease answer is awaited up to the patience; the connection must wait
-                // at least that long for it.
-                response_timeout: ms(s.lease_patience_ms.unwrap_or(500))
+                // A call is awaited up to the patience; the connection must wait at least
+                // that long for it.
+                response_timeout: s
+                    .store_patience_ms
+                    .map_or(DEFAULT_STORE_PATIENCE, ms)
                     .max(store_timeout)
                     .max(Duration::from_secs(1)),
                 ..RedisConfig::default()
@@ -572,14 +581,23 @@ impl TryFrom<Settings> for Config {
                 .breaker_max_cooldown_ms
                 .map_or(defaults.breaker.max_cooldown, |c| ms(c.max(1))),
         };
-        let patience = s
-            .lease_patience_ms
+        let store_patience = s
+            .store_patience_ms
             .map(ms)
-            .unwrap_or_else(|| defaults.lease.patience.max(store_timeout));
-        if patience < store_timeout || patience > Duration::from_secs(60) {
+            .unwrap_or_else(|| defaults.store_patience.max(store_timeout));
+        if store_patience < store_timeout || store_patience > Duration::from_secs(60) {
             return Err(bad(
-                "lease_patience_ms",
+                "store_patience_ms",
                 "must be at least store_timeout_ms and at most 60000",
+            ));
+        }
+        let startup_patience = s
+            .store_startup_patience_ms
+            .map_or(defaults.startup_patience, ms);
+        if startup_patience > Duration::from_secs(600) {
+            return Err(bad(
+                "store_startup_patience_ms",
+                "must be at most 600000 (10 minutes)",
             ));
         }
         if let Err(reason) = crate::control::auth::Tokens::parse(
@@ -745,11 +763,12 @@ impl TryFrom<Settings> for Config {
                     max_units: lease_max_units,
                     ttl: lease_ttl,
                     max_share,
-                    patience,
                     ..LeasePolicy::default()
                 },
                 prelimit_factor: (prelimit > 0.0).then_some(prelimit),
                 breaker,
+                store_patience,
+                startup_patience,
                 cluster_nodes,
                 max_key_actors: s.max_key_actors.unwrap_or(defaults.max_key_actors).max(1),
                 idle_timeout: s
@@ -818,7 +837,8 @@ mod tests {
         assert_eq!(got.lease.max_units, want.lease.max_units);
         assert_eq!(got.lease.ttl, want.lease.ttl);
         assert_eq!(got.lease.max_share, want.lease.max_share);
-        assert_eq!(got.lease.patience, want.lease.patience);
+        assert_eq!(got.store_patience, want.store_patience);
+        assert_eq!(got.startup_patience, want.startup_patience);
         assert_eq!(got.prelimit_factor, want.prelimit_factor);
         assert_eq!(got.cluster_nodes, want.cluster_nodes);
         assert_eq!(got.max_key_actors, want.max_key_actors);

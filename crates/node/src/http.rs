@@ -11,8 +11,8 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use crate::runtime::Node;
 use crate::runtime::breaker::BreakerState;
+use crate::runtime::{Node, WarmUp};
 
 async fn healthz() -> &'static str {
     "ok\n"
@@ -42,6 +42,7 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
             "answering": open.is_empty(),
             "breaker": node.breaker_state().as_str(),
             "shardsOpen": open,
+            "startup": startup(&node),
         },
         "breaker": node.breaker_state().as_str(),
     });
@@ -67,6 +68,19 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
     )
+}
+
+/// How the store answered when the node started: `{"answered": true, "tookMs": 12}`, or
+/// `{"answered": false, "error": "..."}` when the node started serving without it (deciding by
+/// fail modes until it answers).
+fn startup(node: &Node) -> serde_json::Value {
+    match node.store_warm_up() {
+        Some(WarmUp::Answered(took)) => {
+            serde_json::json!({"answered": true, "tookMs": took.as_millis() as u64})
+        }
+        Some(WarmUp::Unanswered(error)) => serde_json::json!({"answered": false, "error": error}),
+        None => serde_json::Value::Null,
+    }
 }
 
 async fn metrics(State(node): State<Node>) -> impl IntoResponse {

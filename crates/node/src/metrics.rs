@@ -62,6 +62,8 @@ pub enum StoreOp {
     LeaseReturn,
     /// `slot release`.
     SlotRelease,
+    /// `debit` (what was admitted while the store was late).
+    Debit,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -84,6 +86,7 @@ impl StoreOp {
             StoreOp::LeaseAcquire => "lease_acquire",
             StoreOp::LeaseReturn => "lease_return",
             StoreOp::SlotRelease => "slot_release",
+            StoreOp::Debit => "debit",
         }
     }
 }
@@ -155,7 +158,7 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     /// Store call latency, seconds, by operation: looked up once, indexed by [`StoreOp`]
     /// (no label hashing per call).
-    store_latency: [Histogram; 4],
+    store_latency: [Histogram; 5],
     store_failures: Family<FailureLabels, Counter>,
     /// Store calls made (whatever their outcome; not those the open breaker refused).
     pub store_calls: Counter,
@@ -165,12 +168,19 @@ pub struct Metrics {
     pub breaker_opened: Counter,
     /// Shards whose breaker is not closed.
     pub breakers_open: Gauge,
-    /// Lease acquisitions answered after the budget (their grants were used, not lost).
+    /// Lease acquisitions answered after the store had stalled (their grants were used, not
+    /// lost).
     pub late_leases: Counter,
-    /// Units admitted without the store (a fail mode, or its last answer while it was slow),
-    /// charged to the bucket's next grant.
+    /// Units admitted while the store had stalled (by a fail mode, or on its last answer),
+    /// once settled: debited in the store when it answered, or forgiven.
     pub owed_units: Counter,
-    /// Decisions made on the store's last answer while it was slow (not by a fail mode).
+    /// Owed units debited in the store (exactly once each).
+    pub owed_units_debited: Counter,
+    /// Owed units forgiven: the store could not be reached to take them (it was down, not
+    /// late), or a late answer showed it had counted them already.
+    pub owed_units_forgiven: Counter,
+    /// Decisions made on this node's share of the store's last answer while it had stalled
+    /// (not by a fail mode).
     pub slow_store_decisions: Counter,
     /// Leases acquired (grants of at least one unit).
     pub leases_acquired: Counter,
@@ -352,6 +362,7 @@ impl Metrics {
             StoreOp::LeaseAcquire,
             StoreOp::LeaseReturn,
             StoreOp::SlotRelease,
+            StoreOp::Debit,
         ] {
             for failure in [
                 StoreFailure::Timeout,
@@ -369,6 +380,7 @@ impl Metrics {
             by_op(StoreOp::LeaseAcquire),
             by_op(StoreOp::LeaseReturn),
             by_op(StoreOp::SlotRelease),
+            by_op(StoreOp::Debit),
         ];
         let results = Family::<ApiResultLabels, Counter>::default();
         registry.register(
@@ -404,6 +416,8 @@ impl Metrics {
             breakers_open: Gauge::default(),
             late_leases: Counter::default(),
             owed_units: Counter::default(),
+            owed_units_debited: Counter::default(),
+            owed_units_forgiven: Counter::default(),
             slow_store_decisions: Counter::default(),
             leases_acquired: Counter::default(),
             lease_units_acquired: Counter::default(),
@@ -453,13 +467,23 @@ impl Metrics {
         );
         registry.register(
             "leases_late",
-            "Lease acquisitions answered after the store budget (their units were still used)",
+            "Lease acquisitions answered after the store stalled (their units were still used)",
             m.late_leases.clone(),
         );
         registry.register(
             "lease_units_owed",
-            "Units admitted without the store (fail mode, or its last answer while slow), charged to the next grant",
+            "Units admitted while the store had stalled (fail mode, or its last answer), owed to the store",
             m.owed_units.clone(),
+        );
+        registry.register(
+            "owed_units_debited",
+            "Owed units debited in the store when it answered again",
+            m.owed_units_debited.clone(),
+        );
+        registry.register(
+            "owed_units_forgiven",
+            "Owed units forgiven: the store was down, not late, or had counted them already",
+            m.owed_units_forgiven.clone(),
         );
         registry.register(
             "slow_store_decisions",
@@ -588,6 +612,7 @@ impl Metrics {
             StoreOp::LeaseAcquire => 1,
             StoreOp::LeaseReturn => 2,
             StoreOp::SlotRelease => 3,
+            StoreOp::Debit => 4,
         };
         self.store_latency[index].observe(seconds);
     }
@@ -617,6 +642,7 @@ impl Metrics {
             StoreOp::LeaseAcquire,
             StoreOp::LeaseReturn,
             StoreOp::SlotRelease,
+            StoreOp::Debit,
         ]
         .into_iter()
         .map(|op| {

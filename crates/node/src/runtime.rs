@@ -10,14 +10,18 @@
 //! - [`keys`]: the keys this node decides: buckets (the atomic lease counter of the hot
 //!   path), the per-identity actors that lease, refill and return, their messages, their
 //!   supervisor and the registry that finds them.
-//! - [`guarded`]: the store behind the circuit breaker, with metrics.
+//! - [`guarded`]: the store behind the circuit breaker, with metrics; [`lateness`]: what a
+//!   late store call is (a busy store or node, a stalled store, a store down); [`debts`]:
+//!   what was admitted while the store had stalled, debited there when it answers.
 //! - [`breaker`], [`sizing`], [`local`]: the pure pieces (breaker states, lease sizes, GCRA).
 //! - [`shared`]: settings and what every part shares.
 
 pub mod attempt;
 pub mod breaker;
+pub mod debts;
 pub mod guarded;
 pub mod keys;
+pub mod lateness;
 pub mod local;
 pub mod matching;
 pub mod node;
@@ -28,9 +32,10 @@ pub mod sizing;
 pub mod top_denied;
 pub mod verdict;
 
+pub use lateness::Late;
 pub use matching::{Charge, MAX_OVERRIDE_RULES};
 pub use node::Node;
 pub use prepared::{Decision, Prepared};
 pub use request::{Descriptor, LimitOverride, Matching, Request, RequestError};
-pub use shared::RuntimeConfig;
+pub use shared::{RuntimeConfig, WarmUp};
 pub use verdict::{HeldSlot, Outcome, RuleStatus, Verdict};

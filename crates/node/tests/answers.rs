@@ -20,7 +20,6 @@ async fn redis() -> RedisServer {
 fn on_redis(server: &RedisServer) -> Settings {
     Settings {
         redis_url: Some(vec![server.url()]),
-        store_timeout_ms: Some(200),
         ..Settings::default()
     }
 }

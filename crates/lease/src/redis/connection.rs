@@ -113,7 +113,10 @@ impl Connection {
                 .set_min_delay(Duration::from_millis(20))
                 .set_max_delay(config.reconnect_max_delay)
                 .set_exponent_base(2.0)
-                .set_number_of_retries(8);
+                // One connection attempt per call that finds the connection broken: a call
+                // fails as soon as Redis refuses it, instead of waiting through a backoff of
+                // retries (the node's breaker is the backoff: once open, only its probes try).
+                .set_number_of_retries(0);
             let manager = ConnectionManager::new_lazy_with_config(client, manager_config)
                 .map_err(config_error)?;
             Ok(Connection::Single(manager))

@@ -1,38 +1,57 @@
 //! The store as the runtime sees it: every call passes through the circuit breaker of the
 //! shard its key lives on (one for a single Redis or the in-memory store, one per slot range
-//! of a Redis Cluster: a failing shard opens its own breaker only), and is timed; failures are
-//! counted by cause.
+//! of a Redis Cluster: a failing shard opens its own breaker only), is timed, and, when it is
+//! late, judged (`runtime/lateness.rs`): a store that answers other calls, or a node too busy
+//! to read its answers, is waited for up to the patience; a store that answered nothing for a
+//! budget has stalled, and callers that decide by a fail mode that does not wait stop waiting;
+//! an open breaker means the store is down, and every caller stops waiting. Only stalls and
+//! failures count against the breaker.
 //!
-//! Checks, returns and slot releases get the store budget (default 5 ms). A lease acquisition
-//! is patient: at the budget it counts as a timeout (the breaker sees a slow store), the
-//! requests waiting on it are decided by their fail modes, and the call goes on for an answer
-//! up to `patience`, so a lease the store granted late is still used rather than lost
-//! (the runtime charges what was admitted meanwhile against it).
+//! A call is started ([`GuardedStore::begin`]), waited for ([`GuardedStore::wait`], which
+//! tells the caller when the call is late) and ended ([`GuardedStore::end`], which records
+//! its outcome): a caller that stops waiting may hand the call to a task of its own, whose
+//! late answer is still recorded (and settles what was admitted without it).
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
+use futures::FutureExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tollgate_lease::{
-    BucketKey, CheckOutcome, CheckRequest, LeaseGrant, LeaseRequest, LeaseStore, ReturnRequest,
-    SharedClock, SlotRelease, Store, StoreError,
+    BucketKey, CheckOutcome, CheckRequest, DebitRequest, LeaseGrant, LeaseRequest, LeaseStore,
+    Micros, ReturnRequest, SharedClock, SlotRelease, Store, StoreError,
 };
 use tracing::Instrument;
 
 use crate::metrics::{Metrics, StoreFailure, StoreOp};
 use crate::runtime::breaker::{Breaker, BreakerConfig, BreakerState};
+use crate::runtime::lateness::{self, CallTimes, Judgement, Late, Limits, Pulse, Wait};
+
+/// One shard as the runtime sees it: its breaker, its pulse and its calls out.
+#[derive(Debug)]
+struct Shard {
+    breaker: Breaker,
+    /// Calls out to it now (a call going out counts those ahead of it).
+    in_flight: Arc<AtomicU64>,
+    /// When it last answered a call (node clock, µs; 0: never).
+    last_answer: Micros,
+    /// When a call last failed to reach it (node clock, µs; 0: never).
+    last_unreachable: Micros,
+}
 
 /// The store behind per-shard circuit breakers, with metrics.
 #[derive(Debug)]
 pub struct GuardedStore {
+    /// The store, with a budget of `patience` per call (the judging is done here).
     store: Store,
-    /// The same store, with a budget of `patience` (lease acquisitions).
-    patient: Store,
     budget: Duration,
-    breakers: DashMap<u16, Breaker>,
+    patience: Duration,
+    shards: DashMap<u16, Shard>,
     config: BreakerConfig,
     clock: SharedClock,
     metrics: Arc<Metrics>,
@@ -40,8 +59,42 @@ pub struct GuardedStore {
     jitter: parking_lot::Mutex<StdRng>,
 }
 
+/// A call on its way: which shard it went to, when, and what was recorded of it so far.
+#[derive(Debug)]
+pub(crate) struct Call {
+    op: StoreOp,
+    shard: u16,
+    started: Micros,
+    /// The breaker let it through as its probe: judged by its outcome, not by a stall.
+    probe: bool,
+    /// Its lateness was counted against the breaker already.
+    counted: bool,
+    /// Calls to the same shard that were out when it went.
+    ahead: u64,
+    /// Its shard's calls out, which it leaves when dropped.
+    in_flight: Arc<AtomicU64>,
+    span: tracing::Span,
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What waiting for a call gave.
+#[derive(Debug)]
+pub(crate) enum Waited<T> {
+    /// The store's answer (or its error).
+    Answered(Result<T, StoreError>),
+    /// The caller stopped waiting: the store stalled or is down (what the caller was told), or
+    /// the patience ended. The call may still answer.
+    Stopped(StoreError),
+}
+
 impl GuardedStore {
-    /// Wraps `store` (`budget` per call; lease acquisitions wait up to `patience`).
+    /// Wraps `store`: a store that answers nothing is waited for `budget`; a call at most
+    /// `patience`.
     pub fn new(
         store: Store,
         budget: Duration,
@@ -51,11 +104,12 @@ impl GuardedStore {
         metrics: Arc<Metrics>,
         seed: Option<u64>,
     ) -> Self {
+        let patience = patience.max(budget);
         Self {
-            patient: store.with_budget(patience.max(budget)),
-            store: store.with_budget(budget),
+            store: store.with_budget(patience),
             budget,
-            breakers: DashMap::new(),
+            patience,
+            shards: DashMap::new(),
             config: breaker,
             clock,
             metrics,
@@ -66,29 +120,34 @@ impl GuardedStore {
         }
     }
 
-    /// The store itself.
+    /// The store itself (waited for up to the patience).
     pub fn inner(&self) -> &Store {
         &self.store
     }
 
-    /// The store call budget.
+    /// How long a store that answers nothing is waited for.
     pub fn budget(&self) -> Duration {
         self.budget
     }
 
+    /// How long a call is waited for at most.
+    pub fn patience(&self) -> Duration {
+        self.patience
+    }
+
     /// Where the breaker of `key`'s shard stands.
     pub fn breaker_state_of(&self, key: &BucketKey) -> BreakerState {
-        self.breakers
+        self.shards
             .get(&self.store.shard_of(key))
-            .map_or(BreakerState::Closed, |b| b.state())
+            .map_or(BreakerState::Closed, |s| s.breaker.state())
     }
 
     /// Every shard's breaker that has seen a call, by shard.
     pub fn breaker_states(&self) -> Vec<(u16, BreakerState)> {
         let mut states: Vec<_> = self
-            .breakers
+            .shards
             .iter()
-            .map(|b| (*b.key(), b.state()))
+            .map(|s| (*s.key(), s.breaker.state()))
             .collect();
         states.sort_by_key(|(shard, _)| *shard);
         states
@@ -96,164 +155,305 @@ impl GuardedStore {
 
     /// The worst breaker state over every shard (open, else half-open, else closed).
     pub fn breaker_state(&self) -> BreakerState {
-        self.breakers
+        self.shards
             .iter()
-            .map(|b| b.state())
+            .map(|s| s.breaker.state())
             .max_by_key(|s| s.code())
             .unwrap_or(BreakerState::Closed)
     }
 
     fn publish_state(&self) {
-        let (worst, open) = self.breakers.iter().fold((0, 0), |(worst, open), b| {
-            let code = b.state().code();
+        let (worst, open) = self.shards.iter().fold((0, 0), |(worst, open), s| {
+            let code = s.breaker.state().code();
             (worst.max(code), open + i64::from(code > 0))
         });
         self.metrics.breaker_state.set(worst);
         self.metrics.breakers_open.set(open);
     }
 
-    /// Whether the breaker of `shard` lets a call through now.
-    fn admit(&self, op: StoreOp, shard: u16) -> Result<(), StoreError> {
-        let (allowed, changed) = {
-            let mut breaker = self
-                .breakers
-                .entry(shard)
-                .or_insert_with(|| Breaker::new(self.config.clone()));
-            let before = breaker.state();
-            let allowed = breaker.allow(self.clock.now_micros());
-            (allowed, breaker.state() != before)
+    fn shard(&self, shard: u16) -> dashmap::mapref::one::RefMut<'_, u16, Shard> {
+        self.shards.entry(shard).or_insert_with(|| Shard {
+            breaker: Breaker::new(self.config.clone()),
+            in_flight: Arc::new(AtomicU64::new(0)),
+            last_answer: 0,
+            last_unreachable: 0,
+        })
+    }
+
+    /// Starts a call to `key`'s shard, if its breaker lets it through.
+    pub(crate) fn begin(&self, op: StoreOp, key: &BucketKey) -> Result<Call, StoreError> {
+        let shard = self.store.shard_of(key);
+        let now = self.clock.now_micros();
+        let (allowed, probe, changed, in_flight) = {
+            let mut s = self.shard(shard);
+            let before = s.breaker.state();
+            let allowed = s.breaker.allow(now);
+            let after = s.breaker.state();
+            (
+                allowed,
+                before != BreakerState::Closed,
+                before != after,
+                s.in_flight.clone(),
+            )
         };
         if changed {
             self.publish_state();
         }
-        if allowed {
-            self.metrics.store_calls.inc();
-            Ok(())
-        } else {
+        if !allowed {
             self.metrics.count_failure(op, StoreFailure::BreakerOpen);
-            Err(StoreError::Unavailable("circuit breaker open".into()))
+            return Err(StoreError::Unavailable("circuit breaker open".into()));
         }
+        self.metrics.store_calls.inc();
+        let ahead = in_flight.fetch_add(1, Ordering::AcqRel);
+        Ok(Call {
+            op,
+            shard,
+            started: now,
+            probe,
+            counted: false,
+            ahead,
+            in_flight,
+            span: crate::telemetry::child_of_current(|| {
+                tracing::debug_span!("store", op = op.as_str(), shard)
+            }),
+        })
     }
 
-    /// Counts a call's outcome at its shard's breaker.
-    fn record<T>(&self, op: StoreOp, shard: u16, result: &Result<T, StoreError>) {
-        let now = self.clock.now_micros();
-        let mut breaker = self
-            .breakers
-            .entry(shard)
-            .or_insert_with(|| Breaker::new(self.config.clone()));
-        let before = breaker.state();
-        match result {
-            // A full store answered: it is up; only the new key it refused is affected.
-            Err(StoreError::Full(_)) => {
-                self.metrics.count_failure(op, StoreFailure::Full);
-                breaker.on_success(now);
-            }
-            Err(e) if e.is_transient() => {
-                let failure = match e {
-                    StoreError::Timeout { .. } => StoreFailure::Timeout,
-                    _ => StoreFailure::Unavailable,
-                };
-                self.metrics.count_failure(op, failure);
-                if breaker.on_failure(now, self.jitter.lock().random()) {
-                    self.metrics.breaker_opened.inc();
-                    tracing::warn!(shard, error = %e, "store circuit breaker opened");
-                }
-            }
-            Err(e) => {
-                // The store answered: it is up, the request was wrong.
-                self.metrics.count_failure(op, StoreFailure::Other);
-                tracing::warn!(error = %e, "store rejected a call");
-                breaker.on_success(now);
-            }
-            Ok(_) => {
-                if breaker.state() != BreakerState::Closed {
-                    tracing::info!(shard, "store circuit breaker closed");
-                }
-                breaker.on_success(now);
-            }
+    fn pulse(&self, shard: u16) -> Pulse {
+        self.shards.get(&shard).map_or(Pulse::default(), |s| Pulse {
+            last_answer: s.last_answer,
+            last_unreachable: s.last_unreachable,
+            breaker_open: matches!(s.breaker.state(), BreakerState::Open { .. }),
+        })
+    }
+
+    /// Counts a failure of `call` at its shard's breaker (once per call).
+    fn count_failure(&self, call: &mut Call, error: &StoreError) {
+        if call.counted {
+            return;
         }
-        let changed = breaker.state() != before;
-        drop(breaker);
-        // The gauges summarise every shard: recomputed when one changes, not on every call.
+        call.counted = true;
+        let now = self.clock.now_micros();
+        let failure = match error {
+            StoreError::Timeout { .. } => StoreFailure::Timeout,
+            _ => StoreFailure::Unavailable,
+        };
+        self.metrics.count_failure(call.op, failure);
+        let (opened, changed) = {
+            let mut s = self.shard(call.shard);
+            if !matches!(error, StoreError::Timeout { .. }) {
+                s.last_unreachable = now;
+            }
+            let before = s.breaker.state();
+            let opened = s.breaker.on_failure(now, self.jitter.lock().random());
+            (opened, s.breaker.state() != before)
+        };
+        if opened {
+            self.metrics.breaker_opened.inc();
+            tracing::warn!(shard = call.shard, error = %error, "store circuit breaker opened");
+        }
         if changed {
             self.publish_state();
         }
     }
 
+    /// Waits for `future`, the store's side of `call`, judging it at every budget it is late
+    /// (see `runtime/lateness.rs`). `on_late` is told once that the store stalled and once
+    /// that it is down, and says whether the caller stops waiting then.
+    pub(crate) async fn wait<T, F>(
+        &self,
+        call: &mut Call,
+        mut future: Pin<&mut F>,
+        mut on_late: impl FnMut(Late) -> bool,
+    ) -> Waited<T>
+    where
+        F: Future<Output = Result<T, StoreError>> + ?Sized,
+    {
+        // The in-memory store answers at once: no timer.
+        if let Some(result) = future.as_mut().now_or_never() {
+            return Waited::Answered(result);
+        }
+        let limits = Limits {
+            budget: self.budget.as_micros() as u64,
+            patience: self.patience.as_micros() as u64,
+        };
+        let (mut stalled, mut down) = (false, false);
+        let mut due = call.started + limits.budget;
+        loop {
+            let wait = Duration::from_micros(due.saturating_sub(self.clock.now_micros()));
+            let span = call.span.clone();
+            tokio::select! {
+                biased;
+                result = future.as_mut().instrument(span) => return Waited::Answered(result),
+                () = tokio::time::sleep(wait) => {}
+            }
+            // Answers that arrived meanwhile are read before the call is judged: a yield lets
+            // the runtime poll its I/O driver and the connection's reader first (and how long
+            // it takes says how long the runnable tasks queue).
+            let woke = self.clock.now_micros();
+            tokio::task::yield_now().await;
+            if let Some(result) = future.as_mut().now_or_never() {
+                return Waited::Answered(result);
+            }
+            let now = self.clock.now_micros();
+            let times = CallTimes {
+                started: call.started,
+                due,
+                yielded: now.saturating_sub(woke),
+                ahead: call.ahead,
+                now,
+            };
+            match lateness::judge(self.pulse(call.shard), times, limits) {
+                Judgement::Busy => {}
+                Judgement::OutOfPatience => {
+                    let error = StoreError::Timeout {
+                        budget: self.patience,
+                    };
+                    self.count_failure(call, &error);
+                    return Waited::Stopped(error);
+                }
+                Judgement::Stalled { counted } if !stalled => {
+                    stalled = true;
+                    let pulse = self.pulse(call.shard);
+                    tracing::debug!(
+                        op = call.op.as_str(),
+                        out_us = now - call.started,
+                        late_us = woke.saturating_sub(due),
+                        yielded_us = now - woke,
+                        ahead = call.ahead,
+                        answer_age_us = now.saturating_sub(pulse.last_answer),
+                        "the store stalled"
+                    );
+                    let error = StoreError::Timeout {
+                        budget: self.budget,
+                    };
+                    if counted && !call.probe {
+                        self.count_failure(call, &error);
+                    }
+                    if on_late(Late::Stalled) {
+                        return Waited::Stopped(error);
+                    }
+                }
+                Judgement::Down if !down => {
+                    down = true;
+                    if on_late(Late::Down) {
+                        return Waited::Stopped(StoreError::Unavailable(
+                            "circuit breaker open".into(),
+                        ));
+                    }
+                }
+                Judgement::Stalled { .. } | Judgement::Down => {}
+            }
+            due = now + limits.budget;
+        }
+    }
+
+    /// Records how `call` ended (when it answered late, after its caller stopped waiting, too).
+    pub(crate) fn end<T>(&self, mut call: Call, result: &Result<T, StoreError>) {
+        let now = self.clock.now_micros();
+        self.metrics
+            .observe_store(call.op, now.saturating_sub(call.started) as f64 / 1e6);
+        match result {
+            Err(e) if e.is_transient() && !matches!(e, StoreError::Full(_)) => {
+                self.count_failure(&mut call, e);
+            }
+            _ => {
+                // The store answered: it is up (a full store refused a new key; a rejected
+                // call was wrong, not the store).
+                match result {
+                    Err(StoreError::Full(_)) => {
+                        self.metrics.count_failure(call.op, StoreFailure::Full);
+                    }
+                    Err(e) => {
+                        self.metrics.count_failure(call.op, StoreFailure::Other);
+                        tracing::warn!(error = %e, "store rejected a call");
+                    }
+                    Ok(_) => {}
+                }
+                let changed = {
+                    let mut s = self.shard(call.shard);
+                    s.last_answer = s.last_answer.max(now);
+                    let before = s.breaker.state();
+                    if before != BreakerState::Closed {
+                        tracing::info!(shard = call.shard, "store circuit breaker closed");
+                    }
+                    s.breaker.on_success(now);
+                    s.breaker.state() != before
+                };
+                if changed {
+                    self.publish_state();
+                }
+            }
+        }
+    }
+
+    /// Starts, waits for and ends one call (`future` is `key`'s shard's side of it).
     async fn call<T>(
         &self,
         op: StoreOp,
         key: &BucketKey,
-        call: impl Future<Output = Result<T, StoreError>>,
+        wait: Wait,
+        future: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let shard = self.store.shard_of(key);
-        self.admit(op, shard)?;
-        let start = tokio::time::Instant::now();
-        let span = crate::telemetry::child_of_current(|| {
-            tracing::debug_span!("store", op = op.as_str(), shard)
-        });
-        let result = call.instrument(span).await;
-        self.metrics
-            .observe_store(op, start.elapsed().as_secs_f64());
-        self.record(op, shard, &result);
-        result
+        let mut call = self.begin(op, key)?;
+        let future = std::pin::pin!(future);
+        match self
+            .wait(&mut call, future, |late| wait.stops_at(late))
+            .await
+        {
+            Waited::Answered(result) => {
+                self.end(call, &result);
+                result
+            }
+            Waited::Stopped(error) => Err(error),
+        }
     }
 
-    /// [`LeaseStore::check`] through the breaker.
-    pub async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
-        self.call(StoreOp::Check, &req.items()[0].key, self.store.check(req))
+    /// [`LeaseStore::check`] through the breaker, waited for as `wait` says.
+    pub async fn check(&self, req: &CheckRequest, wait: Wait) -> Result<CheckOutcome, StoreError> {
+        let key = &req.items()[0].key;
+        self.call(StoreOp::Check, key, wait, self.store.check(req))
             .await
     }
 
-    /// [`LeaseStore::acquire_leases`] through the breaker, patiently: past the budget the
-    /// breaker counts a timeout and `on_budget` runs (the runtime decides the waiting requests
-    /// then), and the answer is still awaited up to the patience.
+    /// [`LeaseStore::acquire_leases`] through the breaker. The call is waited for until it
+    /// answers or the patience ends (a grant that comes late is still used); `on_late` is told
+    /// when the store stalls and when it is down, so that the requests waiting on the grant
+    /// can be decided meanwhile.
     pub async fn acquire_leases(
         &self,
         req: &LeaseRequest,
-        on_budget: impl FnOnce(),
+        mut on_late: impl FnMut(Late),
     ) -> Result<Vec<LeaseGrant>, StoreError> {
-        let op = StoreOp::LeaseAcquire;
-        let shard = self.store.shard_of(&req.asks()[0].key);
-        self.admit(op, shard)?;
-        let start = tokio::time::Instant::now();
-        let call = self
-            .patient
-            .acquire_leases(req)
-            .instrument(crate::telemetry::child_of_current(|| {
-                tracing::debug_span!("store", op = op.as_str(), shard)
-            }));
-        tokio::pin!(call);
-        let early = tokio::time::timeout(self.budget, &mut call).await;
-        let result = match early {
-            Ok(result) => {
-                self.record(op, shard, &result);
-                result
-            }
-            Err(_) => {
-                let timeout: Result<(), StoreError> = Err(StoreError::Timeout {
-                    budget: self.budget,
-                });
-                self.record(op, shard, &timeout);
-                on_budget();
-                let result = call.await;
-                if result.is_ok() {
+        let mut call = self.begin(StoreOp::LeaseAcquire, &req.asks()[0].key)?;
+        let future = std::pin::pin!(self.store.acquire_leases(req));
+        let mut late = false;
+        let waited = self
+            .wait(&mut call, future, |l| {
+                late = true;
+                on_late(l);
+                false
+            })
+            .await;
+        match waited {
+            Waited::Answered(result) => {
+                if late && result.is_ok() {
                     self.metrics.late_leases.inc();
                 }
+                self.end(call, &result);
                 result
             }
-        };
-        self.metrics
-            .observe_store(op, start.elapsed().as_secs_f64());
-        result
+            Waited::Stopped(error) => Err(error),
+        }
     }
 
     /// [`LeaseStore::return_leases`] through the breaker.
     pub async fn return_leases(&self, req: &ReturnRequest) -> Result<Vec<u64>, StoreError> {
+        let key = &req.items()[0].key;
         self.call(
             StoreOp::LeaseReturn,
-            &req.items()[0].key,
+            key,
+            Wait::UntilStall,
             self.store.return_leases(req),
         )
         .await
@@ -261,11 +461,66 @@ impl GuardedStore {
 
     /// [`LeaseStore::release_slots`] through the breaker.
     pub async fn release_slots(&self, req: &SlotRelease) -> Result<Vec<bool>, StoreError> {
+        let key = &req.items()[0].0;
         self.call(
             StoreOp::SlotRelease,
-            &req.items()[0].0,
+            key,
+            Wait::UntilStall,
             self.store.release_slots(req),
         )
         .await
     }
+
+    /// [`LeaseStore::debit`] through the breaker (what was admitted while the store was late).
+    pub async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {
+        let key = &req.items()[0].key;
+        self.call(StoreOp::Debit, key, Wait::UntilStall, self.store.debit(req))
+            .await
+    }
+
+    /// Makes the store's next call one round trip (connected, scripts loaded, a cluster's
+    /// slot ranges read), trying until `patience` has passed. A store that answered is known
+    /// to every shard's judge as answering.
+    pub async fn warm_up(&self, patience: Duration) -> Result<(), StoreError> {
+        let start = tokio::time::Instant::now();
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let left = patience.saturating_sub(start.elapsed());
+            let attempt = self.store.warm_up(left.max(Duration::from_millis(1))).await;
+            match attempt {
+                Ok(()) => {
+                    let now = self.clock.now_micros();
+                    for shard in self.store.shards() {
+                        let mut s = self.shard(shard);
+                        s.last_answer = s.last_answer.max(now);
+                    }
+                    return Ok(());
+                }
+                Err(e) if !e.is_transient() => return Err(e),
+                Err(e) => {
+                    if start.elapsed() + pause >= patience {
+                        return Err(e);
+                    }
+                    tracing::debug!(error = %e, "the store does not answer yet");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+}
+
+/// A call handed to a task of its own once its caller stopped waiting: the answer, when it
+/// comes, is recorded and given to `settle`.
+pub(crate) fn hand_off<T: Send + 'static>(
+    shared: Arc<crate::runtime::shared::Shared>,
+    call: Call,
+    future: Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>,
+    settle: impl FnOnce(&Arc<crate::runtime::shared::Shared>, Result<T, StoreError>) + Send + 'static,
+) {
+    tokio::spawn(async move {
+        let result = future.await;
+        shared.store.end(call, &result);
+        settle(&shared, result);
+    });
 }

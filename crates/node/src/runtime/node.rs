@@ -33,6 +33,7 @@ use crate::rules::{Mode, RuleKind};
 use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Mark};
 use crate::runtime::breaker::BreakerState;
+use crate::runtime::debts::Debts;
 use crate::runtime::guarded::GuardedStore;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::keys::messages::KeyMsg;
@@ -41,7 +42,7 @@ use crate::runtime::keys::supervisor::{KeySupervisor, SupervisorMsg};
 use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::{self, Charge, Hit, OverrideRules};
 use crate::runtime::request::{Request, RequestError};
-use crate::runtime::shared::{RuntimeConfig, Shared};
+use crate::runtime::shared::{RuntimeConfig, Shared, WarmUp};
 use crate::runtime::top_denied::{TopDenied, TopDeniedReport};
 use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
 
@@ -80,7 +81,8 @@ struct Inner {
     stopping: AtomicBool,
     /// The most-denied keys, per rule and overall.
     top_denied: TopDenied,
-    /// How long the decision path waits for an actor: the store budget plus a margin.
+    /// How long the decision path waits for an actor: the store patience plus a margin (the
+    /// actor answers the requests that do not wait through a late call when it is judged).
     actor_wait: Duration,
 }
 
@@ -99,7 +101,7 @@ impl Node {
             store: GuardedStore::new(
                 store,
                 store_timeout,
-                config.lease.patience,
+                config.store_patience,
                 config.breaker.clone(),
                 clock.clone(),
                 metrics.clone(),
@@ -108,8 +110,10 @@ impl Node {
             registry: Registry::new(config.max_key_actors),
             clock,
             metrics,
+            debts: Debts::new(config.seed),
             config,
             region: std::sync::OnceLock::new(),
+            warm_up: std::sync::OnceLock::new(),
         });
         let (supervisor, _) = Actor::spawn(None, KeySupervisor, shared.clone()).await?;
         let memory = match shared.store.inner() {
@@ -135,6 +139,8 @@ impl Node {
                 .metrics
                 .rule_counters(&crate::rules::set::override_labels()),
         );
+        let actor_wait =
+            shared.config.store_patience.max(store_timeout) + Duration::from_millis(20);
         Ok(Node {
             inner: Arc::new(Inner {
                 shared,
@@ -146,9 +152,44 @@ impl Node {
                 fallbacks_swept: std::sync::atomic::AtomicU64::new(0),
                 stopping: AtomicBool::new(false),
                 top_denied,
-                actor_wait: store_timeout + Duration::from_millis(20),
+                actor_wait,
             }),
         })
+    }
+
+    /// Warms the store up before the node serves: connected (every shard of a cluster),
+    /// scripts loaded, one round trip, waiting up to the start-up patience. A store that does
+    /// not answer by then does not stop the node: it serves by its rules' fail modes, says so
+    /// in its log and in `/readyz`, and connects in the background. Once per node.
+    pub async fn warm_up(&self) -> WarmUp {
+        let shared = &self.inner.shared;
+        if let Some(done) = shared.warm_up.get() {
+            return done.clone();
+        }
+        let patience = shared.config.startup_patience;
+        let start = tokio::time::Instant::now();
+        let outcome = match shared.store.warm_up(patience).await {
+            Ok(()) => {
+                let took = start.elapsed();
+                tracing::info!(took_ms = took.as_millis() as u64, "the store answers");
+                WarmUp::Answered(took)
+            }
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    patience_ms = patience.as_millis() as u64,
+                    "the store did not answer within the start-up patience: serving anyway, \
+                     deciding by each rule's fail mode until it does"
+                );
+                WarmUp::Unanswered(e.to_string())
+            }
+        };
+        shared.warm_up.get_or_init(|| outcome).clone()
+    }
+
+    /// How the store answered when the node started (None: it was not warmed up).
+    pub fn store_warm_up(&self) -> Option<&WarmUp> {
+        self.inner.shared.warm_up.get()
     }
 
     /// The active rules.

@@ -8,9 +8,15 @@ use tollgate_lease::SharedClock;
 
 use crate::metrics::Metrics;
 use crate::runtime::breaker::BreakerConfig;
+use crate::runtime::debts::Debts;
 use crate::runtime::guarded::GuardedStore;
 use crate::runtime::keys::registry::Registry;
 use crate::runtime::sizing::LeasePolicy;
+
+/// The default [`RuntimeConfig::store_patience`].
+pub const DEFAULT_STORE_PATIENCE: Duration = Duration::from_millis(500);
+/// The default [`RuntimeConfig::startup_patience`].
+pub const DEFAULT_STARTUP_PATIENCE: Duration = Duration::from_secs(5);
 
 /// Settings of the decision runtime.
 #[derive(Debug, Clone)]
@@ -23,6 +29,14 @@ pub struct RuntimeConfig {
     pub prelimit_factor: Option<f64>,
     /// The store's circuit breaker.
     pub breaker: BreakerConfig,
+    /// The longest a store call is waited for while the store answers (a queue at a busy
+    /// store, or a node too busy to read its answers in time): a request's decision waits
+    /// this long at most, and a late grant is still used. A store that answers nothing is
+    /// waited for only the store budget (`--store-timeout-ms`): it has stalled.
+    pub store_patience: Duration,
+    /// How long a node starting up waits for its store to answer (connected, scripts
+    /// loaded) before it serves; past it, it serves anyway, by its rules' fail modes.
+    pub startup_patience: Duration,
     /// Nodes sharing the limits (the LOCAL fail mode gives each node `limit / nodes`).
     pub cluster_nodes: u32,
     /// The most key actors (identities with state) held at once.
@@ -42,6 +56,8 @@ impl Default for RuntimeConfig {
             lease: LeasePolicy::default(),
             prelimit_factor: Some(1.0),
             breaker: BreakerConfig::default(),
+            store_patience: DEFAULT_STORE_PATIENCE,
+            startup_patience: DEFAULT_STARTUP_PATIENCE,
             cluster_nodes: 1,
             max_key_actors: 100_000,
             idle_timeout: Duration::from_secs(10),
@@ -66,4 +82,18 @@ pub struct Shared {
     pub config: RuntimeConfig,
     /// Region sync, when the node runs in one of two regions.
     pub region: std::sync::OnceLock<Arc<tollgate_regionsync::RegionSync>>,
+    /// What this node owes the store (units admitted while it had stalled).
+    pub debts: Debts,
+    /// How the node's start-up warm-up of its store went (None: not tried).
+    pub warm_up: std::sync::OnceLock<WarmUp>,
+}
+
+/// How a node's store answered when the node started.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WarmUp {
+    /// It answered after this long: the node served with its store ready.
+    Answered(Duration),
+    /// It did not answer within the start-up patience: the node served anyway, deciding by
+    /// its rules' fail modes until it does. Why, in the store's words.
+    Unanswered(String),
 }

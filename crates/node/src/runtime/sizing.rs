@@ -25,10 +25,6 @@ pub struct LeasePolicy {
     /// Refill when a lease is down to this fraction of its size (refill before running dry):
     /// at half, a lease of 50 refilled at 10,000 decisions/s has 2.5 ms for the store call.
     pub refill_at: f64,
-    /// How long a lease call's answer is awaited after the store budget: requests are decided
-    /// by their fail modes at the budget, and a grant that comes later is still used (charged
-    /// with what the fail modes admitted meanwhile) instead of stranding its units.
-    pub patience: Duration,
 }
 
 impl Default for LeasePolicy {
@@ -38,7 +34,6 @@ impl Default for LeasePolicy {
             ttl: Duration::from_secs(1),
             max_share: 0.5,
             refill_at: 0.5,
-            patience: Duration::from_millis(500),
         }
     }
 }

@@ -25,11 +25,12 @@ pub fn rules(yaml: &str, metrics: &Arc<Metrics>) -> Arc<ActiveRules> {
     active
 }
 
-/// A node on `store` with `yaml` rules.
+/// A node on `store` with `yaml` rules, started as the builder and the binary start one: its
+/// store warmed up (up to the start-up patience) before it decides anything.
 pub async fn node_on(store: Store, yaml: &str, config: RuntimeConfig, clock: SharedClock) -> Node {
     let metrics = Metrics::new();
     let rules = rules(yaml, &metrics);
-    Node::start(
+    let node = Node::start(
         store,
         rules,
         config,
@@ -38,7 +39,9 @@ pub async fn node_on(store: Store, yaml: &str, config: RuntimeConfig, clock: Sha
         Duration::from_millis(50),
     )
     .await
-    .expect("node starts")
+    .expect("node starts");
+    node.warm_up().await;
+    node
 }
 
 /// A node on its own in-memory store.

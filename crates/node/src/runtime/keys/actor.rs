@@ -22,8 +22,11 @@ use tollgate_lease::{
     StoreError,
 };
 
-use crate::runtime::keys::bucket::{Bucket, NO_DEADLINE};
+use crate::rules::FailMode;
+use crate::runtime::debts::{self, Debt};
+use crate::runtime::keys::bucket::{Bucket, NO_DEADLINE, holders_of};
 use crate::runtime::keys::messages::{AcquireOutcome, Ask, KeyMsg, Want};
+use crate::runtime::lateness::Late;
 use crate::runtime::shared::Shared;
 use crate::runtime::sizing::Demand;
 
@@ -110,8 +113,9 @@ pub struct KeyState {
     held: HashMap<HeldKey, Held>,
     waiters: VecDeque<Waiter>,
     in_flight: bool,
-    /// The call out is past the store budget (requests are not kept waiting on it).
-    late: bool,
+    /// The call out is late: the store stalled (requests that do not fail closed are not kept
+    /// waiting on it), or is down (no request is).
+    late: Option<Late>,
     /// Refills asked for while a store call was out: sent when it lands (bucket, min).
     refills: Vec<PendingRefill>,
     last_active: Micros,
@@ -141,7 +145,7 @@ impl Actor for KeyActor {
             held: HashMap::new(),
             waiters: VecDeque::new(),
             in_flight: false,
-            late: false,
+            late: None,
             refills: vec![],
             last_active: now,
             next_tick: None,
@@ -163,11 +167,11 @@ impl Actor for KeyActor {
         match msg {
             KeyMsg::Acquire { wants, reply } => {
                 state.last_active = now;
-                if state.late {
-                    // A call is out past its budget: no new request waits on it.
-                    let _ = reply.send(AcquireOutcome::Failed(StoreError::Timeout {
-                        budget: state.shared.store.budget(),
-                    }));
+                if let Some(late) = state.late
+                    && !waits_through(late, &wants)
+                {
+                    // A call is out and late: only requests that wait through it queue on it.
+                    let _ = reply.send(AcquireOutcome::Failed(late_error(&state.shared, late)));
                     return Ok(());
                 }
                 for want in &wants {
@@ -204,14 +208,18 @@ impl Actor for KeyActor {
                     state.send_refills(&myself, now);
                 }
             }
-            KeyMsg::Slow(buckets) => {
-                // No other call can go out before this one ends: every request waiting on this
-                // identity is decided now, and new ones are until it ends.
-                state.late = true;
-                let error = StoreError::Timeout {
-                    budget: state.shared.store.budget(),
-                };
-                for waiter in state.waiters.drain(..) {
+            KeyMsg::Late { late, buckets } => {
+                // No other call can go out before this one ends: the requests waiting on this
+                // identity that do not wait through it are decided now, and new ones are until
+                // it ends.
+                state.late = Some(late);
+                let error = late_error(&state.shared, late);
+                let (stay, decided): (VecDeque<_>, VecDeque<_>) = state
+                    .waiters
+                    .drain(..)
+                    .partition(|w| waits_through(late, &w.wants));
+                state.waiters = stay;
+                for waiter in decided {
                     let _ = waiter.reply.send(AcquireOutcome::Failed(error.clone()));
                 }
                 for bucket in &buckets {
@@ -220,7 +228,7 @@ impl Actor for KeyActor {
             }
             KeyMsg::Granted { asks, result } => {
                 state.in_flight = false;
-                state.late = false;
+                state.late = None;
                 for ask in &asks {
                     ask.bucket.call_done();
                 }
@@ -253,6 +261,9 @@ impl Actor for KeyActor {
                             }
                         }
                         state.returns_first.extend(stale);
+                        // The store answers: what was admitted while it had stalled is owed
+                        // to it, and debited now.
+                        state.settle_owed();
                         if again.is_empty() {
                             state.serve(now);
                             state.request_for_waiters(&myself, now);
@@ -272,10 +283,15 @@ impl Actor for KeyActor {
                         }
                         // Refills asked for meanwhile would fail alike: the breaker decides
                         // when the store is tried again, not a queue of refills. Units admitted
-                        // meanwhile by a fail mode are forgiven: the store never counted them.
+                        // while the store had stalled are forgiven when the call then fails:
+                        // the store could not be reached (it was down, not late), and never
+                        // counted them.
                         let pending = state.refills.drain(..).map(|p| p.bucket);
+                        let metrics = &state.shared.metrics;
                         for bucket in asks.into_iter().map(|a| a.bucket).chain(pending) {
-                            bucket.forgive_owed();
+                            let forgiven = bucket.forgive_owed();
+                            metrics.owed_units.inc_by(forgiven);
+                            metrics.owed_units_forgiven.inc_by(forgiven);
                             bucket.lease_failed();
                         }
                         for waiter in state.waiters.drain(..) {
@@ -290,6 +306,10 @@ impl Actor for KeyActor {
             KeyMsg::Tick => {
                 state.next_tick = None;
                 state.expire_leases(now);
+                if !state.in_flight {
+                    // Owed units of a key that made no lease call since: debited now.
+                    state.settle_owed();
+                }
                 let idle_for = Duration::from_micros(now.saturating_sub(state.last_active));
                 let holding = state.held.values().any(|h| !h.leases.is_empty());
                 if !holding
@@ -559,14 +579,17 @@ impl KeyState {
             let result = match request {
                 Ok(req) => {
                     let buckets: Vec<Arc<Bucket>> = asks.iter().map(|a| a.bucket.clone()).collect();
-                    let slow = myself.clone();
+                    let told = myself.clone();
                     shared
                         .store
-                        .acquire_leases(&req, move || {
+                        .acquire_leases(&req, move |late| {
                             for bucket in &buckets {
-                                bucket.set_late();
+                                bucket.set_late(late);
                             }
-                            let _ = slow.cast(KeyMsg::Slow(buckets));
+                            let _ = told.cast(KeyMsg::Late {
+                                late,
+                                buckets: buckets.clone(),
+                            });
                         })
                         .await
                 }
@@ -620,9 +643,13 @@ impl KeyState {
 
     fn install(&mut self, myself: &ActorRef<KeyMsg>, ask: &Ask, grant: LeaseGrant, now: Micros) {
         let (bucket, min) = (&ask.bucket, ask.min);
+        // This node's live leases of the bucket once this grant is held: the store's count
+        // less these is the other holders'.
+        let own = self.hold(bucket).leases.len() as u64 + u64::from(grant.units > 0);
         bucket.observe(
             grant.remaining,
             grant.reset_after,
+            holders_of(grant.live_leases, own),
             self.shared.config.lease.ttl,
             now,
         );
@@ -638,11 +665,7 @@ impl KeyState {
             NO_DEADLINE
         };
         bucket.clear_denial();
-        // What the fail modes admitted since the store last answered (a late call, or a node
-        // too busy to wait for one) is charged to this grant: an overloaded node degrades
-        // towards the limit, never away from it.
-        let owed = bucket.install(grant.units, spend_before, now);
-        self.shared.metrics.owed_units.inc_by(owed);
+        bucket.install(grant.units, spend_before, now);
         bucket.refill_done();
         let metrics = &self.shared.metrics;
         metrics.leases_acquired.inc();
@@ -659,6 +682,25 @@ impl KeyState {
         });
         let margin = self.return_margin();
         self.schedule_tick(myself, expires_at.saturating_sub(margin), now);
+    }
+
+    /// Debits in the store what this identity's buckets admitted while it had stalled (see
+    /// `runtime/debts.rs`): the store answers again.
+    fn settle_owed(&mut self) {
+        let owed: Vec<Debt> = self
+            .held
+            .values()
+            .filter_map(|h| {
+                let (units, admitted_at) = h.bucket.take_owed()?;
+                Some(Debt {
+                    key: h.bucket.key.clone(),
+                    limit: h.bucket.limit,
+                    units,
+                    admitted_at,
+                })
+            })
+            .collect();
+        debts::settle(self.shared.clone(), owed);
     }
 
     /// Returns leases shortly before they end (older ones are spent first, so what is unspent
@@ -859,4 +901,24 @@ pub fn take_all(wants: &[Want], now: Micros) -> bool {
         }
     }
     true
+}
+
+/// Whether a request for `wants` waits through a late call: every request when the store is
+/// down does not; when it stalled, those under a CLOSED rule do (one late call must not deny a
+/// real user: they wait for the answer, up to the patience, or until the store is down).
+fn waits_through(late: Late, wants: &[Want]) -> bool {
+    late == Late::Stalled
+        && wants
+            .iter()
+            .any(|w| w.bucket.rule.fail_mode == FailMode::Closed)
+}
+
+/// What a request that does not wait through a late call is told.
+fn late_error(shared: &Shared, late: Late) -> StoreError {
+    match late {
+        Late::Stalled => StoreError::Timeout {
+            budget: shared.store.budget(),
+        },
+        Late::Down => StoreError::Unavailable("circuit breaker open".into()),
+    }
 }

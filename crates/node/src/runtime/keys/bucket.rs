@@ -7,14 +7,15 @@
 //! decision path only takes and gives back.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ractor::ActorRef;
 use tollgate_lease::{Algorithm, BucketKey, Limit, Micros};
 
-use crate::rules::CompiledRule;
+use crate::rules::{CompiledRule, FailMode};
 use crate::runtime::keys::messages::KeyMsg;
+use crate::runtime::lateness::Late;
 use crate::runtime::local::LocalBucket;
 
 /// No deadline: token bucket units may be spent whenever (they were taken from the global
@@ -49,6 +50,9 @@ pub struct Bucket {
     /// What the store said remains globally, when it said so, and when the bucket would be
     /// full (node clock, µs).
     global_remaining: AtomicU64,
+    /// How many nodes hold leases of the bucket, this one included, as the store last told
+    /// (at least 1): a node deciding on the store's last answer takes its share of it.
+    holders: AtomicU64,
     observed_at: AtomicU64,
     full_at: AtomicU64,
     /// The coarse per-node pre-limit (None: disabled).
@@ -66,12 +70,22 @@ pub struct Bucket {
     /// The store had room for `room_need` units; trusted until `room_until`.
     room_need: AtomicU64,
     room_until: AtomicU64,
-    /// Whether the lease call out for this bucket is past the store budget (an actor has one
-    /// call out at a time).
-    late: AtomicBool,
-    /// Units fail modes admitted without the store since its last answer: charged to the next
-    /// grant, forgiven if a lease call fails first.
+    /// Whether the lease call out for this bucket is late, and how (0: not late, else a
+    /// [`Late`] as `late_code`): an actor has one call out at a time.
+    late: AtomicU8,
+    /// Units admitted while the store had stalled (by a fail mode, or on its last answer),
+    /// not yet debited in the store; and when the latest of them was admitted (node clock, µs:
+    /// a window's debit lands in the window they were admitted in).
     owed: AtomicU64,
+    owed_at: AtomicU64,
+}
+
+fn late_code(late: Option<Late>) -> u8 {
+    match late {
+        None => 0,
+        Some(Late::Stalled) => 1,
+        Some(Late::Down) => 2,
+    }
 }
 
 /// What the bucket's own state says about a request's units, without the store or the
@@ -98,11 +112,11 @@ pub enum RefillOutcome {
     Took,
     /// The store has no room: retry after this long.
     Denied(Duration),
-    /// The store could not answer (`late`: the call is out past the budget; the store may
-    /// only be slow).
+    /// The store could not answer: the call out is late (the store stalled, or is down), or
+    /// it failed (None).
     Failed {
-        /// Whether the call is past its budget rather than failed.
-        late: bool,
+        /// How the call out is late; None: it failed.
+        late: Option<Late>,
     },
     /// Nothing conclusive (the refill was smaller than needed, or took too long).
     Missed,
@@ -134,6 +148,7 @@ impl Bucket {
             denied_cost: AtomicU64::new(u64::MAX),
             recheck_at: AtomicU64::new(0),
             global_remaining: AtomicU64::new(limit.capacity()),
+            holders: AtomicU64::new(1),
             observed_at: AtomicU64::new(0),
             full_at: AtomicU64::new(0),
             arrived: tokio::sync::Notify::new(),
@@ -142,8 +157,9 @@ impl Bucket {
             trusted_until: AtomicU64::new(0),
             room_need: AtomicU64::new(0),
             room_until: AtomicU64::new(0),
-            late: AtomicBool::new(false),
+            late: AtomicU8::new(0),
             owed: AtomicU64::new(0),
+            owed_at: AtomicU64::new(0),
         }
     }
 
@@ -261,11 +277,24 @@ impl Bucket {
             if let Some(retry) = self.denied_for(cost, now()) {
                 break RefillOutcome::Denied(retry);
             }
-            if self.is_late() {
-                break RefillOutcome::Failed { late: true };
+            // A late call decides those that do not wait for it: every rule when the store is
+            // down, and rules that do not fail closed when it stalled (a CLOSED rule waits for
+            // the answer, up to the patience: one late call must not deny a real user).
+            match self.lateness() {
+                Some(Late::Down) => {
+                    break RefillOutcome::Failed {
+                        late: Some(Late::Down),
+                    };
+                }
+                Some(Late::Stalled) if self.rule.fail_mode != FailMode::Closed => {
+                    break RefillOutcome::Failed {
+                        late: Some(Late::Stalled),
+                    };
+                }
+                _ => {}
             }
             if waited && self.failed.load(Ordering::Acquire) && !self.refill_pending() {
-                break RefillOutcome::Failed { late: false };
+                break RefillOutcome::Failed { late: None };
             }
             // Queue a refill unless one is on its way: at least what this request lacks, so a
             // denial says when this request fits.
@@ -355,21 +384,20 @@ impl Bucket {
         Duration::from_micros(self.full_at.load(Ordering::Relaxed).saturating_sub(now))
     }
 
-    /// Whether a lease call for this bucket is out past the store budget.
-    pub fn is_late(&self) -> bool {
-        self.late.load(Ordering::Acquire)
+    /// Whether the lease call out for this bucket is late, and how.
+    pub fn lateness(&self) -> Option<Late> {
+        match self.late.load(Ordering::Acquire) {
+            0 => None,
+            1 => Some(Late::Stalled),
+            _ => Some(Late::Down),
+        }
     }
 
-    /// A fail mode admitted `cost` without the store: the next grant pays for it (a store that
-    /// was only slow then counts every admission), unless a lease call fails first (an outage:
-    /// the store never counted them). At most a bucket's capacity is owed.
-    pub fn admitted_without_store(&self, cost: u64) {
-        let capacity = self.limit.capacity();
-        let _ = self
-            .owed
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
-                Some((owed + cost).min(capacity))
-            });
+    /// A fail mode admitted `cost` while the store had stalled: owed to the store, and debited
+    /// there when it answers (see the key actor's `settle_owed`).
+    pub fn admitted_without_store(&self, cost: u64, now: Micros) {
+        self.owed.fetch_add(cost, Ordering::AcqRel);
+        self.owed_at.fetch_max(now, Ordering::AcqRel);
     }
 
     /// Gives back units owed for a request that was denied elsewhere.
@@ -383,19 +411,36 @@ impl Bucket {
 
     // ---- for the actor only ----------------------------------------------------------------
 
-    /// The lease call out for this bucket passed the store budget.
-    pub(crate) fn set_late(&self) {
-        self.late.store(true, Ordering::Release);
+    /// The lease call out for this bucket is late (a stall, or the store down, whichever was
+    /// told last).
+    pub(crate) fn set_late(&self, late: Late) {
+        self.late.store(late_code(Some(late)), Ordering::Release);
     }
 
     /// The lease call out for this bucket ended.
     pub(crate) fn call_done(&self) {
-        self.late.store(false, Ordering::Release);
+        self.late.store(late_code(None), Ordering::Release);
     }
 
-    /// The late call failed: the store never counted what was admitted meanwhile.
-    pub(crate) fn forgive_owed(&self) {
-        self.owed.store(0, Ordering::Release);
+    /// The store could not be reached (down, not late): what was admitted without it is
+    /// forgiven; how many units.
+    pub(crate) fn forgive_owed(&self) -> u64 {
+        self.owed.swap(0, Ordering::AcqRel)
+    }
+
+    /// Takes what is owed to the store, to debit it: the units and when the latest of them
+    /// was admitted. What the store last said remains no longer counts them.
+    pub(crate) fn take_owed(&self) -> Option<(u64, Micros)> {
+        let units = self.owed.swap(0, Ordering::AcqRel);
+        if units == 0 {
+            return None;
+        }
+        let _ = self
+            .global_remaining
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                Some(r.saturating_sub(units))
+            });
+        Some((units, self.owed_at.load(Ordering::Acquire)))
     }
 
     /// Wakes requests waiting on a refill (they look again: a late call fails them over).
@@ -403,24 +448,19 @@ impl Bucket {
         self.arrived.notify_waiters();
     }
 
-    /// Adds a grant's units, less what was admitted without the store since it last answered
-    /// (owed: charged before any waiter can spend the grant); how many units were owed. Units
-    /// of a window that has ended are dropped first (and what was owed in it: the store does
-    /// not count it in the new window either).
-    pub(crate) fn install(&self, units: u64, spend_before: u64, now: Micros) -> u64 {
+    /// Adds a grant's units (what was admitted without the store meanwhile is debited in the
+    /// store, not taken from the grant: see the key actor's `settle_owed`). Units of a window
+    /// that has ended are dropped first.
+    pub(crate) fn install(&self, units: u64, spend_before: u64, now: Micros) {
         let old = self.spend_before.load(Ordering::Acquire);
-        let mut owed = self.owed.swap(0, Ordering::AcqRel);
         if old != NO_DEADLINE && now >= old {
             self.units.store(0, Ordering::Release);
-            owed = 0;
         }
-        self.units
-            .fetch_add(units as i64 - owed as i64, Ordering::AcqRel);
+        self.units.fetch_add(units as i64, Ordering::AcqRel);
         self.spend_before.store(spend_before, Ordering::Release);
         self.last_grant.store(units, Ordering::Relaxed);
         self.failed.store(false, Ordering::Release);
         self.arrived.notify_waiters();
-        owed
     }
 
     /// Takes up to `units` back (a lease's unspent share, to return it); how many it took.
@@ -445,17 +485,19 @@ impl Bucket {
             .map_or(0, |held| held as u64)
     }
 
-    /// Records what the store said about the bucket; it is trusted to decide by for `trust`
-    /// (while the store is slow; see [`Bucket::decide_while_slow`]), never past a fixed
-    /// window's end.
+    /// Records what the store said about the bucket, and how many nodes hold leases of it
+    /// (`holders`, this one included); it is trusted to decide by for `trust` (while the store
+    /// has stalled; see [`Bucket::decide_while_slow`]), never past a fixed window's end.
     pub(crate) fn observe(
         &self,
         remaining: u64,
         reset_after: Duration,
+        holders: u64,
         trust: Duration,
         now: Micros,
     ) {
         self.global_remaining.store(remaining, Ordering::Relaxed);
+        self.holders.store(holders.max(1), Ordering::Relaxed);
         self.observed_at.store(now, Ordering::Relaxed);
         self.full_at
             .store(now + reset_after.as_micros() as u64, Ordering::Relaxed);
@@ -478,29 +520,35 @@ impl Bucket {
         store.min(self.limit.capacity())
     }
 
-    /// Decides `cost` while the store is slow (a lease call past its budget, or this node too
-    /// busy to wait for one) but answered recently: admitted if what the store last said
-    /// remains (refilled since) covers it and everything admitted so without it; owed, so the
-    /// next grant pays for it. A slow store is not a dead one: an overloaded node degrades
-    /// towards the limit, not into admitting everything. None when the store has not answered
-    /// recently enough to be believed (then the rule's fail mode decides); else the decision,
-    /// with the wait until the estimate covers the cost when denied.
+    /// Decides `cost` while the store has stalled but answered this bucket recently: admitted
+    /// if this node's share of what the store last said remains (refilled since) covers it and
+    /// everything admitted so without the store; owed, and debited in the store when it
+    /// answers. The share is the remainder divided by the nodes holding leases of the bucket
+    /// (see [`share_of`]): nodes deciding on the same answer do not each spend all of it, so a
+    /// stalled store gives an undershoot, never an N-fold overshoot. None when the store has
+    /// not answered recently enough to be believed (then the rule's fail mode decides); else
+    /// the decision, with the wait until the share covers the cost when denied.
     pub fn decide_while_slow(&self, cost: u64, now: Micros) -> Option<Result<(), Duration>> {
         if now >= self.trusted_until.load(Ordering::Acquire) {
             return None;
         }
-        let estimate = self.store_estimate(now);
+        let holders = self.holders.load(Ordering::Relaxed);
+        let share = share_of(self.store_estimate(now), holders);
         let taken = self
             .owed
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
-                (owed + cost <= estimate).then_some(owed + cost)
+                (owed + cost <= share).then_some(owed + cost)
             });
         match taken {
-            Ok(_) => Some(Ok(())),
+            Ok(_) => {
+                self.owed_at.fetch_max(now, Ordering::AcqRel);
+                Some(Ok(()))
+            }
             Err(owed) => {
-                let missing = (owed + cost).saturating_sub(estimate);
+                let missing = (owed + cost).saturating_sub(share);
                 let wait = match self.limit.refill_per_second() {
-                    Some(rate) => Duration::from_secs_f64(missing as f64 / rate),
+                    // This node's share of the refill covers what is missing.
+                    Some(rate) => Duration::from_secs_f64(missing as f64 * holders as f64 / rate),
                     None => self.reset_after(now),
                 };
                 Some(Err(wait.max(Duration::from_millis(1))))
@@ -543,5 +591,51 @@ impl Bucket {
     /// Forgets a recorded denial (new units arrived).
     pub(crate) fn clear_denial(&self) {
         self.denied_until.store(0, Ordering::Release);
+    }
+}
+
+/// One node's share of `remaining` units when `holders` nodes (at least 1) may spend them on
+/// the same answer: rounded down, so that the shares never add up to more than there is.
+pub fn share_of(remaining: u64, holders: u64) -> u64 {
+    remaining / holders.max(1)
+}
+
+/// How many nodes hold leases of a bucket, this one included, from the store's count of live
+/// leases (`live_leases`, each node holding at least one, some several) and this node's own
+/// (`own`): the other nodes hold at most `live_leases - own`. Counting a node that holds two
+/// leases twice undershoots; never counting one too few keeps the shares within the remainder.
+pub fn holders_of(live_leases: u64, own: u64) -> u64 {
+    1 + live_leases.saturating_sub(own)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_of_a_last_answer_never_add_up_to_more_than_it() {
+        for remaining in 0..200 {
+            for holders in 1..12 {
+                let share = share_of(remaining, holders);
+                assert!(share * holders <= remaining, "{remaining} over {holders}");
+                assert!(
+                    remaining - share * holders < holders,
+                    "{remaining} over {holders}"
+                );
+            }
+        }
+        assert_eq!(share_of(50, 0), 50, "at least this node holds it");
+    }
+
+    #[test]
+    fn the_other_holders_are_counted_from_the_live_leases_less_this_nodes_own() {
+        // Alone with two live leases of its own.
+        assert_eq!(holders_of(2, 2), 1);
+        // Three others, one lease each, beside this node's one.
+        assert_eq!(holders_of(4, 1), 4);
+        // A node that holds two leases counts twice: an undershoot, never an overshoot.
+        assert_eq!(holders_of(3, 1), 3);
+        // A store that counted fewer than this node holds (a lease just expired there).
+        assert_eq!(holders_of(1, 2), 1);
     }
 }

@@ -7,6 +7,7 @@ use ractor::RpcReplyPort;
 use tollgate_lease::{LeaseGrant, Micros, StoreError};
 
 use crate::runtime::keys::bucket::Bucket;
+use crate::runtime::lateness::Late;
 
 /// Units of one bucket a request needs.
 #[derive(Debug, Clone)]
@@ -71,10 +72,15 @@ pub enum KeyMsg {
         /// in this mailbox.
         asked_at: Micros,
     },
-    /// A lease call outlived the store budget: the requests waiting on it are decided by their
-    /// fail modes now; the call goes on, and its grant, when it comes, is charged with what they
-    /// admitted.
-    Slow(Vec<Arc<Bucket>>),
+    /// A lease call is late: the store stalled, or is down. The requests waiting on it that do
+    /// not wait through it are decided by their fail modes now; the call goes on, its grant is
+    /// used when it comes, and what they admitted is debited in the store then.
+    Late {
+        /// How.
+        late: Late,
+        /// The call's buckets.
+        buckets: Vec<Arc<Bucket>>,
+    },
     /// A store call finished.
     Granted {
         /// What was asked.

@@ -5,13 +5,23 @@
 use super::region::allowance_of;
 use std::time::Duration;
 
-use tollgate_lease::{BucketKey, CheckItem, CheckRequest};
+use std::sync::Arc;
+
+use tollgate_lease::{
+    Algorithm, BucketKey, CheckItem, CheckOutcome, CheckRequest, LeaseStore, StoreError,
+};
 
 use super::Node;
+use crate::metrics::StoreOp;
+use crate::rules::FailMode;
 use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Taken};
+use crate::runtime::debts::{self, Debt};
+use crate::runtime::guarded::{Waited, hand_off};
 use crate::runtime::keys::bucket::Bucket;
+use crate::runtime::lateness::Wait;
 use crate::runtime::matching::Hit;
+use crate::runtime::shared::Shared;
 use crate::runtime::verdict::{Denial, HeldSlot};
 
 impl Node {
@@ -70,7 +80,21 @@ impl Node {
                 return false;
             }
         };
-        match self.inner.shared.store.check(&request).await {
+        // A request under a CLOSED rule waits through a stall: one late call must not deny a
+        // real user.
+        let wait = if group
+            .iter()
+            .any(|&i| hits[i].rule.fail_mode == FailMode::Closed)
+        {
+            Wait::UntilDown
+        } else {
+            Wait::UntilStall
+        };
+        let answer = match self.check_or_hand_off(&request, wait) {
+            Ok(answer) => answer.await,
+            Err(e) => Err(e),
+        };
+        match answer {
             Ok(outcome) => {
                 let allowed = outcome.allowed();
                 for (&i, at) in group.iter().zip(item_of) {
@@ -114,6 +138,50 @@ impl Node {
                 .iter()
                 .all(|&i| self.fail_mode(i, &hits[i], None, &error, attempt)),
         }
+    }
+
+    /// Checks `request` in the store, waiting as `wait` says. When the caller stops waiting
+    /// (the store stalled, or is down), the call goes on in a task of its own: if its late
+    /// answer says the store had no room, what the fail modes admitted meanwhile was never
+    /// counted there, and is debited (when it has room, the check itself counted it).
+    fn check_or_hand_off(
+        &self,
+        request: &CheckRequest,
+        wait: Wait,
+    ) -> Result<impl std::future::Future<Output = Result<CheckOutcome, StoreError>>, StoreError>
+    {
+        let shared = self.inner.shared.clone();
+        let mut call = shared
+            .store
+            .begin(StoreOp::Check, &request.items()[0].key)?;
+        let request = request.clone();
+        Ok(async move {
+            let future: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = {
+                let (shared, request) = (shared.clone(), request.clone());
+                Box::pin(async move { shared.store.inner().check(&request).await })
+            };
+            let mut future = future;
+            match shared
+                .store
+                .wait(&mut call, future.as_mut(), |late| wait.stops_at(late))
+                .await
+            {
+                Waited::Answered(result) => {
+                    shared.store.end(call, &result);
+                    result
+                }
+                // Stopped at a stall (a CLOSED rule's request waits through those): the fail
+                // modes decide now, and the late answer settles what they admitted.
+                Waited::Stopped(error @ StoreError::Timeout { .. }) if wait == Wait::UntilStall => {
+                    let decided_at = shared.clock.now_micros();
+                    hand_off(shared.clone(), call, future, move |shared, late| {
+                        settle_late_check(shared, &request, late, decided_at);
+                    });
+                    Err(error)
+                }
+                Waited::Stopped(error) => Err(error),
+            }
+        })
     }
 
     /// When the store can admit `cost` of `bucket`, as far as a retry after `at_least` is
@@ -163,7 +231,13 @@ impl Node {
         else {
             return Duration::ZERO;
         };
-        match self.inner.shared.store.check(&peek.peek()).await {
+        match self
+            .inner
+            .shared
+            .store
+            .check(&peek.peek(), Wait::UntilStall)
+            .await
+        {
             Ok(outcome) if outcome.allowed() => {
                 bucket.saw_room(need, retry_at);
                 Duration::ZERO
@@ -176,4 +250,36 @@ impl Node {
             Err(_) => Duration::ZERO,
         }
     }
+}
+
+/// A direct check answered after its request was decided without it, at a stall. Admitted
+/// by the store, its units are counted there; refused, nothing was counted, and what the fail
+/// modes admitted for it is owed. The request's outcome is not known here, so this errs
+/// towards the limit: the costs are debited whenever the late answer refused (a request the
+/// fail modes denied anyway, by a LOCAL rule's bucket, is rare).
+fn settle_late_check(
+    shared: &Arc<Shared>,
+    request: &CheckRequest,
+    late: Result<CheckOutcome, StoreError>,
+    decided_at: u64,
+) {
+    let Ok(outcome) = late else {
+        // Not answered: the store was down, not late.
+        return;
+    };
+    if outcome.allowed() || request.is_peek() {
+        return;
+    }
+    let owed: Vec<Debt> = request
+        .items()
+        .iter()
+        .filter(|item| item.limit.algorithm() != Algorithm::Concurrency)
+        .map(|item| Debt {
+            key: item.key.clone(),
+            limit: item.limit,
+            units: item.cost,
+            admitted_at: decided_at,
+        })
+        .collect();
+    debts::settle(shared.clone(), owed);
 }

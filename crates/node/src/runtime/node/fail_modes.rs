@@ -39,11 +39,13 @@ impl Node {
         probe.max(Duration::from_secs(1))
     }
 
-    /// Decides a hit the store could not answer in time; false if it denies. Under an OPEN
-    /// rule, a store that is only slow (a timeout) and answered this bucket recently is
-    /// believed: its last answer decides (see [`Bucket::decide_while_slow`]), rather than
-    /// admitting everything. Otherwise the rule's fail mode decides: CLOSED denies, LOCAL
-    /// takes its local share.
+    /// Decides a hit the store could not answer; false if it denies. Under an OPEN rule, a
+    /// store that has stalled (a timeout: it answered nothing for a budget) and answered this
+    /// bucket recently is believed: this node's share of its last answer decides (see
+    /// [`Bucket::decide_while_slow`]), rather than admitting everything. Otherwise the rule's
+    /// fail mode decides: OPEN admits, CLOSED denies, LOCAL takes its local share. What is
+    /// admitted while the store had stalled is owed to it (debited when it answers); what is
+    /// admitted while it is down (unreachable, its breaker open) is not.
     pub(super) fn fail_mode(
         &self,
         index: usize,
@@ -108,9 +110,13 @@ impl Node {
         };
         tracing::debug!(rule = %hit.rule.id, %error, outcome = ?status.outcome, "store failed; the rule's fail mode decided");
         let allowed = status.allowed;
-        if allowed && let Some(bucket) = bucket {
-            // The bucket's next grant pays for this (given back if the request is denied).
-            bucket.admitted_without_store(hit.cost);
+        if allowed
+            && matches!(error, StoreError::Timeout { .. })
+            && let Some(bucket) = bucket
+        {
+            // The store was late, not down: it is owed this (given back if the request is
+            // denied), and debited when it answers.
+            bucket.admitted_without_store(hit.cost, now);
             attempt.took(Taken::Owed(bucket.clone(), hit.cost));
         }
         attempt.record(index, status);

@@ -16,6 +16,7 @@ use crate::runtime::attempt::{Attempt, Taken};
 use crate::runtime::keys::bucket::{Bucket, LocalTake, RefillOutcome};
 use crate::runtime::keys::messages::{AcquireOutcome, KeyMsg, Want};
 use crate::runtime::keys::registry::bucket_key;
+use crate::runtime::lateness::Late;
 use crate::runtime::matching::{Hit, group_by_identity};
 use crate::runtime::verdict::Denial;
 
@@ -153,12 +154,12 @@ impl Node {
                     return false;
                 }
                 RefillOutcome::Failed { late } => {
-                    let error = if late {
-                        StoreError::Timeout {
+                    let error = match late {
+                        Some(Late::Stalled) => StoreError::Timeout {
                             budget: shared.store.budget(),
-                        }
-                    } else {
-                        StoreError::Unavailable("the lease refill failed".into())
+                        },
+                        Some(Late::Down) => StoreError::Unavailable("circuit breaker open".into()),
+                        None => StoreError::Unavailable("the lease refill failed".into()),
                     };
                     if !self.fail_mode(i, hit, Some(&bucket), &error, attempt) {
                         return false;

@@ -81,6 +81,34 @@ impl Region {
     }
 }
 
+impl Region {
+    /// `callers` tasks per node deciding `request` back to back (as fast as the nodes answer)
+    /// for `duration`; how many were admitted.
+    pub(crate) async fn burst(&self, request: &Request, callers: usize, duration: Duration) -> u64 {
+        let end = tokio::time::Instant::now() + duration;
+        let mut tasks = vec![];
+        for node in &self.nodes {
+            for _ in 0..callers {
+                let (node, request) = (node.node.clone(), request.clone());
+                tasks.push(tokio::spawn(async move {
+                    let mut admitted = 0u64;
+                    while tokio::time::Instant::now() < end {
+                        if node.check(&request).await.expect("valid").allowed {
+                            admitted += 1;
+                        }
+                    }
+                    admitted
+                }));
+            }
+        }
+        let mut admitted = 0;
+        for task in tasks {
+            admitted += task.await.expect("caller");
+        }
+        admitted
+    }
+}
+
 /// Two regions, `us` and `eu`, sharing `rules`.
 pub(crate) struct TwoRegions {
     pub(crate) us: Region,

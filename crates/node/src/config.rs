@@ -121,7 +121,7 @@ pub struct Settings {
     #[arg(long, env = "TOLLGATE_LEASE_TTL_MS")]
     pub lease_ttl_ms: Option<u64>,
     /// Longest wait for a store call while the store answers (a busy store or node), ms; a
-    /// store answering nothing is waited for only --store-timeout-ms [default: 500]
+    /// store answering nothing is waited for only --store-timeout-ms [default: 250]
     #[arg(long, alias = "lease-patience-ms", env = "TOLLGATE_STORE_PATIENCE_MS")]
     #[serde(alias = "lease_patience_ms")]
     pub store_patience_ms: Option<u64>,

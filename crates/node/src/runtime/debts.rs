@@ -109,10 +109,13 @@ pub(crate) fn settle(shared: Arc<Shared>, debts: Vec<Debt>) {
     };
     tokio::spawn(async move {
         let mut pause = FIRST_PAUSE;
+        // Whether an earlier try may have been applied (its answer never came): then the
+        // store's answer to this one (what it applied anew) says nothing of what it has.
+        let mut tried = false;
         loop {
             match shared.store.debit(&request).await {
                 Ok(applied) => {
-                    let applied: u64 = applied.iter().sum();
+                    let applied = if tried { owed } else { applied.iter().sum() };
                     shared.metrics.owed_units_debited.inc_by(applied);
                     // Units of a window that ended before the debit landed are gone with it.
                     shared
@@ -126,6 +129,7 @@ pub(crate) fn settle(shared: Arc<Shared>, debts: Vec<Debt>) {
                         && shared.clock.now_micros() + pause_us(pause) < once.until =>
                 {
                     tracing::debug!(error = %e, "a debt waits for the store");
+                    tried |= matches!(e, tollgate_lease::StoreError::Timeout { .. });
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(MAX_PAUSE);
                 }

@@ -4,8 +4,9 @@
 //! late, judged (`runtime/lateness.rs`): a store that answers other calls, or a node too busy
 //! to read its answers, is waited for up to the patience; a store that answered nothing for a
 //! budget has stalled, and callers that decide by a fail mode that does not wait stop waiting;
-//! an open breaker means the store is down, and every caller stops waiting. Only stalls and
-//! failures count against the breaker.
+//! an open breaker means the store is down, and every caller stops waiting. Only failures count
+//! against the breaker: a call that could not reach the store, or that it did not answer within
+//! the patience.
 //!
 //! A call is started ([`GuardedStore::begin`]), waited for ([`GuardedStore::wait`], which
 //! tells the caller when the call is late) and ended ([`GuardedStore::end`], which records
@@ -40,8 +41,6 @@ struct Shard {
     in_flight: Arc<AtomicU64>,
     /// When it last answered a call (node clock, µs; 0: never).
     last_answer: Micros,
-    /// When a call last failed to reach it (node clock, µs; 0: never).
-    last_unreachable: Micros,
 }
 
 /// The store behind per-shard circuit breakers, with metrics.
@@ -65,10 +64,10 @@ pub(crate) struct Call {
     op: StoreOp,
     shard: u16,
     started: Micros,
-    /// The breaker let it through as its probe: judged by its outcome, not by a stall.
-    probe: bool,
-    /// Its lateness was counted against the breaker already.
+    /// Its failure was counted against the breaker already.
     counted: bool,
+    /// It was judged stalled.
+    stalled: bool,
     /// Calls to the same shard that were out when it went.
     ahead: u64,
     /// Its shard's calls out, which it leaves when dropped.
@@ -176,7 +175,6 @@ impl GuardedStore {
             breaker: Breaker::new(self.config.clone()),
             in_flight: Arc::new(AtomicU64::new(0)),
             last_answer: 0,
-            last_unreachable: 0,
         })
     }
 
@@ -184,17 +182,11 @@ impl GuardedStore {
     pub(crate) fn begin(&self, op: StoreOp, key: &BucketKey) -> Result<Call, StoreError> {
         let shard = self.store.shard_of(key);
         let now = self.clock.now_micros();
-        let (allowed, probe, changed, in_flight) = {
+        let (allowed, changed, in_flight) = {
             let mut s = self.shard(shard);
             let before = s.breaker.state();
             let allowed = s.breaker.allow(now);
-            let after = s.breaker.state();
-            (
-                allowed,
-                before != BreakerState::Closed,
-                before != after,
-                s.in_flight.clone(),
-            )
+            (allowed, before != s.breaker.state(), s.in_flight.clone())
         };
         if changed {
             self.publish_state();
@@ -209,8 +201,8 @@ impl GuardedStore {
             op,
             shard,
             started: now,
-            probe,
             counted: false,
+            stalled: false,
             ahead,
             in_flight,
             span: crate::telemetry::child_of_current(|| {
@@ -222,7 +214,6 @@ impl GuardedStore {
     fn pulse(&self, shard: u16) -> Pulse {
         self.shards.get(&shard).map_or(Pulse::default(), |s| Pulse {
             last_answer: s.last_answer,
-            last_unreachable: s.last_unreachable,
             breaker_open: matches!(s.breaker.state(), BreakerState::Open { .. }),
         })
     }
@@ -241,9 +232,6 @@ impl GuardedStore {
         self.metrics.count_failure(call.op, failure);
         let (opened, changed) = {
             let mut s = self.shard(call.shard);
-            if !matches!(error, StoreError::Timeout { .. }) {
-                s.last_unreachable = now;
-            }
             let before = s.breaker.state();
             let opened = s.breaker.on_failure(now, self.jitter.lock().random());
             (opened, s.breaker.state() != before)
@@ -312,8 +300,9 @@ impl GuardedStore {
                     self.count_failure(call, &error);
                     return Waited::Stopped(error);
                 }
-                Judgement::Stalled { counted } if !stalled => {
+                Judgement::Stalled if !stalled => {
                     stalled = true;
+                    call.stalled = true;
                     let pulse = self.pulse(call.shard);
                     tracing::debug!(
                         op = call.op.as_str(),
@@ -324,14 +313,10 @@ impl GuardedStore {
                         answer_age_us = now.saturating_sub(pulse.last_answer),
                         "the store stalled"
                     );
-                    let error = StoreError::Timeout {
-                        budget: self.budget,
-                    };
-                    if counted && !call.probe {
-                        self.count_failure(call, &error);
-                    }
                     if on_late(Late::Stalled) {
-                        return Waited::Stopped(error);
+                        return Waited::Stopped(StoreError::Timeout {
+                            budget: self.budget,
+                        });
                     }
                 }
                 Judgement::Down if !down => {
@@ -342,7 +327,7 @@ impl GuardedStore {
                         ));
                     }
                 }
-                Judgement::Stalled { .. } | Judgement::Down => {}
+                Judgement::Stalled | Judgement::Down => {}
             }
             due = now + limits.budget;
         }
@@ -351,6 +336,14 @@ impl GuardedStore {
     /// Records how `call` ended (when it answered late, after its caller stopped waiting, too).
     pub(crate) fn end<T>(&self, mut call: Call, result: &Result<T, StoreError>) {
         let now = self.clock.now_micros();
+        if call.stalled {
+            tracing::debug!(
+                op = call.op.as_str(),
+                took_us = now - call.started,
+                ok = result.is_ok(),
+                "a stalled call ended"
+            );
+        }
         self.metrics
             .observe_store(call.op, now.saturating_sub(call.started) as f64 / 1e6);
         match result {

@@ -21,13 +21,15 @@
 //!   times, for the write, the read and its caller). Its answers may be sitting unread; wait
 //!   on;
 //! - **nothing answered** within a budget while the call was out and the node kept up: the
-//!   store has **stalled** (a hung Redis, a cut that left the connection open). Callers that
-//!   decide by a fail mode (OPEN, LOCAL) stop waiting; the call counts against the breaker,
-//!   unless the shard's connection is still being set up (no answer since it last failed to
-//!   reach the store, or ever), which is judged by its outcome;
-//! - **the breaker is open** (the store fails most calls): the store is **down**; every
+//!   store has **stalled** (a hung Redis, a cut that left the connection open, or a machine so
+//!   busy that Redis does not run). Callers that decide by a fail mode that does not wait
+//!   (OPEN, LOCAL) stop waiting, so that no request waits long on a store that may be hung; the
+//!   call goes on. A stall is not a failure: on an overloaded machine a store that does not
+//!   run for 200 ms still answers every call;
+//! - **the breaker is open** (the store failed most calls): the store is **down**; every
 //!   caller stops waiting, CLOSED rules included;
-//! - **the patience ends**: the call failed.
+//! - **the patience ends**: the call failed. Only failures count against the breaker: calls
+//!   that could not reach the store, and calls it did not answer within the patience.
 
 use tollgate_lease::Micros;
 
@@ -41,18 +43,8 @@ pub(crate) const CALLS_PER_BUDGET: u64 = 64;
 pub(crate) struct Pulse {
     /// When the shard last answered a call (node clock, µs; 0: never).
     pub(crate) last_answer: Micros,
-    /// When a call last failed to reach it (node clock, µs; 0: never).
-    pub(crate) last_unreachable: Micros,
     /// Whether its breaker is open.
     pub(crate) breaker_open: bool,
-}
-
-impl Pulse {
-    /// Whether the shard's connection is being set up: it has not answered since it last
-    /// failed to reach the store, or ever.
-    pub(crate) fn connecting(&self) -> bool {
-        self.last_answer == 0 || self.last_unreachable > self.last_answer
-    }
 }
 
 /// The times of one call, node clock (µs).
@@ -85,12 +77,8 @@ pub(crate) struct Limits {
 pub(crate) enum Judgement {
     /// The store or the node is busy: wait on.
     Busy,
-    /// Nothing answered within a budget while the node kept up; `counted`: against the
-    /// breaker (not while the shard's connection is being set up).
-    Stalled {
-        /// Whether the stall counts as a failure of the store.
-        counted: bool,
-    },
+    /// Nothing answered within a budget while the node kept up.
+    Stalled,
     /// The shard's breaker is open.
     Down,
     /// Out of patience: the call failed.
@@ -112,9 +100,7 @@ pub(crate) fn judge(pulse: Pulse, t: CallTimes, limits: Limits) -> Judgement {
     if pulse.last_answer > 0 && pulse.last_answer.saturating_add(silence) >= t.now {
         return Judgement::Busy;
     }
-    Judgement::Stalled {
-        counted: !pulse.connecting(),
-    }
+    Judgement::Stalled
 }
 
 /// Why a caller stopped waiting for a late call.
@@ -207,10 +193,7 @@ mod tests {
             ahead: 256,
             ..at(T0, T0 + 30 * MS, T0 + 30 * MS)
         };
-        assert_eq!(
-            judge(pulse, queued, LIMITS),
-            Judgement::Stalled { counted: true }
-        );
+        assert_eq!(judge(pulse, queued, LIMITS), Judgement::Stalled);
     }
 
     #[test]
@@ -219,13 +202,13 @@ mod tests {
         let pulse = answered(T0 - MS);
         assert_eq!(
             judge(pulse, at(T0, T0 + 5 * MS, T0 + 5 * MS), LIMITS),
-            Judgement::Stalled { counted: true }
+            Judgement::Stalled
         );
         // An answer 6 ms ago does not count.
         let pulse = answered(T0 + 14 * MS);
         assert_eq!(
             judge(pulse, at(T0, T0 + 20 * MS, T0 + 20 * MS), LIMITS),
-            Judgement::Stalled { counted: true }
+            Judgement::Stalled
         );
     }
 
@@ -240,7 +223,7 @@ mod tests {
         // 2 ms late is within half a budget: judged.
         assert_eq!(
             judge(pulse, at(T0, T0 + 5 * MS, T0 + 7 * MS), LIMITS),
-            Judgement::Stalled { counted: true }
+            Judgement::Stalled
         );
         // On time, but other tasks kept this one waiting 1 ms after it yielded.
         let queued = CallTimes {
@@ -251,21 +234,10 @@ mod tests {
     }
 
     #[test]
-    fn a_connection_being_set_up_stalls_without_counting_against_the_breaker() {
-        let never = Pulse::default();
-        assert!(never.connecting());
+    fn a_shard_that_never_answered_stalls_like_any_other() {
         assert_eq!(
-            judge(never, at(T0, T0 + 5 * MS, T0 + 5 * MS), LIMITS),
-            Judgement::Stalled { counted: false }
-        );
-        let reconnecting = Pulse {
-            last_answer: T0 - 100 * MS,
-            last_unreachable: T0 - 50 * MS,
-            breaker_open: false,
-        };
-        assert_eq!(
-            judge(reconnecting, at(T0, T0 + 5 * MS, T0 + 5 * MS), LIMITS),
-            Judgement::Stalled { counted: false }
+            judge(Pulse::default(), at(T0, T0 + 5 * MS, T0 + 5 * MS), LIMITS),
+            Judgement::Stalled
         );
     }
 
@@ -274,7 +246,6 @@ mod tests {
         let open = Pulse {
             last_answer: T0 + 4 * MS,
             breaker_open: true,
-            ..Pulse::default()
         };
         assert_eq!(
             judge(open, at(T0, T0 + 5 * MS, T0 + 5 * MS), LIMITS),

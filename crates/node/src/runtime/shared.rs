@@ -14,7 +14,7 @@ use crate::runtime::keys::registry::Registry;
 use crate::runtime::sizing::LeasePolicy;
 
 /// The default [`RuntimeConfig::store_patience`].
-pub const DEFAULT_STORE_PATIENCE: Duration = Duration::from_millis(500);
+pub const DEFAULT_STORE_PATIENCE: Duration = Duration::from_millis(250);
 /// The default [`RuntimeConfig::startup_patience`].
 pub const DEFAULT_STARTUP_PATIENCE: Duration = Duration::from_secs(5);
 

@@ -11,7 +11,7 @@
 //! - `closed`: a fixed window of 1,000 a minute, CLOSED, 20 new users decided at once on
 //!   each node (3 requests each, far below the limit): none may be denied.
 
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -283,16 +283,20 @@ impl Actor for KeyActor {
                         }
                         // Refills asked for meanwhile would fail alike: the breaker decides
                         // when the store is tried again, not a queue of refills. Units admitted
-                        // while the store had stalled are forgiven when the call then fails:
-                        // the store could not be reached (it was down, not late), and never
-                        // counted them.
+                        // while the store had stalled are forgiven when the call then finds
+                        // the store unreachable (it was down, not late, and never counted
+                        // them); a call the store did not answer within the patience leaves
+                        // them owed, for its next answer.
+                        let late = matches!(e, StoreError::Timeout { .. });
                         let pending = state.refills.drain(..).map(|p| p.bucket);
                         let metrics = &state.shared.metrics;
                         for bucket in asks.into_iter().map(|a| a.bucket).chain(pending) {
-                            let forgiven = bucket.forgive_owed();
-                            metrics.owed_units.inc_by(forgiven);
-                            metrics.owed_units_forgiven.inc_by(forgiven);
-                            bucket.lease_failed();
+                            if !late {
+                                let forgiven = bucket.forgive_owed();
+                                metrics.owed_units.inc_by(forgiven);
+                                metrics.owed_units_forgiven.inc_by(forgiven);
+                            }
+                            bucket.lease_failed(late);
                         }
                         for waiter in state.waiters.drain(..) {
                             let _ = waiter.reply.send(AcquireOutcome::Failed(e.clone()));
@@ -650,7 +654,6 @@ impl KeyState {
             grant.remaining,
             grant.reset_after,
             holders_of(grant.live_leases, own),
-            self.shared.config.lease.ttl,
             now,
         );
         let Some(id) = grant.lease.filter(|_| grant.units > 0) else {
@@ -687,11 +690,14 @@ impl KeyState {
     /// Debits in the store what this identity's buckets admitted while it had stalled (see
     /// `runtime/debts.rs`): the store answers again.
     fn settle_owed(&mut self) {
+        let now = self.shared.clock.now_micros();
         let owed: Vec<Debt> = self
             .held
             .values()
             .filter_map(|h| {
                 let (units, admitted_at) = h.bucket.take_owed()?;
+                // Consumption as far as the peer region is concerned, as a grant is.
+                self.record_for_peer(&h.bucket, units, now);
                 Some(Debt {
                     key: h.bucket.key.clone(),
                     limit: h.bucket.limit,

@@ -61,12 +61,11 @@ pub struct Bucket {
     pub fallback: Arc<LocalBucket>,
     /// Wakes requests waiting for a refill that is on its way.
     arrived: tokio::sync::Notify,
-    /// The last lease call for this bucket failed (the store could not answer).
-    failed: AtomicBool,
+    /// How the last lease call for this bucket failed: 0 it did not, [`FAILED_LATE`] the store
+    /// did not answer within the patience, [`FAILED_DOWN`] it could not be reached.
+    failed: AtomicU8,
     /// Units requests waiting for a refill need, together.
     waiting: AtomicU64,
-    /// Until when the store's last answer (`global_remaining`) may decide while it is slow.
-    trusted_until: AtomicU64,
     /// The store had room for `room_need` units; trusted until `room_until`.
     room_need: AtomicU64,
     room_until: AtomicU64,
@@ -79,6 +78,11 @@ pub struct Bucket {
     owed: AtomicU64,
     owed_at: AtomicU64,
 }
+
+/// [`Bucket`]'s `failed`: the store did not answer within the patience.
+const FAILED_LATE: u8 = 1;
+/// [`Bucket`]'s `failed`: the store could not be reached.
+const FAILED_DOWN: u8 = 2;
 
 fn late_code(late: Option<Late>) -> u8 {
     match late {
@@ -152,9 +156,8 @@ impl Bucket {
             observed_at: AtomicU64::new(0),
             full_at: AtomicU64::new(0),
             arrived: tokio::sync::Notify::new(),
-            failed: AtomicBool::new(false),
+            failed: AtomicU8::new(0),
             waiting: AtomicU64::new(0),
-            trusted_until: AtomicU64::new(0),
             room_need: AtomicU64::new(0),
             room_until: AtomicU64::new(0),
             late: AtomicU8::new(0),
@@ -293,8 +296,18 @@ impl Bucket {
                 }
                 _ => {}
             }
-            if waited && self.failed.load(Ordering::Acquire) && !self.refill_pending() {
-                break RefillOutcome::Failed { late: None };
+            if waited && !self.refill_pending() {
+                match self.failed.load(Ordering::Acquire) {
+                    // Not answered within the patience: a store that is late, not one known
+                    // to be down (what is admitted now is owed to it).
+                    FAILED_LATE => {
+                        break RefillOutcome::Failed {
+                            late: Some(Late::Stalled),
+                        };
+                    }
+                    FAILED_DOWN => break RefillOutcome::Failed { late: None },
+                    _ => {}
+                }
             }
             // Queue a refill unless one is on its way: at least what this request lacks, so a
             // denial says when this request fits.
@@ -375,8 +388,20 @@ impl Bucket {
     /// refilled since), plus what this node holds, less what was admitted without the store
     /// since; at most the capacity.
     pub fn remaining(&self, now: Micros) -> u64 {
-        (self.store_estimate(now) as i64 + self.units() - self.owed.load(Ordering::Acquire) as i64)
+        (self.refilled_estimate(now) as i64 + self.units()
+            - self.owed.load(Ordering::Acquire) as i64)
             .clamp(0, self.limit.capacity() as i64) as u64
+    }
+
+    /// What the store last said remains, a token bucket refilled since at its rate (what a
+    /// client is told remains).
+    fn refilled_estimate(&self, now: Micros) -> u64 {
+        let mut store = self.global_remaining.load(Ordering::Relaxed);
+        if let Some(rate) = self.limit.refill_per_second() {
+            let since = now.saturating_sub(self.observed_at.load(Ordering::Relaxed));
+            store = store.saturating_add((rate * since as f64 / 1e6).floor() as u64);
+        }
+        store.min(self.limit.capacity())
     }
 
     /// Estimated time until the bucket is full.
@@ -459,7 +484,7 @@ impl Bucket {
         self.units.fetch_add(units as i64, Ordering::AcqRel);
         self.spend_before.store(spend_before, Ordering::Release);
         self.last_grant.store(units, Ordering::Relaxed);
-        self.failed.store(false, Ordering::Release);
+        self.failed.store(0, Ordering::Release);
         self.arrived.notify_waiters();
     }
 
@@ -486,54 +511,47 @@ impl Bucket {
     }
 
     /// Records what the store said about the bucket, and how many nodes hold leases of it
-    /// (`holders`, this one included); it is trusted to decide by for `trust` (while the store
-    /// has stalled; see [`Bucket::decide_while_slow`]), never past a fixed window's end.
-    pub(crate) fn observe(
-        &self,
-        remaining: u64,
-        reset_after: Duration,
-        holders: u64,
-        trust: Duration,
-        now: Micros,
-    ) {
+    /// (`holders`, this one included): what the node decides by while the store has stalled
+    /// (see [`Bucket::decide_while_slow`]).
+    pub(crate) fn observe(&self, remaining: u64, reset_after: Duration, holders: u64, now: Micros) {
         self.global_remaining.store(remaining, Ordering::Relaxed);
         self.holders.store(holders.max(1), Ordering::Relaxed);
         self.observed_at.store(now, Ordering::Relaxed);
         self.full_at
             .store(now + reset_after.as_micros() as u64, Ordering::Relaxed);
-        let trust = match self.limit.algorithm() {
-            Algorithm::FixedWindow => trust.min(reset_after),
-            _ => trust,
-        };
-        self.trusted_until
-            .store(now + trust.as_micros() as u64, Ordering::Release);
     }
 
-    /// What the store last said remains of this bucket (units held by nodes not counted),
-    /// a token bucket refilled since at its rate.
-    fn store_estimate(&self, now: Micros) -> u64 {
-        let mut store = self.global_remaining.load(Ordering::Relaxed);
-        if let Some(rate) = self.limit.refill_per_second() {
-            let since = now.saturating_sub(self.observed_at.load(Ordering::Relaxed));
-            store = store.saturating_add((rate * since as f64 / 1e6).floor() as u64);
+    /// What this node takes to remain of the bucket in the store while the store does not
+    /// answer: what the store last said (units held by nodes not counted), with no refill
+    /// since (refill is shared with every other node, and another region's nodes refill their
+    /// own views at the same rate: credited to this node, it would be spent twice); the whole
+    /// capacity once the bucket would be full again or when the store never said (for a rule
+    /// the two regions share, half of it: the peer spends on the same limit). Others' spending
+    /// since can only make it less.
+    fn stalled_estimate(&self, now: Micros) -> u64 {
+        if now >= self.full_at.load(Ordering::Relaxed) {
+            let capacity = self.limit.capacity();
+            return if self.rule.synced() {
+                capacity / 2
+            } else {
+                capacity
+            };
         }
-        store.min(self.limit.capacity())
+        self.global_remaining
+            .load(Ordering::Relaxed)
+            .min(self.limit.capacity())
     }
 
-    /// Decides `cost` while the store has stalled but answered this bucket recently: admitted
-    /// if this node's share of what the store last said remains (refilled since) covers it and
-    /// everything admitted so without the store; owed, and debited in the store when it
-    /// answers. The share is the remainder divided by the nodes holding leases of the bucket
-    /// (see [`share_of`]): nodes deciding on the same answer do not each spend all of it, so a
-    /// stalled store gives an undershoot, never an N-fold overshoot. None when the store has
-    /// not answered recently enough to be believed (then the rule's fail mode decides); else
-    /// the decision, with the wait until the share covers the cost when denied.
-    pub fn decide_while_slow(&self, cost: u64, now: Micros) -> Option<Result<(), Duration>> {
-        if now >= self.trusted_until.load(Ordering::Acquire) {
-            return None;
-        }
+    /// Decides `cost` while the store has stalled (or did not answer within the patience):
+    /// admitted if this node's share of the most that can remain in the store (see
+    /// [`Bucket::stalled_estimate`]) covers it and everything admitted so without the store;
+    /// owed, and debited in the store when it answers. The share is that remainder divided by
+    /// the nodes holding leases of the bucket (see [`share_of`]): nodes deciding on the same
+    /// answer do not each spend all of it, so a stalled store gives an undershoot, never an
+    /// N-fold overshoot. Denied, the wait until the share covers the cost.
+    pub fn decide_while_slow(&self, cost: u64, now: Micros) -> Result<(), Duration> {
         let holders = self.holders.load(Ordering::Relaxed);
-        let share = share_of(self.store_estimate(now), holders);
+        let share = share_of(self.stalled_estimate(now), holders);
         let taken = self
             .owed
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
@@ -542,7 +560,7 @@ impl Bucket {
         match taken {
             Ok(_) => {
                 self.owed_at.fetch_max(now, Ordering::AcqRel);
-                Some(Ok(()))
+                Ok(())
             }
             Err(owed) => {
                 let missing = (owed + cost).saturating_sub(share);
@@ -551,7 +569,7 @@ impl Bucket {
                     Some(rate) => Duration::from_secs_f64(missing as f64 * holders as f64 / rate),
                     None => self.reset_after(now),
                 };
-                Some(Err(wait.max(Duration::from_millis(1))))
+                Err(wait.max(Duration::from_millis(1)))
             }
         }
     }
@@ -576,9 +594,11 @@ impl Bucket {
         );
     }
 
-    /// A lease call for this bucket failed.
-    pub(crate) fn lease_failed(&self) {
-        self.failed.store(true, Ordering::Release);
+    /// A lease call for this bucket failed: `late`, the store did not answer within the
+    /// patience; else it could not be reached.
+    pub(crate) fn lease_failed(&self, late: bool) {
+        let how = if late { FAILED_LATE } else { FAILED_DOWN };
+        self.failed.store(how, Ordering::Release);
         self.refill_done();
     }
 

@@ -40,8 +40,8 @@ impl Node {
     }
 
     /// Decides a hit the store could not answer; false if it denies. Under an OPEN rule, a
-    /// store that has stalled (a timeout: it answered nothing for a budget) and answered this
-    /// bucket recently is believed: this node's share of its last answer decides (see
+    /// store that has stalled (a timeout: it answered nothing for a budget, or not within the
+    /// patience) is not down: this node's share of its last answer decides (see
     /// [`Bucket::decide_while_slow`]), rather than admitting everything. Otherwise the rule's
     /// fail mode decides: OPEN admits, CLOSED denies, LOCAL takes its local share. What is
     /// admitted while the store had stalled is owed to it (debited when it answers); what is
@@ -58,10 +58,9 @@ impl Node {
         if hit.rule.fail_mode == FailMode::Open
             && matches!(error, StoreError::Timeout { .. })
             && let Some(bucket) = bucket
-            && let Some(decision) = bucket.decide_while_slow(hit.cost, now)
         {
             self.inner.shared.metrics.slow_store_decisions.inc();
-            let status = match decision {
+            let status = match bucket.decide_while_slow(hit.cost, now) {
                 Ok(()) => {
                     attempt.took(Taken::Owed(bucket.clone(), hit.cost));
                     hit.admitted(

@@ -30,16 +30,15 @@ pub fn rules(yaml: &str, metrics: &Arc<Metrics>) -> Arc<ActiveRules> {
 pub async fn node_on(store: Store, yaml: &str, config: RuntimeConfig, clock: SharedClock) -> Node {
     let metrics = Metrics::new();
     let rules = rules(yaml, &metrics);
-    let node = Node::start(
-        store,
-        rules,
-        config,
-        clock,
-        metrics,
-        Duration::from_millis(50),
-    )
-    .await
-    .expect("node starts");
+    // The store budget a Redis store was opened with (as the binary passes
+    // `--store-timeout-ms`), else the default.
+    let budget = match &store {
+        Store::Redis(redis) => redis.call_timeout(),
+        _ => RedisConfig::default().call_timeout,
+    };
+    let node = Node::start(store, rules, config, clock, metrics, budget)
+        .await
+        .expect("node starts");
     node.warm_up().await;
     node
 }

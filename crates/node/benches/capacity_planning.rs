@@ -103,14 +103,15 @@ fn run(secs: u64) -> String {
     let decisions = metric(&text, "tollgate_decisions_total", "");
     let failed_open = metric(&text, "tollgate_decisions_total", "outcome=\"failed_open\"");
     let on_share = metric(&text, "tollgate_slow_store_decisions_total", "");
-    let stalls = metric(
+    let stalls = metric(&text, "tollgate_store_stalls_total", "");
+    let past_patience = metric(
         &text,
         "tollgate_store_failures_total",
         "failure=\"timeout\"",
     );
     let opened = metric(&text, "tollgate_breaker_opened_total", "");
     format!(
-        "| {:.0} | {:.1} ms | {:.1} ms | {decisions:.0} | {failed_open:.0} ({:.3} %) | {on_share:.0} | {stalls:.0} | {opened:.0} |",
+        "| {:.0} | {:.1} ms | {:.1} ms | {decisions:.0} | {failed_open:.0} ({:.3} %) | {on_share:.0} | {stalls:.0} | {past_patience:.0} | {opened:.0} |",
         report["throughput"].as_f64().unwrap_or(0.0),
         report["p50_us"].as_f64().unwrap_or(0.0) / 1000.0,
         report["p99_us"].as_f64().unwrap_or(0.0) / 1000.0,
@@ -132,9 +133,9 @@ fn main() {
          after 5 s of warm-up, on this machine"
     );
     println!(
-        "| req/s | p50 | p99 | decisions (node) | failed open | on a share of a last answer | store stalls | breaker opened |"
+        "| req/s | p50 | p99 | decisions (node) | failed open | on a share of a last answer | store stalls | calls past the patience | breaker opened |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for _ in 0..runs {
         println!("{}", run(secs));
     }

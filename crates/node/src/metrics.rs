@@ -174,6 +174,9 @@ pub struct Metrics {
     /// Units admitted while the store had stalled (by a fail mode, or on its last answer),
     /// once settled: debited in the store when it answered, or forgiven.
     pub owed_units: Counter,
+    /// Store calls judged stalled: nothing answered for a store budget while the node kept
+    /// up (the requests that do not wait were decided then; the call went on).
+    pub store_stalls: Counter,
     /// Owed units debited in the store (exactly once each).
     pub owed_units_debited: Counter,
     /// Owed units forgiven: the store could not be reached to take them (it was down, not
@@ -417,6 +420,7 @@ impl Metrics {
             late_leases: Counter::default(),
             owed_units: Counter::default(),
             owed_units_debited: Counter::default(),
+            store_stalls: Counter::default(),
             owed_units_forgiven: Counter::default(),
             slow_store_decisions: Counter::default(),
             leases_acquired: Counter::default(),
@@ -474,6 +478,11 @@ impl Metrics {
             "lease_units_owed",
             "Units admitted while the store had stalled (fail mode, or its last answer), owed to the store",
             m.owed_units.clone(),
+        );
+        registry.register(
+            "store_stalls",
+            "Store calls judged stalled: nothing answered for a budget while the node kept up",
+            m.store_stalls.clone(),
         );
         registry.register(
             "owed_units_debited",

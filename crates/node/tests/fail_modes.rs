@@ -108,6 +108,11 @@ async fn readiness_stays_while_the_store_is_down_and_reports_it() {
     .await;
     let (status, body) = served.get("/readyz").await;
     assert_eq!(status, 200, "{body}");
+    let started: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(
+        started["store"]["startup"]["answered"], true,
+        "the node warmed its store up before serving: {body}"
+    );
     server.kill();
     // Enough decisions for the breaker to see a failing store.
     for i in 0..60 {
@@ -123,6 +128,60 @@ async fn readiness_stays_while_the_store_is_down_and_reports_it() {
     let body: serde_json::Value = serde_json::from_str(&body).expect("json");
     assert_eq!(body["ready"], true);
     assert_eq!(body["store"]["answering"], false, "{body}");
+    served.stop().await;
+}
+
+/// A store that does not answer within the start-up patience does not stop the node: it
+/// serves by its rules' fail modes, is ready, and says in `/readyz` that its store did not
+/// answer when it started (and why); once Redis is up, decisions are the store's again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_store_does_not_answer_at_start_serves_by_fail_mode_and_says_so() {
+    let mut server = redis().await;
+    server.kill();
+    let start = tokio::time::Instant::now();
+    let mut served = Served::start(
+        RULES,
+        Settings {
+            redis_url: Some(vec![server.url()]),
+            store_startup_patience_ms: Some(300),
+            ..Settings::default()
+        },
+    )
+    .await;
+    assert!(
+        start.elapsed() >= Duration::from_millis(300),
+        "the node waited its start-up patience for the store"
+    );
+    let (status, body) = served.get("/readyz").await;
+    assert_eq!(status, 200, "a store outage is not a node outage: {body}");
+    let body: serde_json::Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(body["store"]["startup"]["answered"], false, "{body}");
+    assert!(
+        body["store"]["startup"]["error"]
+            .as_str()
+            .is_some_and(|e| !e.is_empty()),
+        "{body}"
+    );
+    let verdict = check(&served.node, &request("closed", "early")).await;
+    assert_eq!(verdict.statuses[0].outcome, Some(Outcome::FailedClosed));
+    let _server = tokio::task::spawn_blocking(move || {
+        server.restart().expect("restart");
+        server
+    })
+    .await
+    .expect("join");
+    let back = tokio::time::Instant::now();
+    loop {
+        let verdict = check(&served.node, &request("closed", "later")).await;
+        if verdict.statuses[0].outcome == Some(Outcome::Allowed) {
+            break;
+        }
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "decisions never went back to the store"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     served.stop().await;
 }
 

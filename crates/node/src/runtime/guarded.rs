@@ -303,6 +303,7 @@ impl GuardedStore {
                 Judgement::Stalled if !stalled => {
                     stalled = true;
                     call.stalled = true;
+                    self.metrics.store_stalls.inc();
                     let pulse = self.pulse(call.shard);
                     tracing::debug!(
                         op = call.op.as_str(),
@@ -491,11 +492,12 @@ impl GuardedStore {
                 }
                 Err(e) if !e.is_transient() => return Err(e),
                 Err(e) => {
-                    if start.elapsed() + pause >= patience {
+                    let left = patience.saturating_sub(start.elapsed());
+                    if left.is_zero() {
                         return Err(e);
                     }
                     tracing::debug!(error = %e, "the store does not answer yet");
-                    tokio::time::sleep(pause).await;
+                    tokio::time::sleep(pause.min(left)).await;
                     pause = (pause * 2).min(Duration::from_millis(500));
                 }
             }

@@ -506,6 +506,7 @@ impl Node {
             actor,
             shared.config.prelimit_factor,
             fallback,
+            shared.config.cluster_nodes,
         ));
         Some(shared.registry.insert_bucket(key, bucket))
     }

@@ -51,11 +51,11 @@ pub struct Report {
     pub closed: u64,
     pub closed_denied: u64,
     /// From the nodes' metrics: decisions made by a fail mode, on a share of the store's last
-    /// answer, store stalls (timeouts), breaker openings, units owed and debited.
+    /// answer, store calls judged stalled, breaker openings, units owed and debited.
     pub failed_open: u64,
     pub failed_closed: u64,
     pub on_last_answer: u64,
-    pub timeouts: u64,
+    pub stalls: u64,
     pub breaker_opened: u64,
     pub owed: u64,
     pub debited: u64,
@@ -75,7 +75,7 @@ impl Report {
             self.failed_open,
             self.failed_closed,
             self.on_last_answer,
-            self.timeouts,
+            self.stalls,
             self.breaker_opened,
             self.debited,
             self.owed,
@@ -84,7 +84,7 @@ impl Report {
 
     /// The table's header.
     pub fn header() -> &'static str {
-        "| run | OPEN admitted | exact bound | CLOSED denied | failed open | failed closed | on a last answer | store timeouts | breaker opened | owed debited |\n\
+        "| run | OPEN admitted | exact bound | CLOSED denied | failed open | failed closed | on a last answer | store stalls | breaker opened | owed debited |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     }
 }
@@ -285,11 +285,7 @@ pub async fn run(binary: &Path, duration: Duration, run: usize) -> Report {
         failed_open: metric(&text, decisions, "outcome=\"failed_open\""),
         failed_closed: metric(&text, decisions, "outcome=\"failed_closed\""),
         on_last_answer: metric(&text, "tollgate_slow_store_decisions_total", ""),
-        timeouts: metric(
-            &text,
-            "tollgate_store_failures_total",
-            "failure=\"timeout\"",
-        ),
+        stalls: metric(&text, "tollgate_store_stalls_total", ""),
         breaker_opened: metric(&text, "tollgate_breaker_opened_total", ""),
         owed: metric(&text, "tollgate_lease_units_owed_total", ""),
         debited: metric(&text, "tollgate_owed_units_debited_total", ""),

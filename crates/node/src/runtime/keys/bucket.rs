@@ -51,8 +51,12 @@ pub struct Bucket {
     /// full (node clock, µs).
     global_remaining: AtomicU64,
     /// How many nodes hold leases of the bucket, this one included, as the store last told
-    /// (at least 1): a node deciding on the store's last answer takes its share of it.
+    /// (at least `min_holders`): a node deciding on the store's last answer takes its share
+    /// of it.
     holders: AtomicU64,
+    /// The nodes said to share the limits (`--cluster-nodes`): a node that answered first, when
+    /// the others had not yet asked, still divides by them.
+    min_holders: u64,
     observed_at: AtomicU64,
     full_at: AtomicU64,
     /// The coarse per-node pre-limit (None: disabled).
@@ -128,7 +132,8 @@ pub enum RefillOutcome {
 
 impl Bucket {
     /// A bucket holding nothing yet; `fallback` is its LOCAL fail mode's bucket (the one
-    /// the key had before it had a bucket, if any, so an outage's count carries over).
+    /// the key had before it had a bucket, if any, so an outage's count carries over);
+    /// `nodes` the nodes said to share the limits.
     pub fn new(
         key: BucketKey,
         rule: Arc<CompiledRule>,
@@ -136,7 +141,9 @@ impl Bucket {
         actor: ActorRef<KeyMsg>,
         prelimit_factor: Option<f64>,
         fallback: Arc<LocalBucket>,
+        nodes: u32,
     ) -> Self {
+        let min_holders = u64::from(nodes.max(1));
         Self {
             prelimit: prelimit_factor.map(|f| LocalBucket::prelimit(&limit, f)),
             fallback,
@@ -152,7 +159,8 @@ impl Bucket {
             denied_cost: AtomicU64::new(u64::MAX),
             recheck_at: AtomicU64::new(0),
             global_remaining: AtomicU64::new(limit.capacity()),
-            holders: AtomicU64::new(1),
+            holders: AtomicU64::new(min_holders),
+            min_holders,
             observed_at: AtomicU64::new(0),
             full_at: AtomicU64::new(0),
             arrived: tokio::sync::Notify::new(),
@@ -515,7 +523,8 @@ impl Bucket {
     /// (see [`Bucket::decide_while_slow`]).
     pub(crate) fn observe(&self, remaining: u64, reset_after: Duration, holders: u64, now: Micros) {
         self.global_remaining.store(remaining, Ordering::Relaxed);
-        self.holders.store(holders.max(1), Ordering::Relaxed);
+        self.holders
+            .store(holders.max(self.min_holders), Ordering::Relaxed);
         self.observed_at.store(now, Ordering::Relaxed);
         self.full_at
             .store(now + reset_after.as_micros() as u64, Ordering::Relaxed);

@@ -60,6 +60,7 @@ impl Node {
             && let Some(bucket) = bucket
         {
             self.inner.shared.metrics.slow_store_decisions.inc();
+            tracing::debug!(rule = %hit.rule.id, %error, "the store is late: this node's share of its last answer decides");
             let status = match bucket.decide_while_slow(hit.cost, now) {
                 Ok(()) => {
                     attempt.took(Taken::Owed(bucket.clone(), hit.cost));

@@ -190,7 +190,11 @@ impl App {
             Some(settings) => {
                 let region = RegionSync::start(
                     settings.sync.clone(),
-                    store,
+                    // Region sync is off the request path: its store calls (the peer's
+                    // consumption, demand reports) wait for a busy store up to the patience,
+                    // as a late lease does; judged by the 5 ms budget, a busy node's batches
+                    // were refused and the peer counted down.
+                    store.with_budget(config.runtime.store_patience),
                     node.region_host(),
                     metrics.region.clone(),
                     clock,

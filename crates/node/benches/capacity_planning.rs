@@ -11,38 +11,13 @@
 //! not beside `tollgate`). `BENCH_SECONDS` sets the measured run (default 30; 5 s of warm-up
 //! before it); `BENCH_RUNS` the number of runs (default 3).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use tollgate_testkit::RedisServer;
-use tollgate_testkit::process::{free_port, wait_for};
-
-struct Node(Child);
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
-        let _ = self.0.wait();
-    }
-}
-
-fn loadgen() -> PathBuf {
-    tollgate_testkit::process::sibling_binary(
-        Path::new(env!("CARGO_BIN_EXE_tollgate")),
-        "tollgate-loadgen",
-        "tollgate-loadgen",
-    )
-    .expect("tollgate-loadgen")
-}
-
-/// The sum of every sample of `name` whose line contains `labels`.
-fn metric(text: &str, name: &str, labels: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(labels))
-        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum()
-}
+use tollgate_testkit::http::metric_sum as metric;
+use tollgate_testkit::process::{KilledOnDrop, env_or, free_port, loadgen_beside, wait_for};
 
 fn run(secs: u64) -> String {
     let redis = RedisServer::start().expect("redis-server");
@@ -51,7 +26,7 @@ fn run(secs: u64) -> String {
         free_port(false).expect("port"),
         free_port(false).expect("port"),
     );
-    let node = Node(
+    let node = KilledOnDrop(
         Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .arg("--rules")
             .arg(&rules)
@@ -70,7 +45,8 @@ fn run(secs: u64) -> String {
     .expect("listening");
     let dir = tempfile::tempdir().expect("tempdir");
     let json = dir.path().join("node.json");
-    let status = Command::new(loadgen())
+    let loadgen = loadgen_beside(Path::new(env!("CARGO_BIN_EXE_tollgate"))).expect("loadgen");
+    let status = Command::new(loadgen)
         .args(["run", "--target", &format!("http://127.0.0.1:{grpc}")])
         .args(["--domain", "public-api", "--key", "api_key"])
         .args([
@@ -117,13 +93,6 @@ fn run(secs: u64) -> String {
         report["p99_us"].as_f64().unwrap_or(0.0) / 1000.0,
         100.0 * failed_open / decisions.max(1.0),
     )
-}
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn main() {

@@ -13,13 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use scenario::{Report, Stress};
-
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use tollgate_testkit::process::env_or;
 
 fn main() {
     let runs = env_or("BENCH_RUNS", 10) as usize;

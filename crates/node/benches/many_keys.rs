@@ -8,8 +8,8 @@
 //! `tollgate-loadgen` if it is not beside `tollgate`). `BENCH_SECONDS` sets each run
 //! (default 15).
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -18,29 +18,11 @@ use tokio::time::Instant;
 
 use tollgate_lease::{BucketKey, CheckRequest, LeaseStore, Limit, RedisConfig, RedisStore};
 use tollgate_testkit::RedisServer;
-use tollgate_testkit::process::{free_port, wait_for};
+use tollgate_testkit::process::{KilledOnDrop, free_port, loadgen_beside, wait_for};
 
 const RULES: &str = "domain: rl\nrules:\n  - {id: per-address, match: {remote_address: '*'}, algorithm: TOKEN_BUCKET, capacity: 1000000000000, refillPerSecond: 1000000000}\n";
 const KEYS: u64 = 1_000_000;
 const IN_FLIGHT: usize = 64;
-
-struct Node(Child);
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
-        let _ = self.0.wait();
-    }
-}
-
-fn loadgen() -> PathBuf {
-    tollgate_testkit::process::sibling_binary(
-        Path::new(env!("CARGO_BIN_EXE_tollgate")),
-        "tollgate-loadgen",
-        "tollgate-loadgen",
-    )
-    .expect("tollgate-loadgen")
-}
 
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -55,13 +37,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 fn metric(http: u16, name: &str) -> f64 {
     tollgate_testkit::http::get(http, "/metrics", &[])
-        .map(|r| {
-            r.body
-                .lines()
-                .filter(|l| l.starts_with(name))
-                .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-                .sum()
-        })
+        .map(|r| tollgate_testkit::http::metric_sum(&r.body, name, ""))
         .unwrap_or(0.0)
 }
 
@@ -71,7 +47,7 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
         free_port(false).expect("port"),
         free_port(false).expect("port"),
     );
-    let node = Node(
+    let node = KilledOnDrop(
         Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .arg("--rules")
             .arg(rules)
@@ -93,7 +69,8 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
     .expect("ready");
     let idle = rss_kib(node.0.id());
     let json = rules.with_file_name(format!("{}.json", keys.replace(':', "-")));
-    let status = Command::new(loadgen())
+    let loadgen = loadgen_beside(Path::new(env!("CARGO_BIN_EXE_tollgate"))).expect("loadgen");
+    let status = Command::new(loadgen)
         .args(["run", "--target", &format!("http://127.0.0.1:{grpc}")])
         .args(["--keys", keys, "--connections", "8", "--streams", "8"])
         .args([
@@ -116,11 +93,11 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
     let actors = metric(http, "tollgate_key_actors ");
     let failed_open = tollgate_testkit::http::get(http, "/metrics", &[])
         .map(|r| {
-            r.body
-                .lines()
-                .filter(|l| l.contains("outcome=\"failed_open\""))
-                .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-                .sum::<f64>()
+            tollgate_testkit::http::metric_sum(
+                &r.body,
+                "tollgate_decisions_total",
+                "outcome=\"failed_open\"",
+            )
         })
         .unwrap_or(0.0);
     // Distinct keys decided: drawn with replacement, so fewer than the decisions (expected).

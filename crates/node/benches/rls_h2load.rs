@@ -84,12 +84,8 @@ struct Setup {
 }
 
 fn loadgen() -> PathBuf {
-    tollgate_testkit::process::sibling_binary(
-        Path::new(env!("CARGO_BIN_EXE_tollgate")),
-        "tollgate-loadgen",
-        "tollgate-loadgen",
-    )
-    .expect("tollgate-loadgen")
+    tollgate_testkit::process::loadgen_beside(Path::new(env!("CARGO_BIN_EXE_tollgate")))
+        .expect("tollgate-loadgen")
 }
 
 fn start(setup: &Setup, pin: bool, rules: &Path) -> Server {

@@ -57,8 +57,8 @@ async fn burst(node: &Node, request: &Request, n: usize) -> u64 {
     admitted
 }
 
-#[tokio::test(start_paused = true)]
-async fn what_a_stalled_store_admits_is_debited_in_it_when_it_answers() {
+/// One node on a linked store whose hot key has earned its actor and leases; what it admitted.
+async fn one_node_leasing() -> (LinkedStore, Node, u64) {
     let (store, clock) = linked();
     let node = node_on(
         Store::Linked(store.clone()),
@@ -68,10 +68,15 @@ async fn what_a_stalled_store_admits_is_debited_in_it_when_it_answers() {
     )
     .await;
     let mut admitted = 0;
-    // The key earns its actor and leases.
     for _ in 0..10 {
         admitted += u64::from(check(&node, &hot()).await.allowed);
     }
+    (store, node, admitted)
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_a_stalled_store_admits_is_debited_in_it_when_it_answers() {
+    let (store, node, mut admitted) = one_node_leasing().await;
     store.link().set_condition(LinkCondition::Stalled);
     // Decided while the store has stalled: the node's share of its last answer.
     for _ in 0..4 {
@@ -100,18 +105,7 @@ async fn what_a_stalled_store_admits_is_debited_in_it_when_it_answers() {
 
 #[tokio::test(start_paused = true)]
 async fn what_is_admitted_while_the_store_turns_out_down_is_forgiven() {
-    let (store, clock) = linked();
-    let node = node_on(
-        Store::Linked(store.clone()),
-        OPEN,
-        RuntimeConfig::default(),
-        clock,
-    )
-    .await;
-    let mut store_decided = 0;
-    for _ in 0..10 {
-        store_decided += u64::from(check(&node, &hot()).await.allowed);
-    }
+    let (store, node, store_decided) = one_node_leasing().await;
     store.link().set_condition(LinkCondition::Stalled);
     let during = burst(&node, &hot(), 60).await;
     // The stalled calls are lost with the link: the store never counted what was admitted.

@@ -98,3 +98,12 @@ fn dechunk(mut body: &str) -> String {
     }
     out
 }
+
+/// The sum of every sample of the metric `name` (Prometheus text) whose line contains
+/// `labels` (`""`: all of them).
+pub fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+        .sum()
+}

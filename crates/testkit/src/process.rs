@@ -2,7 +2,7 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command};
 use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result, bail};
@@ -94,4 +94,29 @@ pub fn signal(pid: u32, signal: &str) -> Result<()> {
         bail!("kill -{signal} {pid} failed");
     }
     Ok(())
+}
+
+/// A child process that is killed, and waited for, when dropped.
+#[derive(Debug)]
+pub struct KilledOnDrop(pub Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `tollgate-loadgen`, next to `tollgate` (built when it is not there yet; see
+/// [`sibling_binary`]).
+pub fn loadgen_beside(tollgate: &Path) -> Result<PathBuf> {
+    sibling_binary(tollgate, "tollgate-loadgen", "tollgate-loadgen")
+}
+
+/// The whole number in the environment variable `name`, or `default` (a bench's settings).
+pub fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }

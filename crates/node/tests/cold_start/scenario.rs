@@ -164,10 +164,7 @@ impl NodeProcess {
 
 /// The sum of every sample of `name` whose labels contain `labels`.
 fn metric(text: &str, name: &str, labels: &str) -> u64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    tollgate_testkit::http::metric_sum(text, name, labels) as u64
 }
 
 fn request(kind: &str, key: &str, value: &str) -> RateLimitRequest {

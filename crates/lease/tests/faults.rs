@@ -1,6 +1,8 @@
 //! Faults injected for real: Redis killed, paused (SIGSTOP), restarted, its script cache
-//! flushed, a cluster primary killed. A call never hangs: it fails within its budget with a
-//! transient error, and calls recover on their own once Redis is back.
+//! flushed, a cluster primary killed, Redis at its `maxmemory`. A call never hangs: it fails
+//! within its budget with a transient error, and calls recover on their own once Redis is
+//! back; a full Redis refuses new state (every script, whatever it writes first) and still
+//! takes leased units back.
 
 mod support;
 
@@ -8,7 +10,8 @@ use std::time::Duration;
 
 use support::check1;
 use tollgate_lease::{
-    BucketKey, CheckOutcome, LeaseStore, Limit, RedisConfig, RedisStore, StoreError,
+    BucketKey, CheckOutcome, CheckRequest, LeaseAsk, LeaseRequest, LeaseReturn, LeaseStore, Limit,
+    RedisConfig, RedisStore, ReturnRequest, StoreError,
 };
 use tollgate_testkit::{RedisCluster, RedisServer};
 
@@ -210,4 +213,104 @@ async fn cluster_primary_killed_recovers_after_the_replica_is_promoted() {
         "{} vs {before}",
         after.buckets[0].remaining
     );
+}
+
+fn used_memory(server: &RedisServer) -> u64 {
+    let info = server.cli(&["INFO", "memory"]).expect("info");
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("used_memory")
+}
+
+fn lease_request(key: &BucketKey, want: u64) -> LeaseRequest {
+    LeaseRequest::new(
+        vec![LeaseAsk {
+            key: key.clone(),
+            limit: limit(),
+            want,
+            min: 1,
+            max_share: 1.0,
+        }],
+        Duration::from_secs(60),
+    )
+    .expect("lease request")
+}
+
+/// Redis at its `maxmemory` with no eviction: a check or a lease for a new key is refused as a
+/// full store (a `#!lua` script is checked before it runs; the lease script's first write,
+/// `ZREMRANGEBYSCORE`, is not flagged deny-oom, so without the shebang it wrote on), used
+/// memory stops growing, and units leased before are still taken back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_at_its_maxmemory_refuses_new_state_and_takes_leases_back() {
+    let server = tokio::task::spawn_blocking(|| {
+        RedisServer::start_with(&["--maxmemory-policy", "noeviction"])
+    })
+    .await
+    .expect("join")
+    .expect("redis");
+    let store = store_for(RedisConfig {
+        call_timeout: Duration::from_secs(2),
+        ..RedisConfig::single(server.url())
+    });
+    let held_key = BucketKey::new(b"held", "r").expect("key");
+    let grant = store
+        .acquire_leases(&lease_request(&held_key, 10))
+        .await
+        .expect("a lease while there is room")
+        .remove(0);
+    let lease = grant.lease.expect("granted");
+    // Data worth about 4 MB, then a maxmemory of half what Redis uses: well over it.
+    let client = redis::Client::open(server.url()).expect("client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connection");
+    let filler = vec![b'x'; 64 * 1024];
+    for i in 0..64 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg(&filler)
+            .query_async(&mut conn)
+            .await
+            .expect("room for the filler");
+    }
+    let half = used_memory(&server) / 2;
+    server
+        .cli(&["CONFIG", "SET", "maxmemory", &half.to_string()])
+        .expect("config set");
+    let full = used_memory(&server);
+    for i in 0..300 {
+        let key = BucketKey::new(format!("new-{i}").as_bytes(), "r").expect("key");
+        let checked = store
+            .check(&CheckRequest::single(key.clone(), limit(), 1).expect("check"))
+            .await;
+        assert!(
+            matches!(checked, Err(StoreError::Full(_))),
+            "check: {checked:?}"
+        );
+        let leased = store.acquire_leases(&lease_request(&key, 5)).await;
+        assert!(
+            matches!(leased, Err(StoreError::Full(_))),
+            "lease: {leased:?}"
+        );
+    }
+    let after = used_memory(&server);
+    assert!(
+        after <= full + 64 * 1024,
+        "used memory grew from {full} to {after} while Redis was full"
+    );
+    let back = store
+        .return_leases(
+            &ReturnRequest::new(vec![LeaseReturn {
+                key: held_key,
+                limit: limit(),
+                lease,
+                unspent: 10,
+            }])
+            .expect("return"),
+        )
+        .await
+        .expect("a full Redis takes units back");
+    assert_eq!(back, vec![10]);
 }

@@ -3,6 +3,12 @@
 //! A script is sent with `EVALSHA`; when Redis answers `NOSCRIPT` (after a restart, a failover
 //! or `SCRIPT FLUSH`) the same call is sent once more as `EVAL`, which also caches the script
 //! on that server, so the caller never sees it.
+//!
+//! Every script opens with a `#!lua` shebang (Redis 7): Redis then checks `maxmemory` before
+//! the script runs, whatever its first write. Without it, Redis checks only before the first
+//! write command flagged deny-oom, and a script whose first write is `ZREMRANGEBYSCORE` (not
+//! flagged) kept writing past `maxmemory`. Scripts that can only give memory back (returns,
+//! slot releases) say `flags=allow-oom`: a full Redis still takes back what nodes hold.
 
 use std::sync::LazyLock;
 
@@ -16,9 +22,22 @@ pub(crate) struct Script {
     pub(crate) sha: String,
 }
 
+/// Whether a script may run while Redis is over its `maxmemory`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Oom {
+    /// Refused (a `full` store): it can add state.
+    Refused,
+    /// Allowed: it only gives state back.
+    Allowed,
+}
+
 impl Script {
-    fn new(name: &'static str, body: &str) -> Self {
-        let source = format!("{LIB}\n{body}");
+    fn new(name: &'static str, body: &str, oom: Oom) -> Self {
+        let shebang = match oom {
+            Oom::Refused => "#!lua",
+            Oom::Allowed => "#!lua flags=allow-oom",
+        };
+        let source = format!("{shebang}\n{LIB}\n{body}");
         let sha = redis::Script::new(&source).get_hash().to_owned();
         Self { name, source, sha }
     }
@@ -50,12 +69,28 @@ impl Scripts {
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    check: Script::new("check", include_str!("scripts/check.lua")),
-    lease_acquire: Script::new("lease_acquire", include_str!("scripts/lease_acquire.lua")),
-    lease_return: Script::new("lease_return", include_str!("scripts/lease_return.lua")),
-    slot_release: Script::new("slot_release", include_str!("scripts/slot_release.lua")),
-    debit: Script::new("debit", include_str!("scripts/debit.lua")),
-    demand_report: Script::new("demand_report", include_str!("scripts/demand_report.lua")),
+    check: Script::new("check", include_str!("scripts/check.lua"), Oom::Refused),
+    lease_acquire: Script::new(
+        "lease_acquire",
+        include_str!("scripts/lease_acquire.lua"),
+        Oom::Refused,
+    ),
+    lease_return: Script::new(
+        "lease_return",
+        include_str!("scripts/lease_return.lua"),
+        Oom::Allowed,
+    ),
+    slot_release: Script::new(
+        "slot_release",
+        include_str!("scripts/slot_release.lua"),
+        Oom::Allowed,
+    ),
+    debit: Script::new("debit", include_str!("scripts/debit.lua"), Oom::Refused),
+    demand_report: Script::new(
+        "demand_report",
+        include_str!("scripts/demand_report.lua"),
+        Oom::Refused,
+    ),
 });
 
 #[cfg(test)]
@@ -69,7 +104,8 @@ mod tests {
         assert_eq!(shas.len(), all.len());
         for s in all {
             assert_eq!(s.sha.len(), 40, "{}", s.name);
-            let body = &s.source[LIB.len()..];
+            assert!(s.source.starts_with("#!lua"), "{} has no shebang", s.name);
+            let body = &s.source[s.source.find(LIB).expect("lib") + LIB.len()..];
             for part in ["KEYS", "ARGV", "Reply", "Invariants"] {
                 assert!(body.contains(part), "{} lacks a {part} header", s.name);
             }

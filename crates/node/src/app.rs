@@ -348,6 +348,7 @@ impl App {
         ));
         let http = tokio::spawn(crate::http::serve(
             self.node.clone(),
+            self.config.top_denied_token.clone(),
             self.http,
             self.tls.as_ref().map(|t| t.http.clone()),
             stopped(stop_rx.clone()),

@@ -172,10 +172,17 @@ pub struct Settings {
     /// sampled flag is followed) [default: 0.01]
     #[arg(long, env = "TOLLGATE_TRACE_SAMPLE_RATIO")]
     pub trace_sample_ratio: Option<f64>,
-    /// How /top-denied shows identities (they may be personal data): plain, truncated or
-    /// hashed [default: plain]
+    /// How /top-denied shows identities (they may be personal data, or API keys): plain,
+    /// truncated or hashed (HMAC under --top-denied-secret) [default: truncated]
     #[arg(long, env = "TOLLGATE_TOP_DENIED_IDENTITIES")]
     pub top_denied_identities: Option<String>,
+    /// The deployment's secret for hashed identities (at least 16 bytes; the same on every node)
+    #[arg(long, env = "TOLLGATE_TOP_DENIED_SECRET")]
+    pub top_denied_secret: Option<String>,
+    /// A bearer token that /top-denied on the HTTP port requires; unset, the HTTP port does not
+    /// serve it (the admin API does, to a read token)
+    #[arg(long, env = "TOLLGATE_TOP_DENIED_TOKEN")]
+    pub top_denied_token: Option<String>,
     /// Threads that run the node; 0 or unset: one per CPU the process may use (its affinity
     /// and cgroup quota), and a single-threaded runtime when that is one.
     #[arg(long, env = "TOLLGATE_WORKER_THREADS")]
@@ -300,6 +307,8 @@ impl Settings {
             memory_max_keys,
             log_format,
             top_denied_identities,
+            top_denied_secret,
+            top_denied_token,
             otlp_endpoint,
             trace_sample_ratio,
             worker_threads,
@@ -389,6 +398,8 @@ pub struct Config {
     pub region: Option<RegionSettings>,
     /// TLS on every listener, when a certificate is configured.
     pub tls: Option<TlsSettings>,
+    /// The bearer token `/top-denied` on the HTTP port requires (None: not served there).
+    pub top_denied_token: Option<String>,
 }
 
 /// TLS on the node's listeners (see `docs/tls.md`).
@@ -552,9 +563,23 @@ impl TryFrom<Settings> for Config {
         };
         let top_denied = match s.top_denied_identities.as_deref() {
             None => crate::runtime::top_denied::IdentityShown::default(),
-            Some(text) => text
-                .parse()
-                .map_err(|reason: String| bad("top_denied_identities", reason))?,
+            Some(text) => crate::runtime::top_denied::IdentityShown::parse(
+                text,
+                s.top_denied_secret.as_deref(),
+            )
+            .map_err(|reason| bad("top_denied_identities", reason))?,
+        };
+        let top_denied_token = match s.top_denied_token {
+            Some(token) if token.len() < crate::runtime::top_denied::MIN_SECRET => {
+                return Err(bad(
+                    "top_denied_token",
+                    format!(
+                        "must be at least {} characters",
+                        crate::runtime::top_denied::MIN_SECRET
+                    ),
+                ));
+            }
+            token => token,
         };
         let failure_ratio = s
             .breaker_failure_ratio
@@ -744,6 +769,7 @@ impl TryFrom<Settings> for Config {
             region,
             control,
             tls,
+            top_denied_token,
             grpc_listen: s
                 .grpc_listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8081))),
@@ -805,6 +831,29 @@ impl Cli {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hashed_identities_need_a_secret_and_the_top_denied_token_a_length() {
+        let field = |settings: Settings| {
+            Config::try_from(settings)
+                .map(|_| ())
+                .expect_err("refused")
+                .field
+        };
+        let hashed = |secret: Option<&str>| Settings {
+            top_denied_identities: Some("hashed".into()),
+            top_denied_secret: secret.map(String::from),
+            ..Settings::default()
+        };
+        assert_eq!(field(hashed(None)), "top_denied_identities");
+        assert_eq!(field(hashed(Some("short"))), "top_denied_identities");
+        assert!(Config::try_from(hashed(Some("sixteen-bytes-long"))).is_ok());
+        let token = Settings {
+            top_denied_token: Some("short".into()),
+            ..Settings::default()
+        };
+        assert_eq!(field(token), "top_denied_token");
+    }
 
     #[test]
     fn flags_override_the_file_and_defaults_fill_the_rest() {

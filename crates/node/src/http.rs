@@ -1,6 +1,9 @@
 //! The small HTTP port: `/healthz` (the process is up), `/readyz` (the node can answer: rules
 //! loaded; store health is in the body, never a reason to be unready), Prometheus `/metrics`
-//! and `/top-denied` (the 20 most-denied keys, overall and per rule, as JSON).
+//! and, to a bearer token only, `/top-denied` (the 20 most-denied keys, overall and per rule, as
+//! JSON). This port is open to whoever scrapes and probes (the whole monitoring namespace in
+//! the shipped NetworkPolicy): identities, which may be API keys, are not served on it without
+//! a token.
 
 use std::future::Future;
 
@@ -12,6 +15,11 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::runtime::breaker::BreakerState;
+use std::sync::Arc;
+
+use subtle::ConstantTimeEq;
+
+use crate::control::problem::Problem;
 use crate::runtime::{Node, WarmUp};
 
 async fn healthz() -> &'static str {
@@ -93,39 +101,75 @@ async fn metrics(State(node): State<Node>) -> impl IntoResponse {
     )
 }
 
-/// The 20 most-denied keys, overall and per rule (identities shown as configured).
-async fn top_denied(State(node): State<Node>) -> impl IntoResponse {
+/// The 20 most-denied keys, overall and per rule (identities shown as configured), to a caller
+/// presenting `token` as a bearer token; not served without one configured.
+async fn top_denied(
+    node: Node,
+    token: Option<Arc<str>>,
+    authorization: Option<&str>,
+) -> axum::response::Response {
+    let Some(token) = token else {
+        return Problem::not_served(
+            "the most-denied keys are served on the admin API (GET /admin/v1/top-denied, a read \
+             token), or here with --top-denied-token",
+        )
+        .into_response();
+    };
+    let presented = authorization
+        .and_then(|a| a.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim().as_bytes())
+        .unwrap_or_default();
+    if !(presented.len() == token.len() && bool::from(presented.ct_eq(token.as_bytes()))) {
+        return Problem::unauthorized(
+            "GET /top-denied needs the --top-denied-token as a bearer token",
+        )
+        .into_response();
+    }
     let body = serde_json::to_string(&node.top_denied(20)).unwrap_or_else(|_| "{}".into());
-    ([(header::CONTENT_TYPE, "application/json")], body)
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// The router.
-pub fn router(node: Node) -> Router {
+/// The router; `/top-denied` wants `top_denied_token` (None: not served here).
+pub fn router(node: Node, top_denied_token: Option<String>) -> Router {
+    let token: Option<Arc<str>> = top_denied_token.map(Into::into);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route("/top-denied", get(top_denied))
+        .route(
+            "/top-denied",
+            get(
+                move |State(node): State<Node>, headers: axum::http::HeaderMap| async move {
+                    let authorization = headers
+                        .get(header::AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok());
+                    top_denied(node, token, authorization).await
+                },
+            ),
+        )
         .with_state(node)
 }
 
 /// Serves the router on `listener` until `shutdown`.
 pub async fn serve(
     node: Node,
+    top_denied_token: Option<String>,
     listener: TcpListener,
     tls: Option<crate::tls::Acceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let router = router(node, top_denied_token);
     match tls {
         None => {
-            axum::serve(listener, router(node))
+            axum::serve(listener, router)
                 .with_graceful_shutdown(shutdown)
                 .await
         }
         Some(acceptor) => {
             axum::serve(
                 crate::tls::TlsListener::new(listener, acceptor, "http")?,
-                router(node),
+                router,
             )
             .with_graceful_shutdown(shutdown)
             .await

@@ -320,27 +320,55 @@ async fn requests_are_counted_per_api_and_result_and_unmatched_ones_apart() {
     served.stop().await;
 }
 
-/// `/top-denied` lists the most-denied keys, overall and per rule; with
-/// `--top-denied-identities hashed` it shows no identity in the clear.
+/// `/top-denied` lists the most-denied keys, overall and per rule, to a bearer token only: the
+/// HTTP port is open to whatever scrapes it, and identities may be API keys. Without a token
+/// configured it is not served there; identities are truncated by default, shown whole only
+/// when asked (`plain`), and `hashed` is an HMAC under the deployment's secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_most_denied_keys_are_served_and_can_be_hashed() {
+async fn the_most_denied_keys_are_served_to_a_token_and_identities_kept_private() {
     let rules = "domain: api\nrules:\n  - {id: per-key, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 1, refillPerSecond: 0.001}\n";
-    for (shown, hashed) in [(None, false), (Some("hashed"), true)] {
+    const TOKEN: &str = "a-token-for-top-denied";
+    let unserved = Served::start(rules, Settings::default()).await;
+    let (status, body) = unserved.get("/top-denied").await;
+    assert_eq!(status, 404, "not served without a token configured: {body}");
+    assert!(body.contains("not-served"), "{body}");
+    for (shown, expect) in [
+        (None, "truncated"),
+        (Some("plain"), "plain"),
+        (Some("hashed"), "hashed"),
+    ] {
         let settings = Settings {
             top_denied_identities: shown.map(String::from),
+            top_denied_secret: Some("a-deployment-secret".into()),
+            top_denied_token: Some(TOKEN.into()),
             ..Settings::default()
         };
         let mut served = Served::start(rules, settings).await;
         let mut rls = served.rls().await;
-        // k-hot is denied 5 times, k-warm twice, k-cold never (its one request fits).
-        for (key, n) in [("k-hot", 6), ("k-warm", 3), ("k-cold", 1)] {
+        // The hot key is denied 5 times, the warm one twice, the cold one never.
+        for (key, n) in [
+            ("sk_live_hot_123456", 6),
+            ("sk_live_warm_98765", 3),
+            ("sk_cold", 1),
+        ] {
             for _ in 0..n {
                 rls.should_rate_limit(support::rls_request("api", &[&[("api_key", key)]]))
                     .await
                     .expect("answered");
             }
         }
-        let (status, body) = served.get("/top-denied").await;
+        for refused in [
+            &[][..],
+            &["Authorization: Bearer "],
+            &["Authorization: Bearer a-wrong-token-of-a-length"],
+            &["Authorization: Basic YWRtaW46YWRtaW4="],
+        ] {
+            let (status, body) = served.get_with("/top-denied", refused).await;
+            assert_eq!(status, 401, "{refused:?}: {body}");
+            assert!(!body.contains("sk_live"), "{body}");
+        }
+        let bearer = format!("Authorization: Bearer {TOKEN}");
+        let (status, body) = served.get_with("/top-denied", &[&bearer]).await;
         assert_eq!(status, 200, "{body}");
         let report: serde_json::Value = serde_json::from_str(&body).expect("JSON");
         assert_eq!(report["denials"], 7, "{report}");
@@ -358,14 +386,19 @@ async fn the_most_denied_keys_are_served_and_can_be_hashed() {
         assert_eq!(listed.len(), 2, "{listed:?}");
         assert_eq!((listed[0].1, listed[1].1), (5, 2), "{listed:?}");
         assert_eq!(report["overall"][0]["rule"], "per-key");
-        if hashed {
-            assert!(
-                listed.iter().all(|(id, _)| id.starts_with("sha256:")),
-                "{listed:?}"
-            );
-            assert!(!body.contains("k-hot"), "{body}");
-        } else {
-            assert!(listed[0].0.contains("k-hot"), "{listed:?}");
+        match expect {
+            "plain" => assert_eq!(listed[0].0, "sk_live_hot_123456"),
+            "truncated" => {
+                assert_eq!(listed[0].0, "sk_liv…");
+                assert!(!body.contains("sk_live_hot"), "{body}");
+            }
+            _ => {
+                assert!(
+                    listed.iter().all(|(id, _)| id.starts_with("hmac:")),
+                    "{listed:?}"
+                );
+                assert!(!body.contains("sk_live"), "{body}");
+            }
         }
         served.stop().await;
     }

@@ -131,6 +131,16 @@ impl Problem {
         )
     }
 
+    /// 404: an endpoint this port does not serve (as configured).
+    pub fn not_served(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "urn:tollgate:problem:not-served",
+            "Not served on this port",
+            detail,
+        )
+    }
+
     /// 404.
     pub fn not_found(detail: impl Into<String>) -> Self {
         Self::new(

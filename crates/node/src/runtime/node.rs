@@ -133,7 +133,7 @@ impl Node {
                 }
             });
         }
-        let top_denied = TopDenied::new(shared.config.top_denied);
+        let top_denied = TopDenied::new(shared.config.top_denied.clone());
         let overrides = OverrideRules::new(
             shared
                 .metrics

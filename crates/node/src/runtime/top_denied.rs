@@ -6,14 +6,17 @@
 //! its `error`: under a flood of keys each denied once, the tail of a list is keys whose count
 //! is nearly all error (`denied - error` is what is certain).
 //!
-//! Identities may be personal data (an IP address, a user id): how they are shown is a setting
-//! (plain, truncated, or a stable hash that is the same on every node).
+//! Identities may be personal data or credentials (an IP address, a user id, an API key): how
+//! they are shown is a setting, truncated by default (plain, or a keyed hash that is the same on
+//! every node of a deployment and that nobody without its secret can reverse or test a guess
+//! against: an unkeyed hash of an IPv4 address is reversed by trying all of them).
 
 use std::collections::HashMap;
 
+use hmac::{KeyInit, Mac};
 use parking_lot::Mutex;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
+use sha2::Sha256;
 
 /// Counters kept per list (a list reports its 20 largest).
 pub const TRACKED: usize = 100;
@@ -24,27 +27,48 @@ pub const MAX_RULES: usize = 256;
 /// Bytes of an identity kept (longer ones are cut, so memory stays bounded).
 const MAX_IDENTITY: usize = 128;
 
+/// The shortest secret a keyed hash of identities takes.
+pub const MIN_SECRET: usize = 16;
+
 /// How identities are shown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum IdentityShown {
     /// As they are.
-    #[default]
     Plain,
-    /// Their first 6 characters and an ellipsis.
+    /// Their first 6 characters and an ellipsis (the default: enough to tell keys apart, not
+    /// enough to use one).
+    #[default]
     Truncated,
-    /// `sha256:` and the first 16 hex digits of their SHA-256: the same on every node, so lists
-    /// can be compared, and nothing readable.
-    Hashed,
+    /// `hmac:` and the first 16 hex digits of their HMAC-SHA256 under the deployment's secret:
+    /// the same on every node given the same secret, so lists can be compared, and nothing
+    /// readable or testable without it.
+    Hashed {
+        /// The deployment's secret.
+        secret: std::sync::Arc<[u8]>,
+    },
 }
 
-impl std::str::FromStr for IdentityShown {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
+impl IdentityShown {
+    /// Reads `plain`, `truncated` or `hashed` (which needs a `secret` of at least
+    /// [`MIN_SECRET`] bytes).
+    pub fn parse(text: &str, secret: Option<&str>) -> Result<Self, String> {
+        match text {
             "plain" => Ok(Self::Plain),
             "truncated" => Ok(Self::Truncated),
-            "hashed" => Ok(Self::Hashed),
+            "hashed" => match secret {
+                Some(secret) if secret.len() >= MIN_SECRET => Ok(Self::Hashed {
+                    secret: secret.as_bytes().into(),
+                }),
+                Some(_) => Err(format!(
+                    "hashed identities need a secret of at least {MIN_SECRET} bytes \
+                     (top_denied_secret)"
+                )),
+                None => Err(
+                    "hashed identities need a secret (top_denied_secret): an unkeyed \
+                     hash of an IP address is reversed by trying them all"
+                        .into(),
+                ),
+            },
             other => Err(format!(
                 "{other:?} is not a way to show identities: plain, truncated or hashed"
             )),
@@ -53,7 +77,7 @@ impl std::str::FromStr for IdentityShown {
 }
 
 impl IdentityShown {
-    fn show(self, identity: &[u8]) -> String {
+    fn show(&self, identity: &[u8]) -> String {
         match self {
             IdentityShown::Plain => String::from_utf8_lossy(identity).into_owned(),
             IdentityShown::Truncated => {
@@ -64,10 +88,13 @@ impl IdentityShown {
                 }
                 shown
             }
-            IdentityShown::Hashed => {
-                let digest = Sha256::digest(identity);
+            IdentityShown::Hashed { secret } => {
+                let mut mac = <hmac::Hmac<Sha256> as KeyInit>::new_from_slice(secret)
+                    .expect("HMAC takes a key of any length");
+                mac.update(identity);
+                let digest = mac.finalize().into_bytes();
                 let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-                format!("sha256:{hex}")
+                format!("hmac:{hex}")
             }
         }
     }
@@ -197,7 +224,7 @@ impl TopDenied {
 
     /// The `n` most-denied keys overall and per rule.
     pub fn report(&self, n: usize) -> TopDeniedReport {
-        let shown = self.shown;
+        let shown = &self.shown;
         let overall = self.overall.lock();
         let overall_keys = overall
             .top(n)
@@ -285,14 +312,31 @@ mod tests {
         assert_eq!(IdentityShown::Plain.show(b"user-12345"), "user-12345");
         assert_eq!(IdentityShown::Truncated.show(b"user-12345"), "user-1…");
         assert_eq!(IdentityShown::Truncated.show(b"user"), "user");
-        let hashed = IdentityShown::Hashed.show(b"user-12345");
+        assert_eq!(IdentityShown::default(), IdentityShown::Truncated);
+        let keyed = |secret: &str| {
+            IdentityShown::parse("hashed", Some(secret)).expect("a secret long enough")
+        };
+        let hashed = keyed("a-deployment-secret").show(b"user-12345");
         assert!(
-            hashed.starts_with("sha256:") && hashed.len() == 7 + 16,
+            hashed.starts_with("hmac:") && hashed.len() == 5 + 16,
             "{hashed}"
         );
-        assert_eq!(hashed, IdentityShown::Hashed.show(b"user-12345"), "stable");
-        assert!("secret".parse::<IdentityShown>().is_err());
-        assert_eq!("hashed".parse(), Ok(IdentityShown::Hashed));
+        assert_eq!(
+            hashed,
+            keyed("a-deployment-secret").show(b"user-12345"),
+            "stable under one secret"
+        );
+        assert_ne!(
+            hashed,
+            keyed("another-deployment").show(b"user-12345"),
+            "a guess cannot be tested without the secret"
+        );
+        assert!(IdentityShown::parse("secret", None).is_err());
+        assert!(
+            IdentityShown::parse("hashed", None).is_err(),
+            "no unkeyed hash"
+        );
+        assert!(IdentityShown::parse("hashed", Some("short")).is_err());
     }
 
     #[test]

@@ -146,13 +146,19 @@ impl Served {
 
     /// GET `path` on the HTTP port: (status, body).
     pub async fn get(&self, path: &str) -> (u16, String) {
+        self.get_with(path, &[]).await
+    }
+
+    /// `GET path` on the HTTP port with extra header lines (`Name: value`).
+    pub async fn get_with(&self, path: &str, headers: &[&str]) -> (u16, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(self.http)
             .await
             .expect("connect");
+        let extra: String = headers.iter().map(|h| format!("{h}\r\n")).collect();
         stream
             .write_all(
-                format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+                format!("GET {path} HTTP/1.1\r\nHost: test\r\n{extra}Connection: close\r\n\r\n")
                     .as_bytes(),
             )
             .await

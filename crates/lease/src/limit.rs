@@ -419,6 +419,29 @@ impl Limit {
         }
     }
 
+    /// The most units this limit can admit over any span of time of `span`: a token bucket its
+    /// capacity and the refill over the span; a window algorithm its limit for every window the
+    /// span reaches into, and one more (a fixed window lets two windows' worth through back to
+    /// back at its boundary); a concurrency limit its slots for every slot lifetime the span
+    /// reaches into. What a peer region reports of one bucket is never more.
+    pub fn most_over(&self, span: Duration) -> u64 {
+        let span_us = span.as_micros() as u64;
+        let windows = |window_us: u64| span_us.div_ceil(window_us.max(1)).saturating_add(1);
+        match self.kind {
+            Kind::TokenBucket {
+                capacity,
+                refill_per_second,
+            } => capacity.saturating_add((refill_per_second * span.as_secs_f64()).ceil() as u64),
+            Kind::SlidingWindow { limit, window_us }
+            | Kind::SlidingWindowLog { limit, window_us }
+            | Kind::FixedWindow { limit, window_us } => limit.saturating_mul(windows(window_us)),
+            Kind::Concurrency {
+                max_in_flight,
+                slot_ttl_us,
+            } => max_in_flight.saturating_mul(windows(slot_ttl_us)),
+        }
+    }
+
     /// The refill rate for token buckets; `None` otherwise.
     pub fn refill_per_second(&self) -> Option<f64> {
         match self.kind {
@@ -576,5 +599,16 @@ mod tests {
         }
         let err = "LEAKY_BUCKET".parse::<Algorithm>().expect_err("unknown");
         assert_eq!(err.field, "algorithm");
+    }
+
+    #[test]
+    fn the_most_a_limit_admits_over_a_span() {
+        let tb = Limit::token_bucket(50, 10.0).expect("limit");
+        assert_eq!(tb.most_over(Duration::ZERO), 50);
+        assert_eq!(tb.most_over(Duration::from_secs(5)), 100);
+        let fw = Limit::fixed_window(100, Duration::from_secs(60)).expect("limit");
+        assert_eq!(fw.most_over(Duration::from_secs(60)), 200);
+        assert_eq!(fw.most_over(Duration::from_secs(61)), 300);
+        assert_eq!(fw.most_over(Duration::ZERO), 100);
     }
 }

@@ -28,6 +28,17 @@ pub fn epoch_until(limit: &Limit, now: Micros) -> Micros {
     now - now % length + weighs_for * length
 }
 
+/// How long the consumption of one epoch of `limit` spans, µs (a window, or a token bucket's
+/// period): its `until` lies one or two of these after it started.
+pub fn epoch_length(limit: &Limit) -> u64 {
+    match limit.algorithm() {
+        Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingWindowLog => {
+            window_us(limit)
+        }
+        Algorithm::TokenBucket | Algorithm::Concurrency => TOKEN_BUCKET_EPOCH_US,
+    }
+}
+
 fn window_us(limit: &Limit) -> u64 {
     limit
         .window()

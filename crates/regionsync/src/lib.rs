@@ -256,6 +256,7 @@ impl RegionSync {
             origin.clone(),
             config.peer_region.clone(),
             clock.clone(),
+            config.sync_interval,
         ));
         // Not up until the peer has been heard from.
         metrics.peer_up.set(0);

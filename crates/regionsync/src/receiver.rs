@@ -4,10 +4,17 @@
 //! A batch is decoded and every entry validated before anything is applied, so a malformed
 //! batch changes nothing. Each entry is applied with the store's debit-once, so a batch
 //! applied twice, late, or out of order changes nothing either.
+//!
+//! What the peer reports is bounded by what this region knows, not taken on trust from
+//! whoever holds the link's secret: a consumption total no larger than twice what the rule's
+//! limit admits over its epoch (the peer's view may be in debt by a bucket), demand reports
+//! that live at most [`MAX_INTERVALS`] of this region's own sync interval, their units no more
+//! than the limit admits over that time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use futures::StreamExt;
 use tollgate_lease::limit::{MAX_PERIOD, MAX_UNITS};
@@ -18,7 +25,7 @@ use tollgate_lease::{
 use tonic::Status;
 
 use crate::RegionHost;
-use crate::consumption::epoch_until;
+use crate::consumption::{epoch_length, epoch_until};
 use crate::messages::{
     Batch, BatchAck, DemandAck, DemandBatch, DemandItem, ForwardReply, ForwardRequest, Origin,
     Ping, Pong,
@@ -39,6 +46,9 @@ pub enum ReportError {
     Store(tollgate_lease::StoreError),
 }
 
+/// How many of this region's sync intervals a peer's demand report may live (its interval).
+pub const MAX_INTERVALS: u64 = 4;
+
 /// Store calls in flight while applying one batch.
 const CONCURRENT_DEBITS: usize = 16;
 /// The clock difference between regions a batch may show.
@@ -52,6 +62,8 @@ pub struct Receiver {
     own: Origin,
     peer_region: String,
     clock: SharedClock,
+    /// This region's sync interval, µs (bounds how long a peer's demand report lives).
+    interval_us: u64,
     /// When the newest applied batch was sent (peer's clock), for the lag metric.
     newest_applied: AtomicU64,
 }
@@ -66,7 +78,8 @@ impl std::fmt::Debug for Receiver {
 }
 
 impl Receiver {
-    /// A receiver for batches from `peer_region`, applied to `store`.
+    /// A receiver for batches from `peer_region`, applied to `store`; `interval` is this
+    /// region's sync interval.
     pub fn new(
         store: Store,
         host: Arc<dyn RegionHost>,
@@ -74,6 +87,7 @@ impl Receiver {
         own: Origin,
         peer_region: String,
         clock: SharedClock,
+        interval: std::time::Duration,
     ) -> Self {
         Self {
             store,
@@ -82,6 +96,7 @@ impl Receiver {
             own,
             peer_region,
             clock,
+            interval_us: (interval.as_micros() as u64).max(1),
             newest_applied: AtomicU64::new(0),
         }
     }
@@ -176,6 +191,24 @@ impl Receiver {
                 continue;
             };
             let latest = epoch_until(&limit, skewed_now);
+            // The most the limit admits over one epoch's consumption, twice (the peer's view
+            // of the bucket may be in debt by up to a bucket): a larger total is not
+            // consumption, and would zero this region's bucket for the epoch.
+            let most = limit
+                .most_over(Duration::from_micros(epoch_length(&limit)))
+                .saturating_mul(2);
+            if entry.total > most {
+                self.reject("total beyond the limit");
+                tracing::debug!(
+                    entry = i,
+                    rule = %entry.rule,
+                    total = entry.total,
+                    most,
+                    "skipped an entry whose total is more than its rule admits in an epoch"
+                );
+                skipped += 1;
+                continue;
+            }
             if entry.until > latest || entry.at > skewed_now {
                 // This entry only (the regions may hold the rule differently during a
                 // rollout): refusing the batch would stop every other total from landing.
@@ -256,6 +289,14 @@ impl Receiver {
     /// batch is refused whole.
     pub async fn record_demand(&self, batch: DemandBatch) -> Result<DemandAck, Status> {
         self.check_envelope(&batch.origin, batch.items.len(), "demand", "demand items")?;
+        let longest = MAX_INTERVALS * self.interval_us;
+        if batch.interval_us == 0 || batch.interval_us > longest {
+            return Err(self.invalid(format!(
+                "demand over {} µs; this region takes reports over at most {longest} µs \
+                 ({MAX_INTERVALS} of its sync intervals)",
+                batch.interval_us
+            )));
+        }
         let recorded = self
             .report(&batch.items, &batch.origin, batch.interval_us)
             .await
@@ -287,9 +328,13 @@ impl Receiver {
                     item.rule, item.units
                 )));
             }
-            if self.host.synced_limit(&item.rule).is_none() {
+            let Some(limit) = self.host.synced_limit(&item.rule) else {
                 continue;
-            }
+            };
+            // Demand beyond what the limit admits over the report's life says nothing more
+            // about shares: it is taken as that much.
+            let most = limit.most_over(Duration::from_micros(interval_us));
+            let units = item.units.min(most);
             recorded += 1;
             by_identity
                 .entry(item.identity.clone())
@@ -298,7 +343,7 @@ impl Receiver {
                     key,
                     origin: origin.name(),
                     region: origin.region.clone(),
-                    units: item.units,
+                    units,
                     interval_us,
                 });
         }

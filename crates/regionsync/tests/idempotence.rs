@@ -1,5 +1,7 @@
 //! Applying the same batches in any order, any number of times, leaves the receiving region's
 //! store in the same state: the sum over origins of each origin's largest total, per bucket.
+//! And what a peer sends is bounded by what its rule's limit admits: an absurd total is not
+//! applied, a demand report cannot outlive a few of this region's sync intervals.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,7 +13,9 @@ use tollgate_lease::{
     BucketKey, CheckRequest, LeaseStore, Limit, ManualClock, MemoryConfig, MemoryStore, Store,
 };
 use tollgate_regionsync::consumption::epoch_until;
-use tollgate_regionsync::messages::{Batch, Entry, ForwardReply, ForwardRequest, Origin};
+use tollgate_regionsync::messages::{
+    Batch, DemandBatch, DemandItem, Entry, ForwardReply, ForwardRequest, Origin,
+};
 use tollgate_regionsync::metrics::RegionMetrics;
 use tollgate_regionsync::receiver::Receiver;
 use tollgate_regionsync::{ForwardError, RegionHost};
@@ -56,6 +60,7 @@ fn receiver() -> (Receiver, MemoryStore) {
         },
         "us".into(),
         clock,
+        Duration::from_secs(2),
     );
     (receiver, store)
 }
@@ -135,4 +140,67 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+fn peer() -> Origin {
+    Origin {
+        region: "us".into(),
+        incarnation: 7,
+    }
+}
+
+/// A total of more than twice what the rule admits over an epoch is not consumption: it is
+/// not applied (it would zero this region's bucket for the epoch); the other entries are.
+#[tokio::test]
+async fn an_absurd_total_is_not_applied() {
+    let (receiver, store) = receiver();
+    let entry = |key: &str, total: u64| Entry {
+        rule: "bucket".into(),
+        identity: key.as_bytes().to_vec(),
+        until: epoch_until(&limit("bucket"), NOW),
+        total,
+        at: NOW,
+    };
+    // The bucket: 1,000,000 + 0.01/s; over its 60 s epoch at most 1,000,001, so 2,000,002.
+    let ack = receiver
+        .apply(Batch {
+            origin: peer(),
+            seq: 1,
+            sent_at: NOW,
+            entries: vec![entry("a", 2_000_003), entry("b", 2_000_002), entry("c", 10)],
+        })
+        .await
+        .expect("applied");
+    assert_eq!(ack.skipped, 1);
+    assert_eq!(spent(&store, "bucket", "a").await, 0);
+    assert_eq!(spent(&store, "bucket", "b").await, 1_000_000);
+    assert_eq!(spent(&store, "bucket", "c").await, 10);
+}
+
+/// A demand report that would live an hour (this region syncs every 2 s) is refused; one
+/// within four intervals is recorded, its units taken as at most what the limit admits.
+#[tokio::test]
+async fn a_demand_report_cannot_outlive_a_few_intervals() {
+    let (receiver, _) = receiver();
+    let batch = |interval_us: u64, units: u64| DemandBatch {
+        origin: peer(),
+        interval_us,
+        items: vec![DemandItem {
+            rule: "bucket".into(),
+            identity: b"a".to_vec(),
+            units,
+        }],
+    };
+    let hour = 3_600_000_000;
+    let refused = receiver.record_demand(batch(hour, 5)).await;
+    assert_eq!(
+        refused.expect_err("an hour").code(),
+        tonic::Code::InvalidArgument
+    );
+    assert!(receiver.record_demand(batch(0, 5)).await.is_err());
+    let ack = receiver
+        .record_demand(batch(8_000_000, 1_000_000_000_000))
+        .await
+        .expect("four intervals");
+    assert_eq!(ack.recorded, 1);
 }

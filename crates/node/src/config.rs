@@ -176,6 +176,10 @@ pub struct Settings {
     /// truncated or hashed (HMAC under --top-denied-secret) [default: truncated]
     #[arg(long, env = "TOLLGATE_TOP_DENIED_IDENTITIES")]
     pub top_denied_identities: Option<String>,
+    /// Whether a request may set its own limit for a descriptor (Envoy's `limit` override):
+    /// allow or refuse. The gRPC port is for trusted gateways only [default: allow]
+    #[arg(long, env = "TOLLGATE_DESCRIPTOR_OVERRIDES")]
+    pub descriptor_overrides: Option<String>,
     /// The deployment's secret for hashed identities (at least 16 bytes; the same on every node)
     #[arg(long, env = "TOLLGATE_TOP_DENIED_SECRET")]
     pub top_denied_secret: Option<String>,
@@ -309,6 +313,7 @@ impl Settings {
             top_denied_identities,
             top_denied_secret,
             top_denied_token,
+            descriptor_overrides,
             otlp_endpoint,
             trace_sample_ratio,
             worker_threads,
@@ -569,6 +574,16 @@ impl TryFrom<Settings> for Config {
             )
             .map_err(|reason| bad("top_denied_identities", reason))?,
         };
+        let descriptor_overrides = match s.descriptor_overrides.as_deref() {
+            None | Some("allow") => true,
+            Some("refuse") => false,
+            Some(other) => {
+                return Err(bad(
+                    "descriptor_overrides",
+                    format!("must be allow or refuse, got {other:?}"),
+                ));
+            }
+        };
         let top_denied_token = match s.top_denied_token {
             Some(token) if token.len() < crate::runtime::top_denied::MIN_SECRET => {
                 return Err(bad(
@@ -803,6 +818,7 @@ impl TryFrom<Settings> for Config {
                     .max(lease_ttl * 2),
                 seed: None,
                 top_denied,
+                descriptor_overrides,
             },
             log_json,
             traces,

@@ -84,12 +84,32 @@ pub enum TlsError {
     },
 }
 
+/// The largest certificate, key or CA file read: a chain of a few certificates is a few KB; a
+/// 300 MB "certificate" once took a node to 632 MB of RSS, which it kept.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// A TLS file's bytes, refused past [`MAX_FILE_BYTES`] before more than that is read (a file
+/// that grows as it is read, or a device, included).
 fn read(setting: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
+    use std::io::Read;
+    let error = |source| TlsError::Read {
         setting,
         path: path.to_owned(),
         source,
-    })
+    };
+    let file = std::fs::File::open(path).map_err(error)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(error)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(TlsError::Pem {
+            setting,
+            path: path.to_owned(),
+            reason: format!("larger than {MAX_FILE_BYTES} bytes: not a certificate or key file"),
+        });
+    }
+    Ok(bytes)
 }
 
 fn certificates(
@@ -117,10 +137,14 @@ fn certificates(
 impl TlsFiles {
     /// The files' bytes, to tell whether they changed.
     fn contents(&self) -> Vec<Option<Vec<u8>>> {
-        [Some(&self.cert), Some(&self.key), self.client_ca.as_ref()]
-            .into_iter()
-            .map(|p| p.and_then(|p| std::fs::read(p).ok()))
-            .collect()
+        [
+            ("tls_cert", Some(&self.cert)),
+            ("tls_key", Some(&self.key)),
+            ("client_ca", self.client_ca.as_ref()),
+        ]
+        .into_iter()
+        .map(|(setting, p)| p.and_then(|p| read(setting, p).ok()))
+        .collect()
     }
 
     /// The rustls server configuration these files describe (HTTP/2 and HTTP/1.1 offered).
@@ -336,5 +360,29 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
         Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_too_large_to_be_a_certificate_is_refused_before_it_is_read_whole() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("huge.pem");
+        std::fs::write(&path, vec![b'A'; (MAX_FILE_BYTES + 1) as usize]).expect("write");
+        let error = read("tls_cert", &path).expect_err("refused");
+        assert!(error.to_string().contains("larger than"), "{error}");
+        assert!(error.to_string().contains("tls_cert"), "{error}");
+        // A device that never ends is read no further than the bound either.
+        let error = read("tls_key", Path::new("/dev/zero")).expect_err("refused");
+        assert!(error.to_string().contains("larger than"), "{error}");
+        let files = TlsFiles {
+            cert: path.clone(),
+            key: path,
+            client_ca: None,
+        };
+        assert_eq!(files.contents(), vec![None, None, None]);
     }
 }

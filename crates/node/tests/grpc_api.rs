@@ -159,6 +159,42 @@ async fn rls_hits_addend_and_limit_overrides() {
     served.stop().await;
 }
 
+/// A node told to refuse caller-supplied limits (`--descriptor-overrides refuse`) answers a
+/// descriptor carrying one with INVALID_ARGUMENT, naming it and the setting; a descriptor
+/// without one is decided as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_can_refuse_limits_its_callers_set() {
+    let mut served = Served::start(
+        ENVOY_RULES,
+        Settings {
+            descriptor_overrides: Some("refuse".into()),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let mut rls = served.rls().await;
+    let mut overridden = rls_request("rl", &[&[("remote_address", "10.1.1.1")], &[("x", "y")]]);
+    overridden.descriptors[1].limit = Some(RateLimitOverride {
+        requests_per_unit: 1_000_000,
+        unit: 1,
+    });
+    let refused = rls
+        .should_rate_limit(overridden)
+        .await
+        .expect_err("refused");
+    assert_eq!(refused.code(), Status::InvalidArgument);
+    assert!(
+        refused.message().contains("descriptors[1].limit")
+            && refused.message().contains("descriptor_overrides"),
+        "{}",
+        refused.message()
+    );
+    let plain = rls_request("rl", &[&[("remote_address", "10.1.1.1")]]);
+    let answer = rls.should_rate_limit(plain).await.expect("decided");
+    assert_eq!(answer.into_inner().overall_code, Code::Ok as i32);
+    served.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rls_bad_input_gets_a_clear_status() {
     let mut served = Served::start(ENVOY_RULES, Settings::default()).await;

@@ -236,6 +236,11 @@ impl Node {
     /// Decides `request` against every rule it matches: all of them admit it, or none spends.
     pub async fn check(&self, request: &Request) -> Result<Verdict, RequestError> {
         request.validate()?;
+        if !self.inner.shared.config.descriptor_overrides
+            && let Some(index) = request.descriptors.iter().position(|d| d.limit.is_some())
+        {
+            return Err(RequestError::OverrideRefused { index });
+        }
         let rules = self.inner.rules.load();
         let hits = matching::hits(&rules, request, &self.inner.overrides, self.now())?;
         if hits.is_empty() {

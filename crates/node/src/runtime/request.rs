@@ -269,6 +269,14 @@ pub enum RequestError {
         /// The cost.
         cost: u64,
     },
+    /// A limit override on a node told to refuse them (`--descriptor-overrides refuse`).
+    #[error(
+        "descriptors[{index}].limit: this node does not take limits from its callers (descriptor_overrides: refuse)"
+    )]
+    OverrideRefused {
+        /// Which.
+        index: usize,
+    },
     /// A limit override that cannot be held.
     #[error("descriptors[{index}].limit: {reason}")]
     BadOverride {

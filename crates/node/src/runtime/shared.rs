@@ -48,6 +48,10 @@ pub struct RuntimeConfig {
     pub seed: Option<u64>,
     /// How the most-denied keys show identities.
     pub top_denied: crate::runtime::top_denied::IdentityShown,
+    /// Whether a request may set its own limit for a descriptor (Envoy's `RateLimitOverride`,
+    /// as envoyproxy/ratelimit takes it): a caller that can reach the gRPC port can then raise
+    /// its own limit, so only trusted gateways may; false refuses such requests.
+    pub descriptor_overrides: bool,
 }
 
 impl Default for RuntimeConfig {
@@ -63,6 +67,7 @@ impl Default for RuntimeConfig {
             idle_timeout: Duration::from_secs(10),
             seed: None,
             top_denied: Default::default(),
+            descriptor_overrides: true,
         }
     }
 }

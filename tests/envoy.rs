@@ -371,6 +371,49 @@ async fn the_example_rules_through_the_shipped_envoy_config() {
     node.stop().await;
 }
 
+/// Through the shipped deploy/envoy/envoy-public-api.yaml, login attempts are counted per
+/// client address, which a client cannot name: eight logins, each with its own forged
+/// X-Forwarded-For, Forwarded, and the header the config fills itself from the connection,
+/// share the one counter of the connection's address (login-attempts: 5 a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_name_its_own_address_through_the_shipped_envoy_config() {
+    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let mut node = node_on_redis(&redis, vec![deploy("rules/example.yaml")]).await;
+    let upstream = upstream().await;
+    let grpc = node.grpc_addr.port();
+    let envoy = tokio::task::spawn_blocking(move || {
+        Shipped::start("envoy-public-api.yaml", upstream, grpc)
+    })
+    .await
+    .expect("join");
+    let envoy = std::sync::Arc::new(envoy);
+    let e = envoy.clone();
+    let forged = tokio::task::spawn_blocking(move || {
+        (0..8)
+            .map(|i| {
+                let address = format!("198.51.100.{i}");
+                e.send(
+                    "POST",
+                    "/login",
+                    &[
+                        ("x-forwarded-for", address.as_str()),
+                        ("forwarded", &format!("for={address}")),
+                        ("x-tollgate-client-ip", address.as_str()),
+                    ],
+                )
+                .status
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    assert_eq!(forged, [200, 200, 200, 200, 200, 429, 429, 429]);
+    node.stop().await;
+}
+
 /// The shipped deploy/envoy/envoy-problem-json.yaml: a request over its limit gets Envoy's 429
 /// rewritten to the seed's application/problem+json body, with Tollgate's headers kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,14 +4,15 @@
 //!
 //! Only what the gateway vouches for is used: the route is the router's template
 //! (`/orders/{id}`), never the raw path, so an id or a query string does not make a new
-//! counter; the client's address comes from `X-Forwarded-For` / `Forwarded` only through
-//! proxies the gateway trusts, so a client cannot pick its own.
+//! counter; the client's address comes from the one forwarding header the gateway's proxies
+//! write, only as far as they vouch for it (see [`ClientIp`]), so a client cannot pick its own.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 use http::{HeaderMap, HeaderName, Request};
-use ipnet::IpNet;
+
+use crate::client_ip::ClientIp;
 
 /// What the gateway's authentication layer verified, placed in the request's extensions
 /// before the rate limit layer runs (a JWT's `sub` and claims, an mTLS identity...).
@@ -68,13 +69,13 @@ pub enum ExtractError {
 /// How requests become descriptors. Each part is opt-in.
 ///
 /// ```
-/// use tollgate_tower::Extractor;
+/// use tollgate_tower::{ClientIp, Extractor, ForwardedHeader};
 ///
 /// let extractor = Extractor::new("public-api")
 ///     .api_key_header("x-api-key")
 ///     .subject()
 ///     .claim("plan")
-///     .client_ip(["10.0.0.0/8"])
+///     .client_ip(ClientIp::behind_proxies(ForwardedHeader::XForwardedFor, ["10.0.0.0/8"]))
 ///     .route();
 /// # let _ = extractor;
 /// ```
@@ -84,7 +85,7 @@ pub struct Extractor {
     api_key: Option<HeaderName>,
     subject: bool,
     claims: Vec<String>,
-    client_ip: Option<Vec<IpNet>>,
+    client_ip: Option<ClientIp>,
     route: bool,
     cost: Cost,
 }
@@ -129,27 +130,10 @@ impl Extractor {
         self
     }
 
-    /// `ip`: the client's address. `X-Forwarded-For` and `Forwarded` are believed only when
-    /// the connection comes from one of `trusted_proxies` (CIDRs or addresses), and then only
-    /// up to the first address that is not a trusted proxy, read from the right.
-    ///
-    /// # Panics
-    /// When a trusted proxy is not a CIDR or an address (a programming error).
-    pub fn client_ip<S: AsRef<str>>(
-        mut self,
-        trusted_proxies: impl IntoIterator<Item = S>,
-    ) -> Self {
-        self.client_ip = Some(
-            trusted_proxies
-                .into_iter()
-                .map(|p| {
-                    let p = p.as_ref();
-                    p.parse::<IpNet>()
-                        .or_else(|_| p.parse::<IpAddr>().map(IpNet::from))
-                        .unwrap_or_else(|_| panic!("{p:?} is not a CIDR or an address"))
-                })
-                .collect(),
-        );
+    /// `ip`: the client's address, found as `client_ip` says (the one header the gateway's
+    /// proxies write, believed only as far as they vouch for it), an IPv6 one as its prefix.
+    pub fn client_ip(mut self, client_ip: ClientIp) -> Self {
+        self.client_ip = Some(client_ip);
         self
     }
 
@@ -199,10 +183,10 @@ impl Extractor {
                 }
             }
         }
-        if let Some(trusted) = &self.client_ip
-            && let Some(ip) = client_ip(request, trusted)
+        if let Some(client_ip) = &self.client_ip
+            && let Some(ip) = client_ip.key_of(request)
         {
-            entries.push(("ip".into(), ip.to_string()));
+            entries.push(("ip".into(), ip));
         }
         if self.route
             && let Some(route) = Self::route_of(request)
@@ -245,88 +229,6 @@ impl Extractor {
     }
 }
 
-/// The address the connection came from.
-fn peer_of<B>(request: &Request<B>) -> Option<IpAddr> {
-    request
-        .extensions()
-        .get::<axum::extract::ConnectInfo<SocketAddr>>()
-        .map(|c| c.0.ip())
-        .or_else(|| request.extensions().get::<PeerAddr>().map(|p| p.0.ip()))
-}
-
-/// The client's address: the peer's, unless the peer is a trusted proxy; then the rightmost
-/// address of the forwarding headers that is not a trusted proxy (the leftmost when all are).
-pub fn client_ip<B>(request: &Request<B>, trusted: &[IpNet]) -> Option<IpAddr> {
-    let peer = peer_of(request)?;
-    let is_trusted = |ip: &IpAddr| trusted.iter().any(|net| net.contains(ip));
-    if !is_trusted(&peer) {
-        return Some(peer);
-    }
-    let chain = forwarded_chain(request.headers());
-    let mut client = peer;
-    for ip in chain.iter().rev() {
-        client = *ip;
-        if !is_trusted(ip) {
-            break;
-        }
-    }
-    Some(client)
-}
-
-/// The forwarding chain, client first: `Forwarded: for=` (RFC 7239) when present, else
-/// `X-Forwarded-For`. An entry that is not an address (`unknown`, an obfuscated name) ends
-/// the chain there (nothing left of it can be believed).
-fn forwarded_chain(headers: &HeaderMap) -> Vec<IpAddr> {
-    let forwarded: Vec<&str> = headers
-        .get_all(http::header::FORWARDED)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|element| {
-            element.split(';').find_map(|pair| {
-                let (k, v) = pair.trim().split_once('=')?;
-                k.eq_ignore_ascii_case("for").then_some(v.trim())
-            })
-        })
-        .collect();
-    let raw: Vec<&str> = if forwarded.is_empty() {
-        headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .collect()
-    } else {
-        forwarded
-    };
-    let mut chain = vec![];
-    for entry in raw.iter().rev() {
-        match parse_node(entry) {
-            Some(ip) => chain.push(ip),
-            None => break,
-        }
-    }
-    chain.reverse();
-    chain
-}
-
-/// An address from a forwarding entry: `1.2.3.4`, `1.2.3.4:80`, `"[2001:db8::1]:80"`,
-/// `2001:db8::1`.
-fn parse_node(entry: &str) -> Option<IpAddr> {
-    let entry = entry.trim().trim_matches('"');
-    if let Ok(ip) = entry.parse::<IpAddr>() {
-        return Some(ip);
-    }
-    if let Ok(addr) = entry.parse::<SocketAddr>() {
-        return Some(addr.ip());
-    }
-    entry
-        .strip_prefix('[')
-        .and_then(|rest| rest.split_once(']'))
-        .and_then(|(ip, _)| ip.parse().ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,49 +243,6 @@ mod tests {
             .extensions_mut()
             .insert(PeerAddr(peer.parse().expect("peer")));
         request
-    }
-
-    fn trusted() -> Vec<IpNet> {
-        vec!["10.0.0.0/8".parse().expect("cidr")]
-    }
-
-    #[test]
-    fn forwarding_headers_count_only_through_trusted_proxies() {
-        let ip = |peer, headers: &[(&str, &str)]| {
-            client_ip(&request(peer, headers), &trusted()).map(|ip| ip.to_string())
-        };
-        // A client that is not a trusted proxy cannot name another address.
-        assert_eq!(
-            ip("203.0.113.9:4000", &[("x-forwarded-for", "198.51.100.1")]).as_deref(),
-            Some("203.0.113.9")
-        );
-        // Through a trusted proxy: the rightmost untrusted address.
-        assert_eq!(
-            ip(
-                "10.0.0.2:4000",
-                &[("x-forwarded-for", "198.51.100.7, 203.0.113.5, 10.0.0.3")]
-            )
-            .as_deref(),
-            Some("203.0.113.5"),
-            "a client-supplied address left of the first untrusted hop is not believed"
-        );
-        assert_eq!(
-            ip(
-                "10.0.0.2:4000",
-                &[(
-                    "forwarded",
-                    "for=198.51.100.7, for=\"[2001:db8::1]:443\";proto=https"
-                )]
-            )
-            .as_deref(),
-            Some("2001:db8::1")
-        );
-        assert_eq!(
-            ip("10.0.0.2:4000", &[("x-forwarded-for", "garbage, 10.0.0.9")]).as_deref(),
-            Some("10.0.0.9"),
-            "an entry that is no address ends what can be believed"
-        );
-        assert_eq!(ip("10.0.0.2:4000", &[]).as_deref(), Some("10.0.0.2"));
     }
 
     #[test]

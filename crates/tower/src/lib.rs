@@ -41,16 +41,20 @@
 //! # Layout
 //! - [`extract`]: request → descriptors and cost ([`Extractor`], trusted proxies,
 //!   [`VerifiedIdentity`] from the gateway's auth layer).
+//! - [`client_ip`]: the client's address, from the one header the gateway's proxies write,
+//!   as far as they vouch for it; IPv6 per prefix ([`ClientIp`]).
 //! - [`decide`]: who decides ([`Decide`]: an embedded [`tollgate_node::Node`], or
 //!   [`Remote`] over gRPC) and what it says ([`Decision`]).
 //! - [`response`]: the 429 (headers, problem+json per rule) and what admitted responses carry.
 //! - [`layer`]: [`RateLimitLayer`], its service, and the body that holds a slot.
 
+pub mod client_ip;
 pub mod decide;
 pub mod extract;
 pub mod layer;
 pub mod response;
 
+pub use client_ip::{ClientIp, ForwardedHeader};
 pub use decide::{Decide, DecideError, Decision, Remote};
 pub use extract::{Cost, Extractor, PeerAddr, RouteTemplate, VerifiedIdentity};
 pub use layer::{FailMode, RateLimitLayer, RateLimitService};

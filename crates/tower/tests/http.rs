@@ -17,7 +17,9 @@ use std::sync::atomic::Ordering;
 
 use tokio::sync::Semaphore;
 use tollgate_node::Node;
-use tollgate_tower::{Answers, Cost, Decide, Extractor, Problem, RateLimitLayer, Remote};
+use tollgate_tower::{
+    Answers, ClientIp, Cost, Decide, Extractor, ForwardedHeader, Problem, RateLimitLayer, Remote,
+};
 
 const RULES: &str = r#"domain: shop
 rules:
@@ -59,7 +61,11 @@ fn app<D: Decide>(decider: D, trusted: &[&str], gate: Arc<Gate>) -> Router {
         decider,
         Extractor::new("shop")
             .api_key_header("x-api-key")
-            .client_ip(trusted.iter().copied())
+            .client_ip(if trusted.is_empty() {
+                ClientIp::direct()
+            } else {
+                ClientIp::behind_proxies(ForwardedHeader::XForwardedFor, trusted.iter().copied())
+            })
             .route()
             .cost(Cost::Header(http::HeaderName::from_static("x-cost"))),
     )
@@ -349,6 +355,30 @@ async fn a_concurrency_slot_is_given_back_on_success_error_and_disconnect() {
     abandoned.abort();
     drop(h2);
     until_free(&client, &base, "k-gone").await;
+}
+
+/// Behind a proxy that writes `X-Forwarded-For` (as Envoy, nginx and cloud load balancers do,
+/// passing a client's own `Forwarded` through untouched), a forged `Forwarded` changes
+/// nothing: 8 logins naming 8 addresses there all count against the one real client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_forwarded_header_behind_an_xff_proxy_changes_nothing() {
+    let client = reqwest::Client::new();
+    let base = format!(
+        "http://{}",
+        serve(app(node().await, &["127.0.0.1"], gate())).await
+    );
+    let mut statuses = vec![];
+    for i in 0..8 {
+        let r = client
+            .get(format!("{base}/ip"))
+            .header("forwarded", format!("for=198.51.100.{i}"))
+            .header("x-forwarded-for", "203.0.113.1")
+            .send()
+            .await
+            .expect("ok");
+        statuses.push(r.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 429, 429]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,7 +22,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use clap::Parser;
-use tollgate_tower::{Extractor, RateLimitLayer, Remote, VerifiedIdentity};
+use tollgate_tower::{
+    ClientIp, Extractor, ForwardedHeader, RateLimitLayer, Remote, VerifiedIdentity,
+};
 
 #[derive(Parser, Debug)]
 #[command(about = "A small API gateway: API-key auth, Tollgate's rate limit layer, an upstream")]
@@ -42,9 +44,20 @@ struct Args {
     /// An accepted API key: `key=subject:plan` (repeat for more).
     #[arg(long = "api-key", required = true)]
     api_keys: Vec<String>,
-    /// Proxies whose X-Forwarded-For is believed (CIDRs or addresses).
+    /// Proxies whose forwarding header is believed (CIDRs or addresses).
     #[arg(long = "trusted-proxy")]
     trusted_proxies: Vec<String>,
+    /// Or: how many proxies stand in front of every request (a load balancer whose addresses
+    /// are not known in advance); the client is that many from the right of the header.
+    #[arg(long)]
+    trusted_hops: Option<usize>,
+    /// The header the proxies write the client's address to: x-forwarded-for or forwarded
+    /// (the other one is never read).
+    #[arg(long, default_value = "x-forwarded-for", value_parser = forwarded_header)]
+    forwarded_header: ForwardedHeader,
+    /// The IPv6 prefix a client is counted by (its /64 by default; 128: per address).
+    #[arg(long, default_value_t = 64)]
+    ipv6_prefix: u8,
     /// Where admitted requests go (http://host:port); unset: a built-in upstream answers.
     #[arg(long)]
     upstream: Option<String>,
@@ -52,6 +65,24 @@ struct Args {
 
 /// API keys and who they belong to.
 type Keys = Arc<HashMap<String, VerifiedIdentity>>;
+
+fn forwarded_header(text: &str) -> Result<ForwardedHeader, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "x-forwarded-for" => Ok(ForwardedHeader::XForwardedFor),
+        "forwarded" => Ok(ForwardedHeader::Forwarded),
+        other => Err(format!("{other:?}: x-forwarded-for or forwarded")),
+    }
+}
+
+/// How the client's address is found, as the flags say.
+fn client_ip(args: &Args) -> ClientIp {
+    let how = match (args.trusted_hops, args.trusted_proxies.is_empty()) {
+        (Some(hops), _) => ClientIp::behind_hops(args.forwarded_header, hops),
+        (None, false) => ClientIp::behind_proxies(args.forwarded_header, &args.trusted_proxies),
+        (None, true) => ClientIp::direct(),
+    };
+    how.ipv6_prefix(args.ipv6_prefix)
+}
 
 fn parse_keys(raw: &[String]) -> anyhow::Result<Keys> {
     let mut keys = HashMap::new();
@@ -179,7 +210,7 @@ fn routes<D: tollgate_tower::Decide>(
         .route_layer(RateLimitLayer::new(
             decider,
             Extractor::new(args.domain.clone())
-                .client_ip(args.trusted_proxies.iter())
+                .client_ip(client_ip(args))
                 .route(),
         ));
     private

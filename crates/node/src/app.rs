@@ -73,6 +73,8 @@ pub struct App {
     pub grpc_addr: std::net::SocketAddr,
     /// Where HTTP listens.
     pub http_addr: std::net::SocketAddr,
+    /// Where the plaintext probe port listens, when asked for.
+    pub probe_addr: Option<std::net::SocketAddr>,
     /// Where the admin API listens, when a rule store is configured.
     pub admin_addr: Option<std::net::SocketAddr>,
     /// Where the region link listens, when the node runs in one of two regions.
@@ -80,6 +82,7 @@ pub struct App {
     region: Option<(Arc<RegionSync>, TcpListener)>,
     grpc: TcpListener,
     http: TcpListener,
+    probes: Option<TcpListener>,
     control: Option<(RuleSync, TcpListener, AdminState)>,
     tls: Option<Acceptors>,
     config: Config,
@@ -218,6 +221,17 @@ impl App {
         };
         let grpc = bind(config.grpc_listen).await?;
         let http = bind(config.http_listen).await?;
+        let probes = match config.probe_listen {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let probe_addr = match &probes {
+            Some(listener) => Some(listener.local_addr().map_err(|source| StartError::Listen {
+                addr: config.http_listen,
+                source,
+            })?),
+            None => None,
+        };
         let grpc_addr = grpc.local_addr().map_err(|source| StartError::Listen {
             addr: config.grpc_listen,
             source,
@@ -266,11 +280,13 @@ impl App {
             tls,
             grpc_addr,
             http_addr,
+            probe_addr,
             admin_addr,
             region_addr,
             region,
             grpc,
             http,
+            probes,
             control,
             config,
         })
@@ -279,10 +295,11 @@ impl App {
     /// Serves in a background task until [`Serving::stop`] (tests, benchmarks, a process that
     /// embeds a node).
     pub fn spawn(self) -> Serving {
-        let (node, grpc_addr, http_addr, admin_addr, region_addr) = (
+        let (node, grpc_addr, http_addr, probe_addr, admin_addr, region_addr) = (
             self.node.clone(),
             self.grpc_addr,
             self.http_addr,
+            self.probe_addr,
             self.admin_addr,
             self.region_addr,
         );
@@ -294,6 +311,7 @@ impl App {
             node,
             grpc_addr,
             http_addr,
+            probe_addr,
             admin_addr,
             region_addr,
             stop: Some(stop),
@@ -346,6 +364,13 @@ impl App {
             self.tls.as_ref().map(|t| t.grpc.clone()),
             stopped(stop_rx.clone()),
         ));
+        let probes = self.probes.map(|listener| {
+            tokio::spawn(crate::http::serve_probes(
+                self.node.clone(),
+                listener,
+                stopped(stop_rx.clone()),
+            ))
+        });
         let http = tokio::spawn(crate::http::serve(
             self.node.clone(),
             self.config.top_denied_token.clone(),
@@ -393,6 +418,9 @@ impl App {
         tracing::info!("shutting down: returning unspent leases");
         let _ = stop_tx.send(true);
         let _ = tokio::join!(watcher, grpc, http);
+        if let Some(probes) = probes {
+            let _ = probes.await;
+        }
         if let Some((region, link, follow)) = region {
             region.stop().await;
             let _ = tokio::join!(link, follow);
@@ -410,6 +438,8 @@ pub struct Serving {
     pub grpc_addr: SocketAddr,
     /// Where HTTP listens.
     pub http_addr: SocketAddr,
+    /// Where the plaintext probe port listens, when asked for.
+    pub probe_addr: Option<SocketAddr>,
     /// Where the admin API listens, when a rule store is configured.
     pub admin_addr: Option<SocketAddr>,
     /// Where the region link listens, when the node runs in one of two regions.

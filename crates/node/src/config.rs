@@ -99,6 +99,10 @@ pub struct Settings {
     /// HTTP address (/healthz, /readyz, /metrics) [default: 0.0.0.0:8080]
     #[arg(long, env = "TOLLGATE_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// A plaintext port answering only /healthz and /readyz (for probes while the HTTP port is
+    /// TLS: they then need no handshake, and a flood of handshakes cannot fail them); unset: none
+    #[arg(long, env = "TOLLGATE_PROBE_LISTEN")]
+    pub probe_listen: Option<SocketAddr>,
     /// Rule files or directories (Tollgate rules or envoyproxy/ratelimit YAML), comma-separated.
     #[arg(long = "rules", env = "TOLLGATE_RULES", value_delimiter = ',')]
     pub rules: Option<Vec<PathBuf>>,
@@ -289,6 +293,7 @@ impl Settings {
             fallback,
             grpc_listen,
             http_listen,
+            probe_listen,
             rules,
             rules_reload_ms,
             redis_url,
@@ -379,6 +384,8 @@ pub struct Config {
     pub grpc_listen: SocketAddr,
     /// HTTP address.
     pub http_listen: SocketAddr,
+    /// The plaintext probe port, when asked for.
+    pub probe_listen: Option<SocketAddr>,
     /// Rule files.
     pub rules: Vec<PathBuf>,
     /// Rule file check interval.
@@ -788,6 +795,7 @@ impl TryFrom<Settings> for Config {
             grpc_listen: s
                 .grpc_listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8081))),
+            probe_listen: s.probe_listen,
             http_listen: s
                 .http_listen
                 .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 8080))),

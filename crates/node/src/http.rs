@@ -151,6 +151,26 @@ pub fn router(node: Node, top_denied_token: Option<String>) -> Router {
         .with_state(node)
 }
 
+/// The probe port's router: `/healthz` and `/readyz` only, plaintext (see
+/// `--probe-listen`): probes need no TLS handshake, so a flood of handshakes cannot fail them.
+pub fn probe_router(node: Node) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(node)
+}
+
+/// Serves the probes on `listener` until `shutdown`.
+pub async fn serve_probes(
+    node: Node,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, probe_router(node))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
 /// Serves the router on `listener` until `shutdown`.
 pub async fn serve(
     node: Node,

@@ -225,6 +225,9 @@ pub struct Metrics {
     pub tls_reloads: Counter,
     /// TLS files that changed but did not load (the previous certificate stayed).
     pub tls_reload_errors: Counter,
+    /// Connections closed before their TLS handshake: their source address had too many
+    /// handshakes in flight.
+    pub tls_handshakes_refused: Counter,
     /// Region sync (exported only by a node that runs in two regions: a single-region node
     /// showing `tollgate_region_peer_up 0` would fire a naive alert).
     pub region: tollgate_regionsync::metrics::RegionMetrics,
@@ -442,6 +445,7 @@ impl Metrics {
             rules_staleness_seconds: Gauge::default(),
             tls_reloads: Counter::default(),
             tls_reload_errors: Counter::default(),
+            tls_handshakes_refused: Counter::default(),
             region: Default::default(),
             registry: Registry::default(),
         };
@@ -589,6 +593,11 @@ impl Metrics {
             "tls_reload_errors",
             "TLS files that changed but did not load (the previous certificate stayed)",
             m.tls_reload_errors.clone(),
+        );
+        registry.register(
+            "tls_handshakes_refused",
+            "Connections closed before their TLS handshake: too many in flight from their address",
+            m.tls_handshakes_refused.clone(),
         );
         Arc::new(Metrics { registry, ..m })
     }

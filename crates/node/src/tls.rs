@@ -12,8 +12,9 @@
 //! - [`incoming`]: a TCP listener as a stream of handshaken connections (for tonic), and
 //!   [`TlsListener`], the same for axum.
 
+use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,11 +30,17 @@ use tokio_rustls::server::TlsStream;
 
 use crate::metrics::Metrics;
 
-/// How long a client may take to finish its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to finish its TLS handshake (one takes milliseconds; a client
+/// that sends half a ClientHello and waits is holding a place).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Connections past TCP accept still handshaking, per listener: beyond it new ones wait.
 const MAX_HANDSHAKES: usize = 1024;
+
+/// Handshakes in flight from one source address, per listener: past it, a new connection from
+/// that address is closed at once. About 1,400 half-sent ClientHellos from one client used to
+/// fill every place, and a new connection then waited 7 to 12 s.
+const MAX_HANDSHAKES_PER_SOURCE: u32 = 16;
 
 /// A connection, plain or TLS (for servers that take either).
 pub trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
@@ -200,6 +207,7 @@ impl TlsFiles {
 #[derive(Clone)]
 pub struct Acceptor {
     current: Arc<ArcSwap<rustls::ServerConfig>>,
+    metrics: Arc<Metrics>,
 }
 
 impl std::fmt::Debug for Acceptor {
@@ -219,6 +227,7 @@ impl Acceptor {
         let config = files.server_config()?;
         let acceptor = Self {
             current: Arc::new(ArcSwap::from_pointee(config)),
+            metrics: metrics.clone(),
         };
         let current = Arc::downgrade(&acceptor.current);
         tokio::spawn(async move {
@@ -274,6 +283,7 @@ fn accept_loop(
 ) -> tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let per_source: Arc<parking_lot::Mutex<HashMap<IpAddr, u32>>> = Arc::default();
     tokio::spawn(async move {
         loop {
             let (stream, peer) = tokio::select! {
@@ -288,12 +298,18 @@ fn accept_loop(
                 () = tx.closed() => return,
             };
             let _ = stream.set_nodelay(true);
+            let Some(source) = SourceSlot::take(&per_source, peer.ip()) else {
+                acceptor.metrics.tls_handshakes_refused.inc();
+                tracing::debug!(listener = listener_name, %peer, "too many TLS handshakes from one address: closed");
+                continue;
+            };
             let Ok(permit) = handshakes.clone().acquire_owned().await else {
                 return;
             };
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
                 let _permit = permit;
+                let _source = source;
                 match acceptor.accept(stream).await {
                     Ok(tls) => {
                         let _ = tx.send((tls, peer)).await;
@@ -306,6 +322,43 @@ fn accept_loop(
         }
     });
     rx
+}
+
+/// A place among one source address's handshakes in flight, given back when dropped.
+struct SourceSlot {
+    counts: Arc<parking_lot::Mutex<HashMap<IpAddr, u32>>>,
+    source: IpAddr,
+}
+
+impl SourceSlot {
+    /// A place for `source`, unless it holds [`MAX_HANDSHAKES_PER_SOURCE`] already.
+    fn take(
+        counts: &Arc<parking_lot::Mutex<HashMap<IpAddr, u32>>>,
+        source: IpAddr,
+    ) -> Option<Self> {
+        let mut map = counts.lock();
+        let held = map.entry(source).or_insert(0);
+        if *held >= MAX_HANDSHAKES_PER_SOURCE {
+            return None;
+        }
+        *held += 1;
+        Some(Self {
+            counts: counts.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut map = self.counts.lock();
+        if let Some(held) = map.get_mut(&self.source) {
+            *held -= 1;
+            if *held == 0 {
+                map.remove(&self.source);
+            }
+        }
+    }
 }
 
 /// `listener`'s connections, handshaken, as tonic's `serve_with_incoming` takes them.

@@ -74,12 +74,21 @@ fn assert_flags_and_variables_exist(container: &Value, help: &str) {
     }
 }
 
-/// The probes ask the node's `/healthz` and `/readyz` on its `http` port, and `service`
-/// targets ports the container declares.
+/// The probes ask the node's `/healthz` and `/readyz` over plain HTTP, on its `http` port, or
+/// on its plaintext `probe` port when the HTTP port is TLS; and `service` targets ports the
+/// container declares.
 fn assert_probes_and_service_targets(container: &Value, service: &Value) {
+    let probe_port = if container_ports(container).contains_key("probe") {
+        "probe"
+    } else {
+        "http"
+    };
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         let get = &container[probe]["httpGet"];
-        assert_eq!((str_of(&get["path"]), str_of(&get["port"])), (path, "http"));
+        assert_eq!(
+            (str_of(&get["path"]), str_of(&get["port"]), str_of(&get["scheme"])),
+            (path, probe_port, "HTTP")
+        );
     }
     let ports = container_ports(container);
     for port in service["spec"]["ports"].as_sequence().expect("ports") {
@@ -496,6 +505,7 @@ fn the_helm_chart_renders_what_the_node_reads() {
         for (var, port) in [
             ("TOLLGATE_GRPC_LISTEN", "grpc"),
             ("TOLLGATE_HTTP_LISTEN", "http"),
+            ("TOLLGATE_PROBE_LISTEN", "probe"),
             ("TOLLGATE_ADMIN_LISTEN", "admin"),
             ("TOLLGATE_REGION_LISTEN", "region"),
         ] {
@@ -512,10 +522,8 @@ fn the_helm_chart_renders_what_the_node_reads() {
             }
         }
         assert_probes_and_service_targets(container, &docs["Service"]);
-        for probe in ["livenessProbe", "readinessProbe"] {
-            let scheme = str_of(&container[probe]["httpGet"]["scheme"]);
-            assert_eq!(scheme, if tls { "HTTPS" } else { "HTTP" });
-        }
+        // Probes need no TLS handshake: on the plaintext probe port when TLS is on.
+        assert_eq!(ports.contains_key("probe"), tls, "{values}");
         // The rules mounted where --rules points, from the chart's ConfigMap.
         assert_rules_mounted(pod, &docs["ConfigMap"]);
         // Everything selects the Deployment's pods.

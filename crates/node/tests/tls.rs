@@ -116,6 +116,16 @@ async fn https_get(
     ca: &Ca,
     path: &str,
 ) -> Result<(u16, String), String> {
+    https_get_from(None, addr, ca, path).await
+}
+
+/// [`https_get`] from the local address `source` (None: any).
+async fn https_get_from(
+    source: Option<std::net::IpAddr>,
+    addr: std::net::SocketAddr,
+    ca: &Ca,
+    path: &str,
+) -> Result<(u16, String), String> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.pem.as_bytes()) {
         roots.add(cert.expect("pem")).expect("root");
@@ -128,9 +138,17 @@ async fn https_get(
     .with_root_certificates(roots)
     .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = tokio::net::TcpStream::connect(addr)
-        .await
-        .map_err(|e| e.to_string())?;
+    let tcp = match source {
+        None => tokio::net::TcpStream::connect(addr).await,
+        Some(source) => {
+            let socket = tokio::net::TcpSocket::new_v4().map_err(|e| e.to_string())?;
+            socket
+                .bind(std::net::SocketAddr::new(source, 0))
+                .map_err(|e| e.to_string())?;
+            socket.connect(addr).await
+        }
+    }
+    .map_err(|e| e.to_string())?;
     let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
     let mut tls = connector
         .connect(name, tcp)
@@ -232,6 +250,75 @@ async fn the_ports_serve_tls_only_and_a_replaced_certificate_without_a_restart()
             .0,
         200
     );
+    served.stop().await;
+}
+
+/// Half-sent ClientHellos cannot starve the listener: a flood of connections from one address,
+/// each sending the first bytes of a handshake and then nothing (about 1,400 of them once
+/// made a new HTTPS `/readyz` wait 12 s, a kubelet probe failing at 1 s), takes at most a few
+/// places; a client from another address handshakes and is answered within a second, and the
+/// plaintext probe port (`--probe-listen`) answers whatever the flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handshake_flood_leaves_probes_and_other_clients_answered() {
+    let dir = tempfile::tempdir().expect("dir");
+    let ca = Ca::new("flood");
+    let (cert, key) = write_server_cert(dir.path(), &ca);
+    let mut served = Served::start(
+        RULES,
+        Settings {
+            tls_cert: Some(cert),
+            tls_key: Some(key),
+            probe_listen: Some("127.0.0.1:0".parse().expect("addr")),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let mut flood = vec![];
+    // A TLS record header that announces a 512-byte handshake, and then silence.
+    let half_hello = [0x16, 0x03, 0x01, 0x02, 0x00];
+    for _ in 0..1_400 {
+        let Ok(mut stream) = tokio::net::TcpStream::connect(served.http).await else {
+            break; // out of descriptors: enough of a flood
+        };
+        let _ = stream.write_all(&half_hello).await;
+        flood.push(stream);
+    }
+    assert!(flood.len() >= 200, "only {} connections made", flood.len());
+    let start = tokio::time::Instant::now();
+    let answered = tokio::time::timeout(
+        Duration::from_secs(1),
+        https_get_from(
+            Some("127.0.0.2".parse().expect("ip")),
+            served.http,
+            &ca,
+            "/readyz",
+        ),
+    )
+    .await;
+    assert!(
+        matches!(answered, Ok(Ok((200, _)))),
+        "another client, during the flood of {}: {answered:?} after {:?}",
+        flood.len(),
+        start.elapsed()
+    );
+    let probes = served.serving_probe_addr().expect("the probe port");
+    let probed = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut stream = tokio::net::TcpStream::connect(probes)
+            .await
+            .expect("connect");
+        stream
+            .write_all(b"GET /readyz HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+            .await
+            .expect("write");
+        let mut out = String::new();
+        stream.read_to_string(&mut out).await.expect("read");
+        out
+    })
+    .await
+    .expect("the probe port answers within a second");
+    assert!(probed.starts_with("HTTP/1.1 200"), "{probed}");
+    assert!(served.node.metrics().tls_handshakes_refused.get() > 0);
+    drop(flood);
     served.stop().await;
 }
 

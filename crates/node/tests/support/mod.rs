@@ -121,6 +121,11 @@ impl Served {
         }
     }
 
+    /// Where the plaintext probe port listens, when asked for.
+    pub fn serving_probe_addr(&self) -> Option<std::net::SocketAddr> {
+        self.serving.probe_addr
+    }
+
     /// Stops the node and waits until it has returned its leases.
     pub async fn stop(&mut self) {
         self.serving.stop().await;

@@ -54,6 +54,6 @@ pub use ops::allowance::{Allowance, DemandReport, DemandRequest, FLOOR_SHARE, sh
 pub use ops::check::{BucketStatus, CheckItem, CheckOutcome, CheckRequest, Decision};
 pub use ops::debit::{DebitItem, DebitOnce, DebitRequest, MAX_ORIGIN_BYTES};
 pub use ops::lease::{LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, ReturnRequest};
-pub use ops::slot::{SlotId, SlotRelease};
+pub use ops::slot::{SlotId, SlotRelease, SlotRenew};
 pub use redis::{RedisConfig, RedisStore};
 pub use store::{LeaseStore, Store};

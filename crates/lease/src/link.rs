@@ -29,7 +29,7 @@ use crate::ops::allowance::DemandRequest;
 use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
-use crate::ops::slot::SlotRelease;
+use crate::ops::slot::{SlotRelease, SlotRenew};
 use crate::store::LeaseStore;
 
 /// How long one store call takes on the link: a log-normal distribution given by its median
@@ -372,6 +372,15 @@ impl LeaseStore for LinkedStore {
         self.call(
             |c| &c.release,
             move |s| async move { s.release_slots(&req).await },
+        )
+        .await
+    }
+
+    async fn renew_slots(&self, req: &SlotRenew) -> Result<Vec<bool>, StoreError> {
+        let req = req.clone();
+        self.call(
+            |c| &c.release,
+            move |s| async move { s.renew_slots(&req).await },
         )
         .await
     }

@@ -27,7 +27,7 @@ use crate::ops::allowance::{Allowance, Demand, DemandRequest, share_of};
 use crate::ops::check::{BucketStatus, CheckOutcome, CheckRequest, is_slot_bucket};
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseId, LeaseRequest, ReturnRequest};
-use crate::ops::slot::{SlotId, SlotRelease};
+use crate::ops::slot::{SlotId, SlotRelease, SlotRenew};
 use crate::store::{LeaseStore, state_key};
 use bucket::{Bucket, Keys, Value};
 
@@ -476,6 +476,27 @@ impl LeaseStore for MemoryStore {
                     let released = slots.remove(slot.as_str());
                     keys.restore_sorted(&k, slots);
                     released
+                })
+                .collect()
+        })
+    }
+
+    async fn renew_slots(&self, req: &SlotRenew) -> Result<Vec<bool>, StoreError> {
+        let items = req.items();
+        self.with_shard(&items[0].0, &[], |keys, now| {
+            items
+                .iter()
+                .zip(req.ttls())
+                .map(|((key, slot), ttl)| {
+                    let k = format!("{key}:slots");
+                    let mut slots = keys.take_sorted(&k, now);
+                    slots.remove_up_to(now);
+                    let held = slots.score(slot.as_str()).is_some();
+                    if held {
+                        slots.add(now + ttl.as_micros() as u64, slot.as_str().to_owned());
+                    }
+                    store_leases(keys, &k, slots, now);
+                    held
                 })
                 .collect()
         })

@@ -28,7 +28,7 @@ use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::nonce;
-use crate::ops::slot::SlotRelease;
+use crate::ops::slot::{SlotRelease, SlotRenew};
 use crate::store::{LeaseStore, state_key};
 use connection::Connection;
 pub use connection::RedisConfig;
@@ -377,6 +377,21 @@ impl LeaseStore for RedisStore {
         let args: Vec<String> = items.iter().map(|(_, s)| s.as_str().to_owned()).collect();
         let reply = self.eval(&SCRIPTS.slot_release, &keys, &args).await?;
         Ok(reply::counts(reply, items.len(), "slot release reply")?
+            .into_iter()
+            .map(|n| n == 1)
+            .collect())
+    }
+
+    async fn renew_slots(&self, req: &SlotRenew) -> Result<Vec<bool>, StoreError> {
+        let items = req.items();
+        let keys: Vec<String> = items.iter().map(|(k, _)| format!("{k}:slots")).collect();
+        let args: Vec<String> = items
+            .iter()
+            .zip(req.ttls())
+            .flat_map(|((_, s), ttl)| [s.as_str().to_owned(), ttl.as_micros().to_string()])
+            .collect();
+        let reply = self.eval(&SCRIPTS.slot_renew, &keys, &args).await?;
+        Ok(reply::counts(reply, items.len(), "slot renew reply")?
             .into_iter()
             .map(|n| n == 1)
             .collect())

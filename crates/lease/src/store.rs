@@ -12,7 +12,7 @@ use crate::ops::allowance::DemandRequest;
 use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
-use crate::ops::slot::SlotRelease;
+use crate::ops::slot::{SlotRelease, SlotRenew};
 use crate::redis::RedisStore;
 
 /// A store of global rate-limit state. Each operation is atomic for the one identity its
@@ -42,6 +42,13 @@ pub trait LeaseStore: Send + Sync {
     fn release_slots(
         &self,
         req: &SlotRelease,
+    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
+
+    /// Renews concurrency slots for their limit's TTL from now; returns per item whether the
+    /// slot was still held (and is now renewed).
+    fn renew_slots(
+        &self,
+        req: &SlotRenew,
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
 
     /// Subtracts units consumed elsewhere; returns the units applied per item (0 when they
@@ -150,6 +157,14 @@ impl LeaseStore for Store {
             Store::Memory(s) => s.release_slots(req).await,
             Store::Redis(s) => s.release_slots(req).await,
             Store::Linked(s) => s.release_slots(req).await,
+        }
+    }
+
+    async fn renew_slots(&self, req: &SlotRenew) -> Result<Vec<bool>, StoreError> {
+        match self {
+            Store::Memory(s) => s.renew_slots(req).await,
+            Store::Redis(s) => s.renew_slots(req).await,
+            Store::Linked(s) => s.renew_slots(req).await,
         }
     }
 

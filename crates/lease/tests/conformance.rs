@@ -14,7 +14,7 @@ use support::{Backend, check1};
 use tollgate_lease::{
     Allowance, BucketKey, CheckItem, CheckOutcome, CheckRequest, DebitItem, DebitRequest, Decision,
     DemandReport, DemandRequest, LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn,
-    LeaseStore, Limit, ReturnRequest, SlotRelease,
+    LeaseStore, Limit, ReturnRequest, SlotId, SlotRelease, SlotRenew,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -475,6 +475,62 @@ async fn crashed_holders_slots_expire(b: &Backend) {
     assert_eq!(
         b.store.release_slots(&release).await.expect("release"),
         vec![false]
+    );
+}
+
+async fn a_renewed_slot_outlives_its_ttl_and_an_expired_one_stays_gone(b: &Backend) {
+    let key = b.fresh_key("conc-renew");
+    let limit = Limit::concurrency(1, ms(200)).expect("l");
+    let held = check(b, &key, limit, 1).await.buckets[0]
+        .slot
+        .clone()
+        .expect("slot");
+    let renew = SlotRenew::new(vec![(key.clone(), limit, held.clone())]).expect("valid");
+    // Renewed every 100 ms, the slot is held 500 ms past its 200 ms TTL.
+    for _ in 0..5 {
+        b.advance(ms(100)).await;
+        assert_eq!(
+            b.store.renew_slots(&renew).await.expect("renew"),
+            vec![true]
+        );
+        assert!(
+            !check(b, &key, limit, 1).await.allowed(),
+            "the slot is still held"
+        );
+    }
+    // Released, it is not brought back by a renewal.
+    let release = SlotRelease::new(vec![(key.clone(), limit, held)]).expect("valid");
+    assert_eq!(
+        b.store.release_slots(&release).await.expect("release"),
+        vec![true]
+    );
+    assert_eq!(
+        b.store.renew_slots(&renew).await.expect("renew"),
+        vec![false]
+    );
+    // Expired (its holder vanished), neither.
+    let other = check(b, &key, limit, 1).await.buckets[0]
+        .slot
+        .clone()
+        .expect("slot");
+    b.advance(ms(300)).await;
+    let late = SlotRenew::new(vec![(key.clone(), limit, other)]).expect("valid");
+    assert_eq!(
+        b.store.renew_slots(&late).await.expect("renew"),
+        vec![false]
+    );
+    assert!(
+        check(b, &key, limit, 1).await.allowed(),
+        "the expired slot is free"
+    );
+    // Only concurrency limits have slots.
+    assert!(
+        SlotRenew::new(vec![(
+            key,
+            Limit::token_bucket(1, 1.0).expect("l"),
+            SlotId::forged("x")
+        )])
+        .is_err()
     );
 }
 
@@ -975,6 +1031,7 @@ conformance!(
     concurrency_slots_are_held_and_released,
     crashed_holders_slots_expire,
     a_denied_request_takes_no_slot,
+    a_renewed_slot_outlives_its_ttl_and_an_expired_one_stays_gone,
     lease_takes_units_at_once,
     lease_leaves_a_share_for_others,
     lease_needs_its_minimum,

@@ -86,7 +86,11 @@ fn assert_probes_and_service_targets(container: &Value, service: &Value) {
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         let get = &container[probe]["httpGet"];
         assert_eq!(
-            (str_of(&get["path"]), str_of(&get["port"]), str_of(&get["scheme"])),
+            (
+                str_of(&get["path"]),
+                str_of(&get["port"]),
+                str_of(&get["scheme"])
+            ),
             (path, probe_port, "HTTP")
         );
     }

@@ -1,7 +1,9 @@
-//! Concurrency slots: taken by a `check` on a `CONCURRENCY` bucket, released here.
+//! Concurrency slots: taken by a `check` on a `CONCURRENCY` bucket, renewed while their
+//! request runs, released here.
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::InvalidInput;
 use crate::key::BucketKey;
@@ -65,5 +67,47 @@ impl SlotRelease {
     /// The slots, in request order.
     pub fn items(&self) -> &[(BucketKey, SlotId)] {
         &self.items
+    }
+}
+
+/// Slots to renew, all of one identity: each held slot lives its limit's slot TTL from now
+/// on. A request that runs longer than the TTL renews its slots, so they are not given to
+/// another request while it runs; a slot whose holder vanished still expires. A slot already
+/// released or expired is not brought back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SlotRenew {
+    items: Vec<(BucketKey, SlotId)>,
+    ttls: Vec<Duration>,
+}
+
+impl SlotRenew {
+    /// Validates that every bucket is a concurrency bucket of one identity.
+    pub fn new(items: Vec<(BucketKey, Limit, SlotId)>) -> Result<Self, InvalidInput> {
+        validate_keys(items.iter().map(|(k, _, _)| k), Repeats::Allowed)?;
+        let mut ttls = Vec::with_capacity(items.len());
+        for (key, limit, _) in &items {
+            let Some(ttl) = limit.slot_ttl() else {
+                return Err(InvalidInput::Unsupported {
+                    operation: "slot renew",
+                    algorithm: limit.algorithm(),
+                    key: key.to_string(),
+                });
+            };
+            ttls.push(ttl);
+        }
+        Ok(Self {
+            items: items.into_iter().map(|(k, _, s)| (k, s)).collect(),
+            ttls,
+        })
+    }
+
+    /// The slots, in request order.
+    pub fn items(&self) -> &[(BucketKey, SlotId)] {
+        &self.items
+    }
+
+    /// Each slot's TTL from now, in request order.
+    pub fn ttls(&self) -> &[Duration] {
+        &self.ttls
     }
 }

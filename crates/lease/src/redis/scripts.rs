@@ -50,18 +50,20 @@ pub(crate) struct Scripts {
     pub(crate) lease_acquire: Script,
     pub(crate) lease_return: Script,
     pub(crate) slot_release: Script,
+    pub(crate) slot_renew: Script,
     pub(crate) debit: Script,
     pub(crate) demand_report: Script,
 }
 
 impl Scripts {
     /// Every script.
-    pub(crate) fn all(&self) -> [&Script; 6] {
+    pub(crate) fn all(&self) -> [&Script; 7] {
         [
             &self.check,
             &self.lease_acquire,
             &self.lease_return,
             &self.slot_release,
+            &self.slot_renew,
             &self.debit,
             &self.demand_report,
         ]
@@ -83,6 +85,11 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     slot_release: Script::new(
         "slot_release",
         include_str!("scripts/slot_release.lua"),
+        Oom::Allowed,
+    ),
+    slot_renew: Script::new(
+        "slot_renew",
+        include_str!("scripts/slot_renew.lua"),
         Oom::Allowed,
     ),
     debit: Script::new("debit", include_str!("scripts/debit.lua"), Oom::Refused),

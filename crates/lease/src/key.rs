@@ -102,6 +102,13 @@ impl BucketKey {
         &self.key[..self.tag_end]
     }
 
+    /// Whether this is a key of `rule` (as [`BucketKey::new`] was given it).
+    pub fn is_of_rule(&self, rule: &str) -> bool {
+        let mut escaped = String::with_capacity(rule.len());
+        escape_into(rule.as_bytes(), &mut escaped);
+        self.key.get(self.tag_end + 1..) == Some(escaped.as_str())
+    }
+
     /// The Redis key of the bucket's lease table (same slot as the state).
     pub(crate) fn lease_key(&self) -> String {
         format!("{}:leases", self.key)

@@ -62,6 +62,8 @@ pub enum StoreOp {
     LeaseReturn,
     /// `slot release`.
     SlotRelease,
+    /// `slot renew`.
+    SlotRenew,
     /// `debit` (what was admitted while the store was late).
     Debit,
 }
@@ -86,6 +88,7 @@ impl StoreOp {
             StoreOp::LeaseAcquire => "lease_acquire",
             StoreOp::LeaseReturn => "lease_return",
             StoreOp::SlotRelease => "slot_release",
+            StoreOp::SlotRenew => "slot_renew",
             StoreOp::Debit => "debit",
         }
     }
@@ -158,7 +161,7 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     /// Store call latency, seconds, by operation: looked up once, indexed by [`StoreOp`]
     /// (no label hashing per call).
-    store_latency: [Histogram; 5],
+    store_latency: [Histogram; 6],
     store_failures: Family<FailureLabels, Counter>,
     /// Store calls made (whatever their outcome; not those the open breaker refused).
     pub store_calls: Counter,
@@ -368,6 +371,7 @@ impl Metrics {
             StoreOp::LeaseAcquire,
             StoreOp::LeaseReturn,
             StoreOp::SlotRelease,
+            StoreOp::SlotRenew,
             StoreOp::Debit,
         ] {
             for failure in [
@@ -386,6 +390,7 @@ impl Metrics {
             by_op(StoreOp::LeaseAcquire),
             by_op(StoreOp::LeaseReturn),
             by_op(StoreOp::SlotRelease),
+            by_op(StoreOp::SlotRenew),
             by_op(StoreOp::Debit),
         ];
         let results = Family::<ApiResultLabels, Counter>::default();
@@ -631,6 +636,7 @@ impl Metrics {
             StoreOp::LeaseReturn => 2,
             StoreOp::SlotRelease => 3,
             StoreOp::Debit => 4,
+            StoreOp::SlotRenew => 5,
         };
         self.store_latency[index].observe(seconds);
     }
@@ -660,6 +666,7 @@ impl Metrics {
             StoreOp::LeaseAcquire,
             StoreOp::LeaseReturn,
             StoreOp::SlotRelease,
+            StoreOp::SlotRenew,
             StoreOp::Debit,
         ]
         .into_iter()

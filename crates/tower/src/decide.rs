@@ -26,7 +26,7 @@ pub struct DecidingRule {
 pub use tollgate_node::runtime::verdict::Denial;
 
 /// Concurrency slots an admission holds, to give back when the response is done.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub enum Slots {
     /// None held.
     #[default]
@@ -64,6 +64,8 @@ pub struct Decision {
     pub headers: Vec<(String, String)>,
     /// Concurrency slots held by this admission.
     pub slots: Slots,
+    /// How long they live unless renewed (None: none held).
+    pub slot_ttl: Option<Duration>,
 }
 
 /// Why no decision was made (the layer's fail mode then decides).
@@ -88,6 +90,10 @@ pub trait Decide: Clone + Send + Sync + 'static {
     /// Gives back the slots an admission held (best effort: a slot not released expires
     /// with its TTL).
     fn release(&self, slots: Slots) -> impl Future<Output = ()> + Send;
+
+    /// Renews the slots of a request still running, for their TTL from now (best effort: a
+    /// slot not renewed expires with its TTL).
+    fn renew(&self, slots: &Slots) -> impl Future<Output = ()> + Send;
 }
 
 /// A [`Verdict`] as a [`Decision`].
@@ -113,6 +119,7 @@ pub fn decision_of(mut verdict: Verdict) -> Decision {
         denial,
         rule,
         headers,
+        slot_ttl: verdict.slot_ttl(),
         slots: Slots::Local(std::mem::take(&mut verdict.slots)),
     }
 }
@@ -132,6 +139,15 @@ impl Decide for Node {
             && let Err(e) = self.release_slots(&slots).await
         {
             tracing::debug!(error = %e, "slots not released; they expire with their TTL");
+        }
+    }
+
+    async fn renew(&self, slots: &Slots) {
+        if let Slots::Local(slots) = slots
+            && !slots.is_empty()
+            && let Err(e) = self.renew_slots(slots).await
+        {
+            tracing::debug!(error = %e, "slots not renewed; they expire with their TTL");
         }
     }
 }
@@ -233,6 +249,7 @@ impl Decide for Remote {
                 .map(|h| (h.name, h.value))
                 .collect(),
             slots: Slots::Remote(answer.slots),
+            slot_ttl: (answer.slot_ttl_ms > 0).then(|| Duration::from_millis(answer.slot_ttl_ms)),
         })
     }
 
@@ -250,6 +267,23 @@ impl Decide for Remote {
         call.set_timeout(self.timeout);
         if let Err(e) = self.client.clone().release_slots(call).await {
             tracing::debug!(error = %e, "slots not released; they expire with their TTL");
+        }
+    }
+
+    async fn renew(&self, slots: &Slots) {
+        let Slots::Remote(slots) = slots else {
+            return;
+        };
+        if slots.is_empty() {
+            return;
+        }
+        let mut call = tonic::Request::new(api::RenewSlotsRequest {
+            domain: String::new(),
+            slots: slots.clone(),
+        });
+        call.set_timeout(self.timeout);
+        if let Err(e) = self.client.clone().renew_slots(call).await {
+            tracing::debug!(error = %e, "slots not renewed; they expire with their TTL");
         }
     }
 }

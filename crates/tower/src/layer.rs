@@ -4,6 +4,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -111,10 +112,39 @@ impl<S: Clone, D> Clone for RateLimitService<S, D> {
     }
 }
 
-/// Gives an admission's slots back when dropped: with the response body, or with the
-/// request's future when the client goes away or the service fails first.
+/// Holds an admission's slots while the request runs: renews them every third of their TTL
+/// (a request that runs longer than the TTL would otherwise lose its slot to another, and
+/// more requests than the limit would run at once), and gives them back when dropped: with
+/// the response body, or with the request's future when the client goes away or the service
+/// fails first.
 struct SlotGuard<D: Decide> {
     held: Option<(D, Slots)>,
+    /// Dropped with the guard: the renewals stop.
+    _renewing: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl<D: Decide> SlotGuard<D> {
+    fn new(decider: D, slots: Slots, ttl: Option<Duration>) -> Self {
+        let renewing = ttl.and_then(|ttl| {
+            let runtime = tokio::runtime::Handle::try_current().ok()?;
+            let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+            let (decider, slots) = (decider.clone(), slots.clone());
+            let every = (ttl / 3).max(Duration::from_millis(10));
+            runtime.spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = tokio::time::sleep(every) => decider.renew(&slots).await,
+                        _ = &mut stopped => return,
+                    }
+                }
+            });
+            Some(stop)
+        });
+        Self {
+            held: Some((decider, slots)),
+            _renewing: renewing,
+        }
+    }
 }
 
 impl<D: Decide> Drop for SlotGuard<D> {
@@ -293,9 +323,11 @@ where
             let mut decision = decision;
             let slots = std::mem::take(&mut decision.slots);
             let guard: Option<Box<dyn Held>> = (!slots.is_empty()).then(|| {
-                Box::new(SlotGuard {
-                    held: Some((config.decider.clone(), slots)),
-                }) as Box<dyn Held>
+                Box::new(SlotGuard::new(
+                    config.decider.clone(),
+                    slots,
+                    decision.slot_ttl,
+                )) as Box<dyn Held>
             });
             // Dropped here (the slot released) if the service fails or the client goes away.
             let mut response = inner.call(request).await?;

@@ -25,6 +25,7 @@ const RULES: &str = r#"domain: shop
 rules:
   - {id: orders, name: gold-orders, match: {route: "POST /orders/{id}"}, per: [api_key], algorithm: TOKEN_BUCKET, capacity: 2, refillPerSecond: 1}
   - {id: reports, match: {route: "GET /reports"}, per: [api_key], algorithm: CONCURRENCY, maxInFlight: 1, slotTtl: 1m}
+  - {id: long-reports, match: {route: "GET /long"}, per: [api_key], algorithm: CONCURRENCY, maxInFlight: 1, slotTtl: 1s}
   - {id: by-ip, match: {route: "GET /ip", ip: "*"}, algorithm: FIXED_WINDOW, limit: 3, window: 1h}
   - {id: quiet, match: {route: "GET /quiet"}, per: [api_key], algorithm: FIXED_WINDOW, limit: 1, window: 1h}
 "#;
@@ -81,8 +82,24 @@ fn app<D: Decide>(decider: D, trusted: &[&str], gate: Arc<Gate>) -> Router {
             )
             .hide_headers_on_allow("quiet"),
     );
+    let gated = move |gate: Arc<Gate>| {
+        move |Query(q): Query<Fail>| {
+            let gate = gate.clone();
+            async move {
+                if q.fail == Some(true) {
+                    return Err(StatusCode::INTERNAL_SERVER_ERROR);
+                }
+                gate.inside.fetch_add(1, Ordering::SeqCst);
+                let permit = gate.open.acquire().await;
+                gate.inside.fetch_sub(1, Ordering::SeqCst);
+                permit.expect("gate").forget();
+                Ok("report")
+            }
+        }
+    };
     Router::new()
         .route("/orders/{id}", post(|| async { "created" }))
+        .route("/long", get(gated(gate.clone())))
         .route(
             "/reports",
             get(move |Query(q): Query<Fail>| {
@@ -247,6 +264,83 @@ async fn a_remote_node_over_grpc_answers_the_same() {
     gate.open.add_permits(1);
     assert_eq!(held.await.expect("join").expect("ok").status(), 200);
     until_free(&client, &base, "k-remote").await;
+    serving.stop().await;
+}
+
+/// A slot lives as long as its request: a report that runs 2.5 s on a CONCURRENCY rule whose
+/// slots live 1 s keeps its slot (the layer renews it every third of its TTL), so a second
+/// report of the same key is refused all along; once the first ends, the slot is free. (A slot
+/// that was never renewed expired under a running request: with `maxInFlight: 2` and a 3 s
+/// TTL, 6 requests ran at once.)
+async fn a_slot_lives_as_long_as_its_request(decider: impl Decide, key: &str) {
+    let gate = gate();
+    let base = format!("http://{}", serve(app(decider, &[], gate.clone())).await);
+    let client = reqwest::Client::new();
+    let long = {
+        let (client, url, key) = (client.clone(), format!("{base}/long"), key.to_owned());
+        tokio::spawn(async move { client.get(&url).header("x-api-key", &key).send().await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while gate.inside.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the long report never got in"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let second = || {
+        client
+            .get(format!("{base}/long?fail=true"))
+            .header("x-api-key", key)
+            .send()
+    };
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            second().await.expect("answered").status(),
+            429,
+            "the running report's slot was given to another"
+        );
+    }
+    gate.open.add_permits(1);
+    assert_eq!(long.await.expect("join").expect("ok").status(), 200);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while second().await.expect("answered").status() == 429 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot was never freed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_lives_as_long_as_its_request_with_an_embedded_node() {
+    a_slot_lives_as_long_as_its_request(node().await, "k-long-embedded").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_lives_as_long_as_its_request_with_a_remote_node() {
+    let dir = tempfile::tempdir().expect("dir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).expect("rules");
+    let config = tollgate_node::config::Config::try_from(tollgate_node::config::Settings {
+        grpc_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        http_listen: Some("127.0.0.1:0".parse().expect("addr")),
+        rules: Some(vec![rules]),
+        ..Default::default()
+    })
+    .expect("config");
+    let mut serving = tollgate_node::app::App::start(config)
+        .await
+        .expect("starts")
+        .spawn();
+    let remote = Remote::new(
+        &format!("http://{}", serving.grpc_addr),
+        Duration::from_secs(2),
+    )
+    .expect("client");
+    a_slot_lives_as_long_as_its_request(remote, "k-long-remote").await;
     serving.stop().await;
 }
 

@@ -8,7 +8,7 @@
 use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiter;
 use tollgate_proto::tollgate::ratelimit::v1::{
     CheckRateLimitRequest, CheckRateLimitResponse, Decision, DenyReason, Header,
-    ReleaseSlotsRequest, ReleaseSlotsResponse, RuleStatus,
+    ReleaseSlotsRequest, ReleaseSlotsResponse, RenewSlotsRequest, RenewSlotsResponse, RuleStatus,
 };
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -69,6 +69,37 @@ impl RateLimiter for Check {
         request: Request<ReleaseSlotsRequest>,
     ) -> Result<Response<ReleaseSlotsResponse>, Status> {
         self.release(request).await
+    }
+
+    async fn renew_slots(
+        &self,
+        request: Request<RenewSlotsRequest>,
+    ) -> Result<Response<RenewSlotsResponse>, Status> {
+        let slots = slot_tokens(&request.into_inner().slots)?;
+        let renewed = self.node.renew_slots(&slots).await.map_err(store_status)?;
+        Ok(Response::new(RenewSlotsResponse {
+            renewed: renewed as u32,
+        }))
+    }
+}
+
+/// Slot tokens as a client sent them back.
+fn slot_tokens(tokens: &[String]) -> Result<Vec<HeldSlot>, Status> {
+    tokens
+        .iter()
+        .map(|t| {
+            HeldSlot::from_token(t)
+                .ok_or_else(|| Status::invalid_argument(format!("{t:?} is not a slot token")))
+        })
+        .collect()
+}
+
+/// A store failure as a status: the store could not answer, or the slots were not slots.
+fn store_status(e: tollgate_lease::StoreError) -> Status {
+    if e.is_transient() {
+        Status::unavailable(e.to_string())
+    } else {
+        Status::invalid_argument(e.to_string())
     }
 }
 
@@ -153,6 +184,7 @@ impl Check {
             slots: verdict.slots.iter().map(HeldSlot::token).collect(),
             reason: reason(verdict.denial()),
             headers,
+            slot_ttl_ms: verdict.slot_ttl().map_or(0, millis),
         };
         metrics.answered(result, started.elapsed().as_secs_f64());
         Ok(Response::new(response))
@@ -162,22 +194,12 @@ impl Check {
         &self,
         request: Request<ReleaseSlotsRequest>,
     ) -> Result<Response<ReleaseSlotsResponse>, Status> {
-        let req = request.into_inner();
-        let slots = req
-            .slots
-            .iter()
-            .map(|t| {
-                HeldSlot::from_token(t)
-                    .ok_or_else(|| Status::invalid_argument(format!("{t:?} is not a slot token")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let released = self.node.release_slots(&slots).await.map_err(|e| {
-            if e.is_transient() {
-                Status::unavailable(e.to_string())
-            } else {
-                Status::invalid_argument(e.to_string())
-            }
-        })?;
+        let slots = slot_tokens(&request.into_inner().slots)?;
+        let released = self
+            .node
+            .release_slots(&slots)
+            .await
+            .map_err(store_status)?;
         Ok(Response::new(ReleaseSlotsResponse {
             released: released as u32,
         }))

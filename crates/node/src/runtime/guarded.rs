@@ -25,7 +25,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tollgate_lease::{
     BucketKey, CheckOutcome, CheckRequest, DebitRequest, LeaseGrant, LeaseRequest, LeaseStore,
-    Micros, ReturnRequest, SharedClock, SlotRelease, Store, StoreError,
+    Micros, ReturnRequest, SharedClock, SlotRelease, SlotRenew, Store, StoreError,
 };
 use tracing::Instrument;
 
@@ -461,6 +461,18 @@ impl GuardedStore {
             key,
             Wait::UntilStall,
             self.store.release_slots(req),
+        )
+        .await
+    }
+
+    /// [`LeaseStore::renew_slots`] through the breaker.
+    pub async fn renew_slots(&self, req: &SlotRenew) -> Result<Vec<bool>, StoreError> {
+        let key = &req.items()[0].0;
+        self.call(
+            StoreOp::SlotRenew,
+            key,
+            Wait::UntilStall,
+            self.store.renew_slots(req),
         )
         .await
     }

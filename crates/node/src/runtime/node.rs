@@ -25,7 +25,7 @@ use std::time::Duration;
 use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
-use tollgate_lease::{BucketKey, Limit, SharedClock, SlotRelease, Store, StoreError};
+use tollgate_lease::{BucketKey, Limit, SharedClock, SlotRelease, SlotRenew, Store, StoreError};
 
 use crate::metrics::Metrics;
 use crate::rules::watch::ActiveRules;
@@ -318,6 +318,45 @@ impl Node {
             }
         }
         Ok(released)
+    }
+
+    /// Renews concurrency slots a request still running holds, for their rule's slot TTL from
+    /// now (a request that runs past the TTL would lose its slot to another). Returns how many
+    /// were still held; a slot already released or expired, or of a rule that is gone, is
+    /// not renewed.
+    pub async fn renew_slots(&self, slots: &[HeldSlot]) -> Result<usize, StoreError> {
+        let rules = self.inner.rules.load();
+        let mut by_identity: HashMap<&str, Vec<(BucketKey, Limit, tollgate_lease::SlotId)>> =
+            HashMap::new();
+        for s in slots {
+            // The TTL is the rule's, never the caller's.
+            let Some(limit) = rules
+                .rules()
+                .iter()
+                .filter(|r| s.key.is_of_rule(&r.key))
+                .find_map(|r| r.limit().filter(|l| l.slot_ttl().is_some()))
+            else {
+                continue;
+            };
+            by_identity
+                .entry(s.key.identity_prefix())
+                .or_default()
+                .push((s.key.clone(), limit, s.slot.clone()));
+        }
+        let mut renewed = 0;
+        for (_, items) in by_identity {
+            let req = SlotRenew::new(items)?;
+            renewed += self
+                .inner
+                .shared
+                .store
+                .renew_slots(&req)
+                .await?
+                .into_iter()
+                .filter(|held| *held)
+                .count();
+        }
+        Ok(renewed)
     }
 
     /// Stops the node: every key actor returns its unspent leased units to the store, then

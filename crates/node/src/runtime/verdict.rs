@@ -166,6 +166,18 @@ pub struct Verdict {
 }
 
 impl Verdict {
+    /// How long the slots this admission holds live unless renewed: the shortest slot TTL
+    /// among its concurrency rules (None: it holds none).
+    pub fn slot_ttl(&self) -> Option<Duration> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        self.statuses
+            .iter()
+            .filter_map(|s| s.rule.limit().and_then(|l| l.slot_ttl()))
+            .min()
+    }
+
     /// Why the request was denied (None when admitted): a denial no wait can help
     /// outranks the others.
     pub fn denial(&self) -> Option<Denial> {

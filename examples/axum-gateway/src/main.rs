@@ -58,6 +58,14 @@ struct Args {
     /// The IPv6 prefix a client is counted by (its /64 by default; 128: per address).
     #[arg(long, default_value_t = 64)]
     ipv6_prefix: u8,
+    /// The longest a request body may take to arrive, ms (a client trickling one byte a
+    /// second would otherwise hold its concurrency slot, and its connection, for as long as it
+    /// likes).
+    #[arg(long, default_value_t = 10_000)]
+    body_timeout_ms: u64,
+    /// The longest a whole request may take, ms (its slot goes back then).
+    #[arg(long, default_value_t = 30_000)]
+    request_timeout_ms: u64,
     /// Where admitted requests go (http://host:port); unset: a built-in upstream answers.
     #[arg(long)]
     upstream: Option<String>,
@@ -140,6 +148,8 @@ async fn authenticate(State(keys): State<Keys>, mut request: Request, next: Next
 struct Upstream {
     client: reqwest::Client,
     base: Option<String>,
+    /// How long a request body may take to arrive.
+    body_timeout: Duration,
 }
 
 /// Forwards an admitted request (bodies up to 1 MiB), or answers for the built-in upstream.
@@ -149,8 +159,22 @@ async fn forward(State(upstream): State<Upstream>, request: Request) -> Response
         return format!("upstream: {} {}\n", parts.method, parts.uri).into_response();
     };
     let (parts, body) = request.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, 1 << 20).await else {
-        return problem(StatusCode::PAYLOAD_TOO_LARGE, "bodies are limited to 1 MiB");
+    let body = match tokio::time::timeout(
+        upstream.body_timeout,
+        axum::body::to_bytes(body, 1 << 20),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => {
+            return problem(StatusCode::PAYLOAD_TOO_LARGE, "bodies are limited to 1 MiB");
+        }
+        Err(_) => {
+            return problem(
+                StatusCode::REQUEST_TIMEOUT,
+                "the body took too long to arrive",
+            );
+        }
     };
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     let mut headers = HeaderMap::new();
@@ -213,9 +237,19 @@ fn routes<D: tollgate_tower::Decide>(
                 .client_ip(client_ip(args))
                 .route(),
         ));
+    let request_timeout = Duration::from_millis(args.request_timeout_ms);
     private
         .merge(public)
         .route("/healthz", get(|| async { "ok" }))
+        .layer(middleware::from_fn(
+            move |request: Request, next: Next| async move {
+                // Dropped at the deadline: the request's slots go back with it.
+                match tokio::time::timeout(request_timeout, next.run(request)).await {
+                    Ok(response) => response,
+                    Err(_) => problem(StatusCode::GATEWAY_TIMEOUT, "the request took too long"),
+                }
+            },
+        ))
 }
 
 #[tokio::main]
@@ -226,6 +260,7 @@ async fn main() -> anyhow::Result<()> {
     let upstream = Upstream {
         client: reqwest::Client::new(),
         base: args.upstream.clone(),
+        body_timeout: Duration::from_millis(args.body_timeout_ms),
     };
     let app = match &args.node {
         Some(url) => routes(

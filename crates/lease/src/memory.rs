@@ -5,8 +5,12 @@
 //! are judged under one lock (atomic, as one script is in Redis) and different identities
 //! rarely contend. Time comes from an injected [`Clock`](crate::clock::Clock).
 //!
-//! Memory is bounded: expired keys are swept as shards grow, and a shard that is full of live
-//! keys refuses new ones with a transient [`StoreError::Full`].
+//! Memory is bounded in bytes: each shard counts what its keys hold, drops expired keys as it
+//! grows, and when a write would take it past its share it evicts from the rule holding the
+//! most bytes, keys that expire soonest first (see `docs/memory-bounds.md`): a flood of new
+//! keys under one rule evicts that rule's keys, and a new key under another rule is still
+//! decided. Only an identity whose own state fills a whole shard is refused, with a transient
+//! [`StoreError::Full`].
 
 mod bucket;
 
@@ -36,8 +40,9 @@ use bucket::{Bucket, Keys, Value};
 pub struct MemoryConfig {
     /// Number of shards (rounded up to a power of two).
     pub shards: usize,
-    /// The most keys held at once, all shards together.
-    pub max_keys: usize,
+    /// The most bytes held at once (keys, values and their entries, as counted by the store),
+    /// all shards together.
+    pub max_bytes: usize,
     /// Where lease and slot ids start: None draws from the OS; a simulation pins it so a run
     /// can be repeated (ids are unique within one store either way).
     pub id_seed: Option<u64>,
@@ -47,11 +52,15 @@ impl Default for MemoryConfig {
     fn default() -> Self {
         Self {
             shards: 64,
-            max_keys: 4_000_000,
+            max_bytes: DEFAULT_MAX_BYTES,
             id_seed: None,
         }
     }
 }
+
+/// The default [`MemoryConfig::max_bytes`]: 256 MiB (about a million keys of short
+/// identities), which fits a 1 GiB pod beside the node's own key state.
+pub const DEFAULT_MAX_BYTES: usize = 256 << 20;
 
 /// The in-memory lease store. Cloning shares the same state.
 #[derive(Debug, Clone)]
@@ -64,8 +73,10 @@ struct Inner {
     shards: Box<[Mutex<Shard>]>,
     hasher: RandomState,
     clock: SharedClock,
-    max_keys: usize,
-    max_keys_per_shard: usize,
+    max_bytes: usize,
+    max_bytes_per_shard: usize,
+    /// Live keys evicted to make room, since the start.
+    evictions: std::sync::atomic::AtomicU64,
     /// The next lease or slot id (a counter, scrambled).
     ids: std::sync::atomic::AtomicU64,
 }
@@ -88,7 +99,7 @@ impl MemoryStore {
     /// A store reading time from `clock`.
     pub fn with_clock(clock: SharedClock, config: MemoryConfig) -> Self {
         let shards = config.shards.max(1).next_power_of_two();
-        let max_keys_per_shard = config.max_keys.div_ceil(shards).max(1);
+        let max_bytes_per_shard = config.max_bytes.div_ceil(shards).max(1);
         Self {
             inner: Arc::new(Inner {
                 shards: (0..shards)
@@ -101,8 +112,9 @@ impl MemoryStore {
                     .collect(),
                 hasher: RandomState::new(),
                 clock,
-                max_keys: config.max_keys,
-                max_keys_per_shard,
+                max_bytes: config.max_bytes,
+                max_bytes_per_shard,
+                evictions: Default::default(),
                 ids: std::sync::atomic::AtomicU64::new(config.id_seed.unwrap_or_else(rand::random)),
             }),
         }
@@ -110,11 +122,23 @@ impl MemoryStore {
 
     /// Keys held, expired or not (expired keys are swept lazily).
     pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| s.lock().keys.len()).sum()
+    }
+
+    /// About how many bytes the keys hold (as counted against [`MemoryConfig::max_bytes`]).
+    pub fn bytes(&self) -> usize {
         self.inner
             .shards
             .iter()
-            .map(|s| s.lock().keys.map.len())
+            .map(|s| s.lock().keys.bytes())
             .sum()
+    }
+
+    /// Live keys evicted to make room for others, since the store started.
+    pub fn evictions(&self) -> u64 {
+        self.inner
+            .evictions
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether no key is held.
@@ -127,7 +151,7 @@ impl MemoryStore {
     pub fn clear(&self) {
         for shard in self.inner.shards.iter() {
             let mut shard = shard.lock();
-            shard.keys.map.clear();
+            shard.keys.clear();
             shard.sweep_at = MIN_SWEEP;
         }
     }
@@ -154,7 +178,9 @@ impl MemoryStore {
 
     /// Runs `op` on the shard of `key`'s identity, under its lock, at the current time.
     /// `creates` lists the keys the operation may create; if the shard has no room for the
-    /// ones that do not exist yet (after sweeping expired keys), the call fails as full.
+    /// ones that do not exist yet, it drops expired keys, then evicts others' live keys (see
+    /// [`bucket::Keys::evict_to`]); only when the identity's own keys fill the shard does the
+    /// call fail as full.
     fn with_shard<T>(
         &self,
         key: &BucketKey,
@@ -166,28 +192,43 @@ impl MemoryStore {
             inner.hasher.hash_one(key.identity_prefix()) as usize & (inner.shards.len() - 1);
         let mut shard = inner.shards[index].lock();
         let now = inner.clock.now_micros();
-        if shard.keys.map.len() >= shard.sweep_at {
+        if shard.keys.len() >= shard.sweep_at {
             shard.keys.purge_expired(now);
-            shard.sweep_at = (shard.keys.map.len() * 2).max(MIN_SWEEP);
+            shard.sweep_at = (shard.keys.len() * 2).max(MIN_SWEEP);
         }
-        let absent = |keys: &Keys| {
+        let needed = |keys: &Keys| -> usize {
             creates
                 .iter()
                 .filter(|k| keys.get(k, now).is_none())
-                .count()
+                .map(|k| bucket::ENTRY_OVERHEAD + k.len() + NEW_VALUE_BYTES)
+                .sum()
         };
-        if shard.keys.map.len() + absent(&shard.keys) > inner.max_keys_per_shard {
+        let budget = inner.max_bytes_per_shard;
+        if shard.keys.bytes() + needed(&shard.keys) > budget {
             shard.keys.purge_expired(now);
-            if shard.keys.map.len() + absent(&shard.keys) > inner.max_keys_per_shard {
-                return Err(StoreError::Full(format!(
-                    "the in-memory store holds its {} keys",
-                    inner.max_keys
-                )));
+            let needed = needed(&shard.keys);
+            if shard.keys.bytes() + needed > budget {
+                // A tenth under the budget: one eviction makes room for many writes.
+                let target = (budget - budget / 10).saturating_sub(needed);
+                let evicted = shard.keys.evict_to(target, key.identity_prefix());
+                inner
+                    .evictions
+                    .fetch_add(evicted as u64, std::sync::atomic::Ordering::Relaxed);
+                if shard.keys.bytes() + needed > budget {
+                    return Err(StoreError::Full(format!(
+                        "the in-memory store's {} bytes are all held by this identity",
+                        inner.max_bytes
+                    )));
+                }
             }
         }
         Ok(op(&mut shard.keys, now))
     }
 }
+
+/// What a new key's value is counted as before it is written (a counter's state; sorted sets
+/// are counted as they grow, so one write may go past the budget by what it adds to one).
+const NEW_VALUE_BYTES: usize = std::mem::size_of::<Value>();
 
 impl Default for MemoryStore {
     fn default() -> Self {
@@ -703,7 +744,7 @@ fn lease_validity(limit: &Limit, bucket: &Bucket, now: Micros, ttl_us: u64) -> (
 fn store_leases(keys: &mut Keys, lease_key: &str, leases: ZSet, now: Micros) {
     match leases.max_score() {
         None => {
-            keys.map.remove(lease_key);
+            keys.remove(lease_key);
         }
         Some(last) => {
             let expires_at = now + ttl_ms(last.saturating_sub(now)) * 1000;

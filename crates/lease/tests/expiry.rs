@@ -94,8 +94,8 @@ async fn memory_keys_are_swept_once_expired() {
     assert!(store.is_empty());
 }
 
-#[tokio::test]
-async fn a_full_memory_store_refuses_new_keys_with_a_transient_error() {
+/// A store of `max_bytes` on a manual clock, one shard (so every key competes for it).
+fn small_store(max_bytes: usize) -> (tollgate_lease::MemoryStore, tollgate_lease::ManualClock) {
     use std::sync::Arc;
     use tollgate_lease::{ManualClock, MemoryConfig, MemoryStore};
     let clock = ManualClock::new(support::MEMORY_EPOCH);
@@ -103,29 +103,107 @@ async fn a_full_memory_store_refuses_new_keys_with_a_transient_error() {
         Arc::new(clock.clone()),
         MemoryConfig {
             shards: 1,
-            max_keys: 10,
+            max_bytes,
             id_seed: None,
         },
     );
+    (store, clock)
+}
+
+fn key_of(identity: &str, rule: &str) -> tollgate_lease::BucketKey {
+    tollgate_lease::BucketKey::new(identity.as_bytes(), rule).expect("key")
+}
+
+/// What the store counts one token bucket of a short identity as.
+async fn bytes_per_key() -> usize {
+    let (store, _) = small_store(1 << 20);
     let tb = Limit::token_bucket(10, 5.0).expect("l");
-    let key =
-        |i: usize| tollgate_lease::BucketKey::new(format!("k{i}").as_bytes(), "r").expect("key");
-    for i in 0..10 {
-        store.check(&check1(&key(i), tb, 1)).await.expect("room");
-    }
-    let err = store
-        .check(&check1(&key(10), tb, 1))
-        .await
-        .expect_err("full");
-    assert!(err.is_transient(), "{err}");
-    // Known keys still work, and expired keys make room again.
     store
-        .check(&check1(&key(3), tb, 1))
+        .check(&check1(&key_of("k0", "flood"), tb, 1))
         .await
-        .expect("existing key");
+        .expect("room");
+    store.bytes()
+}
+
+/// A flood of new keys under one rule fills the store: the store evicts that rule's keys, the
+/// ones that expire soonest first, and never refuses; another rule's keys keep their state and
+/// a new key under it is decided by the store.
+#[tokio::test]
+async fn a_full_memory_store_evicts_the_rule_holding_the_most_soonest_expiring_first() {
+    let per_key = bytes_per_key().await;
+    let max_bytes = 60 * per_key;
+    let (store, clock) = small_store(max_bytes);
+    let tb = Limit::token_bucket(10, 5.0).expect("l");
+    // Ten keys of a steady rule (slow to refill), half spent.
+    let slow = Limit::token_bucket(10, 0.01).expect("l");
+    for i in 0..10 {
+        let key = key_of(&format!("steady-{i}"), "steady");
+        store.check(&check1(&key, slow, 5)).await.expect("room");
+    }
+    // A thousand new keys under the flooding rule, a millisecond apart: none refused.
+    for i in 0..1000 {
+        let key = key_of(&format!("flood-{i}"), "flood");
+        store
+            .check(&check1(&key, tb, 1))
+            .await
+            .unwrap_or_else(|e| panic!("flood key {i} refused: {e}"));
+        clock.advance(Duration::from_millis(1));
+        assert!(
+            store.bytes() <= max_bytes,
+            "{} > {max_bytes}",
+            store.bytes()
+        );
+    }
+    assert!(store.evictions() >= 900, "{} evicted", store.evictions());
+    let remaining = |key, limit| {
+        let store = store.clone();
+        async move {
+            let peek = check1(&key, limit, 1).peek();
+            store.check(&peek).await.expect("peek").buckets[0].remaining
+        }
+    };
+    for i in 0..10 {
+        let key = key_of(&format!("steady-{i}"), "steady");
+        assert_eq!(remaining(key, slow).await, 5, "steady-{i} kept its state");
+    }
+    // The oldest flood keys went; the newest is still counted (9 of 10 left).
+    assert_eq!(remaining(key_of("flood-0", "flood"), tb).await, 10);
+    assert_eq!(remaining(key_of("flood-999", "flood"), tb).await, 9);
+    // A new key under another rule is decided by the store.
+    let other = key_of("someone-new", "other");
+    let status = &store
+        .check(&check1(&other, tb, 10))
+        .await
+        .expect("room")
+        .buckets[0];
+    assert!(status.allowed);
+    assert_eq!(status.remaining, 0);
+}
+
+/// Only an identity whose own keys fill the store is refused (a transient error); others'
+/// new keys still find room, and expired keys make room again.
+#[tokio::test]
+async fn an_identity_that_fills_the_store_alone_is_refused_with_a_transient_error() {
+    let per_key = bytes_per_key().await;
+    let (store, clock) = small_store(8 * per_key);
+    let tb = Limit::token_bucket(10, 5.0).expect("l");
+    let mut refused = None;
+    for rule in 0..50 {
+        let key = key_of("greedy", &format!("rule-{rule}"));
+        if let Err(e) = store.check(&check1(&key, tb, 1)).await {
+            refused = Some(e);
+            break;
+        }
+    }
+    let err = refused.expect("one identity cannot hold more than the store");
+    assert!(err.is_transient(), "{err}");
+    store
+        .check(&check1(&key_of("someone-else", "rule-0"), tb, 1))
+        .await
+        .expect("another identity evicts the greedy one's keys");
     clock.advance(Duration::from_secs(5));
     store
-        .check(&check1(&key(10), tb, 1))
+        .check(&check1(&key_of("greedy", "rule-49"), tb, 1))
         .await
         .expect("room after expiry");
 }

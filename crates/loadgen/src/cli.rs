@@ -39,9 +39,15 @@ pub(crate) struct Run {
     #[arg(long, default_value = "remote_address")]
     pub(crate) key: String,
     /// Which keys: `hot` (one key), `zipf:N` (Zipf over N keys, exponent `--zipf-s`),
-    /// `uniform:N`, or `new` (every request a new key).
+    /// `uniform:N`, `new` (every request a new key) or `new:R` (each new key R times).
     #[arg(long, default_value = "hot")]
     pub(crate) keys: String,
+    /// Pad every key to this many bytes (long identities: a flood of 2 KB API keys).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) key_bytes: usize,
+    /// Put this in front of every key (several load generators, disjoint keys).
+    #[arg(long, default_value = "")]
+    pub(crate) key_prefix: String,
     /// Zipf's exponent.
     #[arg(long, default_value_t = 1.0)]
     pub(crate) zipf_s: f64,

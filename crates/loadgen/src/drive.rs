@@ -130,7 +130,13 @@ pub(crate) async fn drive(run: &Run) -> anyhow::Result<Report> {
                     if due >= end {
                         break;
                     }
-                    let body = request(&run, keys.next(&mut rng));
+                    let body = request(
+                        &run,
+                        padded(
+                            format!("{}{}", run.key_prefix, keys.next(&mut rng)),
+                            run.key_bytes,
+                        ),
+                    );
                     let answer = client.should_rate_limit(body).await;
                     if !tally.measuring.load(Ordering::Relaxed) {
                         continue;
@@ -201,4 +207,14 @@ pub(crate) async fn drive(run: &Run) -> anyhow::Result<Report> {
         ],
         statuses,
     ))
+}
+
+/// `key` padded to `bytes` (unchanged if it is that long already).
+fn padded(mut key: String, bytes: usize) -> String {
+    if key.len() < bytes {
+        key.push('-');
+        let fill = bytes - key.len();
+        key.extend(std::iter::repeat_n('x', fill));
+    }
+    key
 }

@@ -14,12 +14,18 @@ pub(crate) enum Keys {
     Zipf(Zipf<f64>),
     /// Uniform over `n` keys.
     Uniform(u64),
-    /// A new key every request.
-    New(AtomicU64),
+    /// A new key every `repeats` requests (`new`: every request; `new:2`: each new key sent
+    /// twice in a row, which earns it a key actor on the node).
+    New {
+        /// Requests drawn so far.
+        next: AtomicU64,
+        /// Requests per key.
+        repeats: u64,
+    },
 }
 
 impl Keys {
-    /// Reads `hot`, `zipf:N`, `uniform:N`, `new`.
+    /// Reads `hot`, `zipf:N`, `uniform:N`, `new`, `new:R`.
     pub(crate) fn parse(text: &str, zipf_s: f64) -> anyhow::Result<Self> {
         let count = |n: &str| -> anyhow::Result<u64> {
             let n: u64 = n
@@ -30,12 +36,21 @@ impl Keys {
         };
         Ok(match text.split_once(':') {
             None if text == "hot" => Keys::Hot,
-            None if text == "new" => Keys::New(AtomicU64::new(0)),
+            None if text == "new" => Keys::New {
+                next: AtomicU64::new(0),
+                repeats: 1,
+            },
+            Some(("new", r)) => Keys::New {
+                next: AtomicU64::new(0),
+                repeats: count(r)?,
+            },
             Some(("zipf", n)) => Keys::Zipf(
                 Zipf::new(count(n)? as f64, zipf_s).map_err(|e| anyhow::anyhow!("zipf: {e}"))?,
             ),
             Some(("uniform", n)) => Keys::Uniform(count(n)?),
-            _ => anyhow::bail!("unknown key distribution {text:?} (hot, zipf:N, uniform:N, new)"),
+            _ => anyhow::bail!(
+                "unknown key distribution {text:?} (hot, zipf:N, uniform:N, new, new:R)"
+            ),
         })
     }
 
@@ -45,7 +60,9 @@ impl Keys {
             Keys::Hot => "10.1.2.3".to_owned(),
             Keys::Zipf(z) => format!("k{}", z.sample(rng) as u64),
             Keys::Uniform(n) => format!("k{}", rng.random_range(0..*n)),
-            Keys::New(next) => format!("n{}", next.fetch_add(1, Ordering::Relaxed)),
+            Keys::New { next, repeats } => {
+                format!("n{}", next.fetch_add(1, Ordering::Relaxed) / repeats)
+            }
         }
     }
 }

@@ -166,7 +166,7 @@ impl App {
             None => Store::Memory(MemoryStore::with_clock(
                 clock.clone(),
                 MemoryConfig {
-                    max_keys: config.memory_max_keys,
+                    max_bytes: config.memory_max_bytes,
                     ..MemoryConfig::default()
                 },
             )),

@@ -142,9 +142,11 @@ pub struct Settings {
     /// Nodes sharing the limits (the LOCAL fail mode gives each limit / nodes) [default: 1]
     #[arg(long, env = "TOLLGATE_CLUSTER_NODES")]
     pub cluster_nodes: Option<u32>,
-    /// Most identities held with state on this node [default: 100000]
-    #[arg(long, env = "TOLLGATE_MAX_KEY_ACTORS")]
-    pub max_key_actors: Option<usize>,
+    /// Most memory the node's key state holds, MiB: key actors and their buckets, the
+    /// keys-seen map, LOCAL fallback buckets; past it, keys are decided by direct store calls
+    /// and idle actors stop [default: 256]
+    #[arg(long, env = "TOLLGATE_MAX_KEY_STATE_MB")]
+    pub max_key_state_mb: Option<usize>,
     /// A key actor without leases stops after this long idle, ms [default: 10000]
     #[arg(long, env = "TOLLGATE_IDLE_TIMEOUT_MS")]
     pub idle_timeout_ms: Option<u64>,
@@ -163,9 +165,10 @@ pub struct Settings {
     /// Longest breaker cooldown, ms [default: 1000]
     #[arg(long, env = "TOLLGATE_BREAKER_MAX_COOLDOWN_MS")]
     pub breaker_max_cooldown_ms: Option<u64>,
-    /// In-memory store: most keys held [default: 4000000]
-    #[arg(long, env = "TOLLGATE_MEMORY_MAX_KEYS")]
-    pub memory_max_keys: Option<usize>,
+    /// In-memory store: most memory its keys hold, MiB; past it, the rule holding the most
+    /// loses its soonest-expiring keys [default: 256]
+    #[arg(long, env = "TOLLGATE_MEMORY_MAX_MB")]
+    pub memory_max_mb: Option<usize>,
     /// Log format: text or json [default: text]
     #[arg(long, env = "TOLLGATE_LOG_FORMAT")]
     pub log_format: Option<String>,
@@ -306,14 +309,14 @@ impl Settings {
             lease_max_share,
             prelimit_factor,
             cluster_nodes,
-            max_key_actors,
+            max_key_state_mb,
             idle_timeout_ms,
             breaker_min_calls,
             breaker_failure_ratio,
             breaker_window_ms,
             breaker_cooldown_ms,
             breaker_max_cooldown_ms,
-            memory_max_keys,
+            memory_max_mb,
             log_format,
             top_denied_identities,
             top_denied_secret,
@@ -392,8 +395,8 @@ pub struct Config {
     pub rules_reload: Duration,
     /// Redis, or None for the in-memory store.
     pub redis: Option<RedisConfig>,
-    /// The in-memory store's key cap.
-    pub memory_max_keys: usize,
+    /// The in-memory store's byte budget.
+    pub memory_max_bytes: usize,
     /// The store call budget.
     pub store_timeout: Duration,
     /// The decision runtime.
@@ -802,10 +805,11 @@ impl TryFrom<Settings> for Config {
             rules: s.rules.unwrap_or_default(),
             rules_reload: ms(s.rules_reload_ms.unwrap_or(1000).max(10)),
             redis,
-            memory_max_keys: s
-                .memory_max_keys
-                .unwrap_or(tollgate_lease::MemoryConfig::default().max_keys)
-                .max(1),
+            memory_max_bytes: s
+                .memory_max_mb
+                .map_or(tollgate_lease::DEFAULT_MEMORY_MAX_BYTES, |mb| {
+                    mb.max(1) << 20
+                }),
             store_timeout,
             runtime: RuntimeConfig {
                 lease: LeasePolicy {
@@ -819,7 +823,9 @@ impl TryFrom<Settings> for Config {
                 store_patience,
                 startup_patience,
                 cluster_nodes,
-                max_key_actors: s.max_key_actors.unwrap_or(defaults.max_key_actors).max(1),
+                max_key_state_bytes: s
+                    .max_key_state_mb
+                    .map_or(defaults.max_key_state_bytes, |mb| mb.max(1) << 20),
                 idle_timeout: s
                     .idle_timeout_ms
                     .map_or(defaults.idle_timeout, ms)
@@ -914,7 +920,7 @@ mod tests {
         assert_eq!(got.startup_patience, want.startup_patience);
         assert_eq!(got.prelimit_factor, want.prelimit_factor);
         assert_eq!(got.cluster_nodes, want.cluster_nodes);
-        assert_eq!(got.max_key_actors, want.max_key_actors);
+        assert_eq!(got.max_key_state_bytes, want.max_key_state_bytes);
         assert_eq!(got.idle_timeout, want.idle_timeout);
         assert_eq!(got.top_denied, want.top_denied);
         assert_eq!(got.breaker.window, want.breaker.window);
@@ -922,8 +928,8 @@ mod tests {
         assert_eq!(got.breaker.cooldown, want.breaker.cooldown);
         assert_eq!(got.breaker.max_cooldown, want.breaker.max_cooldown);
         assert_eq!(
-            config.memory_max_keys,
-            tollgate_lease::MemoryConfig::default().max_keys
+            config.memory_max_bytes,
+            tollgate_lease::MemoryConfig::default().max_bytes
         );
     }
 

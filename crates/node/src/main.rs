@@ -14,6 +14,31 @@ use tollgate_node::control::transfer;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Gives freed memory back to the OS. mimalloc keeps the pages a thread freed for that thread
+/// to reuse, and purges them only as the thread allocates again: after a flood of keys the
+/// node's RSS stayed at 0.85 GB with every key actor gone. So a worker thread about to park
+/// (it has no work) asks mimalloc to collect its pages and purge what is free, at most once a
+/// second.
+#[allow(unsafe_code)] // The one call into C: the allocator's collect (the workspace denies unsafe).
+fn return_freed_memory(builder: &mut tokio::runtime::Builder) {
+    use std::cell::Cell;
+    builder.on_thread_park(|| {
+        thread_local! {
+            static LAST: Cell<Option<tokio::time::Instant>> = const { Cell::new(None) };
+        }
+        let now = tokio::time::Instant::now();
+        if LAST
+            .get()
+            .is_some_and(|last| now - last < Duration::from_secs(1))
+        {
+            return;
+        }
+        LAST.set(Some(now));
+        // SAFETY: mi_collect may be called from any thread at any time.
+        unsafe { libmimalloc_sys::mi_collect(true) };
+    });
+}
+
 fn main() -> std::process::ExitCode {
     let mut cli = Cli::parse();
     if let Some(command) = cli.command.take() {
@@ -36,6 +61,7 @@ fn main() -> std::process::ExitCode {
         b.worker_threads(config.worker_threads);
         b
     };
+    return_freed_memory(&mut builder);
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -212,8 +212,22 @@ pub struct Metrics {
     pub slots_release_missed: Counter,
     /// Per-key actors alive.
     pub key_actors: Gauge,
-    /// New keys refused an actor because the cap was reached (decided by a direct check).
+    /// New keys refused an actor because the key state budget was reached (decided by a
+    /// direct check).
     pub key_actors_refused: Counter,
+    /// Actors idle for a second stopped because the key state budget was short.
+    pub key_actors_evicted: Counter,
+    /// Bytes of key state held (actors, buckets, the keys-seen map, LOCAL fallbacks), as
+    /// counted against `--max-key-state-mb`.
+    pub key_state_bytes: Gauge,
+    /// Bytes the in-memory store holds, as counted against `--memory-max-mb`.
+    pub memory_store_bytes: Gauge,
+    /// Keys the in-memory store holds.
+    pub memory_store_keys: Gauge,
+    /// Live keys the in-memory store evicted to make room.
+    pub memory_store_evictions: Counter,
+    /// Serializes the refresh of the figures above that are read from their owners.
+    pub(crate) refreshing: std::sync::Mutex<()>,
     /// Requests rejected by the local pre-limit before reaching the store.
     pub prelimit_denied: Counter,
     /// The active rule set's version.
@@ -443,6 +457,12 @@ impl Metrics {
             slots_release_missed: Counter::default(),
             key_actors: Gauge::default(),
             key_actors_refused: Counter::default(),
+            key_actors_evicted: Counter::default(),
+            key_state_bytes: Gauge::default(),
+            memory_store_bytes: Gauge::default(),
+            memory_store_keys: Gauge::default(),
+            memory_store_evictions: Counter::default(),
+            refreshing: Default::default(),
             prelimit_denied: Counter::default(),
             rules_version: Gauge::default(),
             rules_loaded: Gauge::default(),
@@ -561,8 +581,33 @@ impl Metrics {
         registry.register("key_actors", "Per-key actors alive", m.key_actors.clone());
         registry.register(
             "key_actors_refused",
-            "New keys decided without an actor because the cap was reached",
+            "New keys decided without an actor because the key state budget was reached",
             m.key_actors_refused.clone(),
+        );
+        registry.register(
+            "key_actors_evicted",
+            "Idle key actors stopped because the key state budget was short",
+            m.key_actors_evicted.clone(),
+        );
+        registry.register(
+            "key_state_bytes",
+            "Bytes of key state held (actors, buckets, keys seen, LOCAL fallbacks)",
+            m.key_state_bytes.clone(),
+        );
+        registry.register(
+            "memory_store_bytes",
+            "Bytes the in-memory store holds",
+            m.memory_store_bytes.clone(),
+        );
+        registry.register(
+            "memory_store_keys",
+            "Keys the in-memory store holds",
+            m.memory_store_keys.clone(),
+        );
+        registry.register(
+            "memory_store_evictions",
+            "Live keys the in-memory store evicted to make room",
+            m.memory_store_evictions.clone(),
         );
         registry.register(
             "prelimit_denied",

@@ -19,6 +19,7 @@
 pub mod attempt;
 pub mod breaker;
 pub mod debts;
+pub mod fallbacks;
 pub mod guarded;
 pub mod keys;
 pub mod lateness;

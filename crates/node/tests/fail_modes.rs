@@ -1,8 +1,8 @@
 //! Failure handling against a real Redis: keys decided while the store was down are
 //! store-backed again within 2 s of it answering; a store outage is not a node outage
-//! (`/readyz` stays ready, the store's health is in its body); a full store affects only the
-//! new key it refuses; the LOCAL fail mode's buckets are bounded and swept, so a later outage
-//! still limits.
+//! (`/readyz` stays ready, the store's health is in its body); a flood of new keys under one
+//! rule does not fill the store for the others; the LOCAL fail mode's buckets are bounded and
+//! swept, so a later outage still limits.
 
 mod support;
 
@@ -185,16 +185,21 @@ async fn a_node_whose_store_does_not_answer_at_start_serves_by_fail_mode_and_say
     served.stop().await;
 }
 
-/// A full store (the in-memory store at `--memory-max-keys`) refuses the new key only: that
-/// key is decided by its rule's fail mode and counted as a `full` store failure; the breaker
-/// stays closed, an existing key on a CLOSED rule (one that came back, and so holds a lease)
-/// keeps its store-backed answers, and the node stays ready.
+/// Anyone can send new keys, but no one can fill the store for everyone: a flood of new keys
+/// under one OPEN rule fills the in-memory store at `--memory-max-mb`, which then evicts that
+/// rule's soonest-expiring keys. A new user under an unrelated CLOSED rule is still decided
+/// by the store (it was refused, and so denied, on every request before), an existing key is
+/// still decided by the store, nothing is refused as full and the node stays ready. (That the
+/// other rules' keys keep their state is `crates/lease/tests/expiry.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_store_affects_only_the_new_key() {
+async fn a_flood_of_new_keys_under_one_rule_does_not_fill_the_store_for_others() {
+    const FLOOD_RULES: &str = "domain: api\nrules:\n\
+  - {id: closed, match: {kind: closed, user: '*'}, per: [user], algorithm: FIXED_WINDOW, limit: 1000, window: 1h, failMode: CLOSED}\n\
+  - {id: open, match: {kind: open, user: '*'}, per: [user], algorithm: FIXED_WINDOW, limit: 100, window: 1h, failMode: OPEN}\n";
     let mut served = Served::start(
-        RULES,
+        FLOOD_RULES,
         Settings {
-            memory_max_keys: Some(640),
+            memory_max_mb: Some(1),
             ..Settings::default()
         },
     )
@@ -207,26 +212,38 @@ async fn a_full_store_affects_only_the_new_key() {
             Some(Outcome::Allowed)
         );
     }
-    // New keys until the store refuses some.
-    let mut refused = 0;
-    for i in 0..500 {
-        let v = check(node, &request("closed", &format!("new-{i}"))).await;
-        if v.statuses[0].outcome == Some(Outcome::FailedClosed) {
-            refused += 1;
-        }
+    // Far more new keys than a mebibyte holds (each an hour's window).
+    for i in 0..20_000 {
+        check(node, &request("open", &format!("flood-{i}"))).await;
     }
-    assert!(refused > 0, "the store filled up");
-    assert!(node.metrics().failures(StoreFailure::Full) > 0);
+    node.refresh_memory_figures();
+    let metrics = node.metrics();
+    assert!(
+        metrics.memory_store_evictions.get() > 10_000,
+        "{} keys evicted",
+        metrics.memory_store_evictions.get()
+    );
+    assert!(
+        metrics.memory_store_bytes.get() <= 1 << 20,
+        "{} bytes held",
+        metrics.memory_store_bytes.get()
+    );
+    assert_eq!(metrics.failures(StoreFailure::Full), 0, "nothing refused");
+    for i in 0..5 {
+        let v = check(node, &request("closed", "someone-new")).await;
+        assert_eq!(
+            v.statuses[0].outcome,
+            Some(Outcome::Allowed),
+            "a new user's request {i} is decided by the store"
+        );
+    }
+    let v = check(node, &existing).await;
+    assert_eq!(v.statuses[0].outcome, Some(Outcome::Allowed));
     assert_eq!(
         node.breaker_state(),
         BreakerState::Closed,
         "a full store is up"
     );
-    for _ in 0..5 {
-        let v = check(node, &existing).await;
-        assert!(v.allowed, "an existing key is unaffected");
-        assert_eq!(v.statuses[0].outcome, Some(Outcome::Allowed));
-    }
     let (status, body) = served.get("/readyz").await;
     assert_eq!(status, 200, "{body}");
     served.stop().await;
@@ -240,10 +257,10 @@ async fn local_fallback_buckets_are_bounded_and_swept_between_outages() {
     let mut server = redis().await;
     let clock: SharedClock = Arc::new(TokioClock::new());
     let config = RuntimeConfig {
-        // Two nodes share each limit (LOCAL gives this one 5 of 10); few actors, so keys past
-        // the cap are decided without one, on the fallback map.
+        // Two nodes share each limit (LOCAL gives this one 5 of 10); a key state budget whose
+        // eighth for fallbacks holds ten of these keys' buckets.
         cluster_nodes: 2,
-        max_key_actors: 10,
+        max_key_state_bytes: 8 * 10 * (tollgate_node::runtime::fallbacks::FALLBACK_BYTES + 20),
         idle_timeout: Duration::from_secs(2),
         ..RuntimeConfig::default()
     };
@@ -268,7 +285,7 @@ async fn local_fallback_buckets_are_bounded_and_swept_between_outages() {
     let (fallbacks, overflow) = node.fallback_buckets();
     assert!(
         fallbacks <= 10,
-        "{fallbacks} fallback buckets for a cap of 10"
+        "{fallbacks} fallback buckets for room for 10"
     );
     assert!(overflow <= 1, "one overflow bucket per rule: {overflow}");
     let mut server = tokio::task::spawn_blocking(move || {

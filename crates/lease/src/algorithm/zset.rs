@@ -12,7 +12,13 @@ use crate::clock::Micros;
 pub(crate) struct ZSet {
     ordered: BTreeSet<(Micros, Arc<str>)>,
     scores: HashMap<Arc<str>, Micros>,
+    /// The members' bytes, all together (what the set holds is bounded by the store).
+    member_bytes: usize,
 }
+
+/// What one member costs beyond its own bytes: its shared string's header, a tree entry and a
+/// map entry (an estimate).
+const MEMBER_OVERHEAD: usize = 80;
 
 impl ZSet {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (Micros, &str)> {
@@ -32,6 +38,11 @@ impl ZSet {
         self.scores.get(member).copied()
     }
 
+    /// About how many bytes the set holds.
+    pub(crate) fn bytes(&self) -> usize {
+        self.member_bytes + self.len() * MEMBER_OVERHEAD
+    }
+
     pub(crate) fn max_score(&self) -> Option<Micros> {
         self.ordered.last().map(|(s, _)| *s)
     }
@@ -40,6 +51,7 @@ impl ZSet {
     pub(crate) fn add(&mut self, score: Micros, member: String) {
         self.remove(&member);
         let member: Arc<str> = member.into();
+        self.member_bytes += member.len();
         self.scores.insert(member.clone(), score);
         self.ordered.insert((score, member));
     }
@@ -48,6 +60,7 @@ impl ZSet {
     pub(crate) fn remove(&mut self, member: &str) -> bool {
         match self.scores.remove_entry(member) {
             Some((m, score)) => {
+                self.member_bytes -= m.len();
                 self.ordered.remove(&(score, m));
                 true
             }
@@ -62,6 +75,7 @@ impl ZSet {
                 break;
             }
             if let Some((_, member)) = self.ordered.pop_first() {
+                self.member_bytes -= member.len();
                 self.scores.remove(&member);
             }
         }
@@ -79,6 +93,7 @@ mod tests {
         z.add(5, "a".into());
         z.add(1, "z".into());
         z.add(9, "a".into()); // moves "a"
+        assert_eq!(z.bytes(), 3 + 3 * MEMBER_OVERHEAD);
         let order: Vec<_> = z.iter().collect();
         assert_eq!(order, vec![(1, "z"), (5, "b"), (9, "a")]);
         z.remove_up_to(5);
@@ -86,5 +101,6 @@ mod tests {
         assert!(!z.remove("b"));
         assert!(z.remove("a"));
         assert!(z.is_empty());
+        assert_eq!(z.bytes(), 0);
     }
 }

@@ -25,17 +25,50 @@ pub(crate) enum Value {
     Demand(crate::ops::allowance::Demand),
 }
 
+/// What one key costs beyond its name and its value's contents: the map's entry, the name's
+/// and the value's headers (an estimate, as Redis's own accounting is).
+pub(crate) const ENTRY_OVERHEAD: usize = 96;
+
+impl Value {
+    /// About how many bytes the value holds.
+    fn bytes(&self) -> usize {
+        let contents = match self {
+            Value::TokenBucket(_) | Value::FixedWindow(_) | Value::SlidingWindow(_) => 0,
+            Value::Sorted(z) => z.bytes(),
+            Value::Marks(m) => m.keys().map(|k| k.len() + 48).sum(),
+            Value::Demand(d) => d
+                .reports
+                .iter()
+                .map(|(k, (region, _, _))| k.len() + region.len() + 80)
+                .sum(),
+        };
+        std::mem::size_of::<Value>() + contents
+    }
+}
+
 /// A key's value and when it expires.
 #[derive(Debug, Clone)]
 pub(crate) struct Stored {
     pub(crate) value: Value,
     pub(crate) expires_at: Micros,
+    /// What it was counted as, name included (see [`Keys::bytes`]).
+    bytes: usize,
 }
 
-/// The keys of one shard. Expired keys read as absent, as in Redis.
+/// The keys of one shard. Expired keys read as absent, as in Redis. The bytes they hold are
+/// counted as they change, so a shard knows when it is full without looking.
 #[derive(Debug, Default)]
 pub(crate) struct Keys {
-    pub(crate) map: HashMap<String, Stored>,
+    map: HashMap<String, Stored>,
+    bytes: usize,
+}
+
+/// The rule a key belongs to: `rl:{tag}:<rule>[:<suffix>]` (tags and rules are escaped, so
+/// neither holds `}` or `:`); "" for anything else.
+pub(crate) fn rule_of(key: &str) -> &str {
+    key.find("}:")
+        .map(|at| &key[at + 2..])
+        .map_or("", |rest| rest.split(':').next().unwrap_or(""))
 }
 
 impl Keys {
@@ -46,13 +79,51 @@ impl Keys {
             .map(|s| &s.value)
     }
 
+    /// Keys held, expired or not.
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// About how many bytes the keys hold (names, values and the map's entries).
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Forgets every key.
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+        self.bytes = 0;
+    }
+
     pub(crate) fn put(&mut self, key: &str, value: Value, expires_at: Micros) {
+        let bytes = ENTRY_OVERHEAD + key.len() + value.bytes();
+        self.bytes += bytes;
         match self.map.get_mut(key) {
-            Some(stored) => *stored = Stored { value, expires_at },
-            None => {
-                self.map
-                    .insert(key.to_owned(), Stored { value, expires_at });
+            Some(stored) => {
+                self.bytes -= stored.bytes;
+                *stored = Stored {
+                    value,
+                    expires_at,
+                    bytes,
+                };
             }
+            None => {
+                self.map.insert(
+                    key.to_owned(),
+                    Stored {
+                        value,
+                        expires_at,
+                        bytes,
+                    },
+                );
+            }
+        }
+    }
+
+    /// `DEL key`.
+    pub(crate) fn remove(&mut self, key: &str) {
+        if let Some(stored) = self.map.remove(key) {
+            self.bytes -= stored.bytes;
         }
     }
 
@@ -64,6 +135,7 @@ impl Keys {
             Some(Stored {
                 value: Value::Sorted(z),
                 expires_at,
+                ..
             }) if *expires_at > now => std::mem::take(z),
             _ => ZSet::default(),
         }
@@ -75,15 +147,62 @@ impl Keys {
         if set.is_empty() {
             if matches!(self.map.get(key), Some(Stored { value: Value::Sorted(z), .. }) if z.is_empty())
             {
-                self.map.remove(key);
+                self.remove(key);
             }
         } else if let Some(stored) = self.map.get_mut(key) {
+            let bytes = ENTRY_OVERHEAD + key.len() + std::mem::size_of::<Value>() + set.bytes();
+            self.bytes = self.bytes - stored.bytes + bytes;
+            stored.bytes = bytes;
             stored.value = Value::Sorted(set);
         }
     }
 
     pub(crate) fn purge_expired(&mut self, now: Micros) {
-        self.map.retain(|_, s| s.expires_at > now);
+        let mut freed = 0;
+        self.map.retain(|_, s| {
+            let keep = s.expires_at > now;
+            if !keep {
+                freed += s.bytes;
+            }
+            keep
+        });
+        self.bytes -= freed;
+    }
+
+    /// Evicts live keys until at most `target` bytes are held: from the rule holding the most
+    /// bytes, the keys that expire soonest first (a token bucket closest to full again, a
+    /// window closest to its end: the least state lost), then from the next rule if that was
+    /// not enough. Keys starting with `spare` (the identity the caller is about to use) are
+    /// never evicted. Returns how many keys went.
+    pub(crate) fn evict_to(&mut self, target: usize, spare: &str) -> usize {
+        let mut evicted = 0;
+        while self.bytes > target {
+            let mut by_rule: HashMap<&str, usize> = HashMap::new();
+            for (key, stored) in &self.map {
+                if !key.starts_with(spare) {
+                    *by_rule.entry(rule_of(key)).or_default() += stored.bytes;
+                }
+            }
+            let Some((rule, _)) = by_rule.into_iter().max_by_key(|(_, bytes)| *bytes) else {
+                break;
+            };
+            let rule = rule.to_owned();
+            let mut victims: Vec<(Micros, String)> = self
+                .map
+                .iter()
+                .filter(|(key, _)| !key.starts_with(spare) && rule_of(key) == rule)
+                .map(|(key, stored)| (stored.expires_at, key.clone()))
+                .collect();
+            victims.sort_unstable();
+            for (_, key) in victims {
+                if self.bytes <= target {
+                    break;
+                }
+                self.remove(&key);
+                evicted += 1;
+            }
+        }
+        evicted
     }
 }
 
@@ -239,7 +358,7 @@ impl Bucket {
             Bucket::SlidingWindow(b) => Value::SlidingWindow(b),
             Bucket::Log(b) | Bucket::Slots(b) => {
                 if b.entries.is_empty() {
-                    keys.map.remove(key);
+                    keys.remove(key);
                     return;
                 }
                 Value::Sorted(b.entries)

@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dashmap::DashMap;
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tollgate_lease::{BucketKey, Limit, SharedClock, SlotRelease, SlotRenew, Store, StoreError};
@@ -34,10 +33,11 @@ use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Mark};
 use crate::runtime::breaker::BreakerState;
 use crate::runtime::debts::Debts;
+use crate::runtime::fallbacks::Fallbacks;
 use crate::runtime::guarded::GuardedStore;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::keys::messages::KeyMsg;
-use crate::runtime::keys::registry::{Registry, bucket_key};
+use crate::runtime::keys::registry::{Registry, bucket_cost, bucket_key};
 use crate::runtime::keys::supervisor::{KeySupervisor, SupervisorMsg};
 use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::{self, Charge, Hit, OverrideRules};
@@ -50,8 +50,6 @@ mod direct;
 mod fail_modes;
 pub(crate) mod region;
 mod reserve;
-
-use fail_modes::Fallback;
 
 thread_local! {
     /// The registry key of the bucket being looked up: built here, so a lookup allocates nothing.
@@ -71,13 +69,9 @@ struct Inner {
     supervisor: ActorRef<SupervisorMsg>,
     /// Rules made from descriptor limit overrides, held for reuse.
     overrides: OverrideRules,
-    /// LOCAL fallback buckets of keys decided without an actor: at most `max_key_actors`,
-    /// idle ones swept (see [`Node::fallback_for`]).
-    fallbacks: DashMap<Vec<u8>, Fallback>,
-    /// Per rule (by uid), the one fallback bucket keys share once `fallbacks` is full.
-    overflow: DashMap<u64, Arc<LocalBucket>>,
-    /// When `fallbacks` was last swept (node clock, µs).
-    fallbacks_swept: std::sync::atomic::AtomicU64,
+    /// LOCAL fallback buckets of keys decided without an actor (an eighth of the key state
+    /// budget).
+    fallbacks: Fallbacks,
     stopping: AtomicBool,
     /// The most-denied keys, per rule and overall.
     top_denied: TopDenied,
@@ -107,7 +101,8 @@ impl Node {
                 metrics.clone(),
                 config.seed,
             ),
-            registry: Registry::new(config.max_key_actors),
+            // Seven eighths of the budget: the LOCAL fallbacks hold the rest.
+            registry: Registry::new(config.max_key_state_bytes - config.max_key_state_bytes / 8),
             clock,
             metrics,
             debts: Debts::new(config.seed),
@@ -115,6 +110,7 @@ impl Node {
             region: std::sync::OnceLock::new(),
             warm_up: std::sync::OnceLock::new(),
         });
+        let fallbacks = Fallbacks::new(shared.config.max_key_state_bytes / 8);
         let (supervisor, _) = Actor::spawn(None, KeySupervisor, shared.clone()).await?;
         let memory = match shared.store.inner() {
             Store::Memory(memory) => Some(memory),
@@ -147,9 +143,7 @@ impl Node {
                 rules,
                 supervisor,
                 overrides,
-                fallbacks: DashMap::new(),
-                overflow: DashMap::new(),
-                fallbacks_swept: std::sync::atomic::AtomicU64::new(0),
+                fallbacks,
                 stopping: AtomicBool::new(false),
                 top_denied,
                 actor_wait,
@@ -225,6 +219,30 @@ impl Node {
     /// The `n` most-denied keys overall and per rule, since the node started.
     pub fn top_denied(&self, n: usize) -> TopDeniedReport {
         self.inner.top_denied.report(n)
+    }
+
+    /// Brings the memory figures of the metrics up to date (they are read from their owners:
+    /// the registry, the fallbacks, the in-memory store).
+    pub fn refresh_memory_figures(&self) {
+        let shared = &self.inner.shared;
+        let metrics = &shared.metrics;
+        let _one_at_a_time = metrics.refreshing.lock();
+        let key_state = shared.registry.bytes() + self.inner.fallbacks.bytes();
+        metrics.key_state_bytes.set(key_state as i64);
+        let memory = match shared.store.inner() {
+            Store::Memory(memory) => Some(memory),
+            Store::Linked(linked) => Some(linked.memory()),
+            Store::Redis(_) => None,
+        };
+        if let Some(memory) = memory {
+            metrics.memory_store_bytes.set(memory.bytes() as i64);
+            metrics.memory_store_keys.set(memory.len() as i64);
+            let evicted = memory.evictions();
+            let counted = metrics.memory_store_evictions.get();
+            metrics
+                .memory_store_evictions
+                .inc_by(evicted.saturating_sub(counted));
+        }
     }
 
     /// Key actors alive and buckets held.
@@ -505,8 +523,9 @@ impl Node {
                 if !shared.registry.seen_again(&key, self.now(), within) {
                     return None;
                 }
-                if !shared.registry.reserve_actor() {
+                if !shared.registry.reserve_actor(hit.identity.len()) {
                     shared.metrics.key_actors_refused.inc();
+                    self.press_key_state();
                     return None;
                 }
                 let spawned = self
@@ -521,7 +540,7 @@ impl Node {
                     )
                     .await;
                 let Ok(CallResult::Success(Some(actor))) = spawned else {
-                    shared.registry.unreserve_actor();
+                    shared.registry.unreserve_actor(hit.identity.len());
                     return None;
                 };
                 let kept = shared
@@ -530,14 +549,22 @@ impl Node {
                 if kept.get_id() != actor.get_id() {
                     // Another request spawned this identity's actor first.
                     actor.stop(None);
-                    shared.registry.unreserve_actor();
+                    shared.registry.unreserve_actor(hit.identity.len());
                 }
                 kept
             }
         };
+        if !shared
+            .registry
+            .reserve(bucket_cost(hit.identity.len(), store_key.as_str().len()))
+        {
+            shared.metrics.key_actors_refused.inc();
+            self.press_key_state();
+            return None;
+        }
         // The LOCAL fail mode's count the key had without a bucket carries over.
-        let fallback = match self.inner.fallbacks.remove(&key) {
-            Some((_, kept)) => kept.bucket,
+        let fallback = match self.inner.fallbacks.take(&key) {
+            Some(kept) => kept,
             None => Arc::new(LocalBucket::for_limit(
                 &limit,
                 1.0 / f64::from(shared.config.cluster_nodes.max(1)),
@@ -553,6 +580,15 @@ impl Node {
             shared.config.cluster_nodes,
         ));
         Some(shared.registry.insert_bucket(key, bucket))
+    }
+
+    /// The key state budget is short: a sample of actors is asked to stop if they have been
+    /// idle for [`crate::runtime::keys::registry::EVICTABLE_AFTER`] (they return what their leases hold first).
+    fn press_key_state(&self) {
+        let shared = &self.inner.shared;
+        shared.registry.press(self.now(), 256, |actor| {
+            let _ = actor.cast(KeyMsg::Evict);
+        });
     }
 
     /// Gives back what `attempt` took since `mark`; its slots are released in the store in

@@ -15,6 +15,10 @@ use crate::runtime::sizing::LeasePolicy;
 
 /// The default [`RuntimeConfig::store_patience`].
 pub const DEFAULT_STORE_PATIENCE: Duration = Duration::from_millis(250);
+/// The default [`RuntimeConfig::max_key_state_bytes`]: 256 MiB (about 22,000 key actors of
+/// short identities, far more keys decided without one), which fits a 1 GiB pod beside the
+/// in-memory store's default.
+pub const DEFAULT_MAX_KEY_STATE_BYTES: usize = 256 << 20;
 /// The default [`RuntimeConfig::startup_patience`].
 pub const DEFAULT_STARTUP_PATIENCE: Duration = Duration::from_secs(5);
 
@@ -39,8 +43,9 @@ pub struct RuntimeConfig {
     pub startup_patience: Duration,
     /// Nodes sharing the limits (the LOCAL fail mode gives each node `limit / nodes`).
     pub cluster_nodes: u32,
-    /// The most key actors (identities with state) held at once.
-    pub max_key_actors: usize,
+    /// The most bytes of key state held at once: key actors and their buckets, the keys-seen
+    /// map and the LOCAL fallback buckets (see `docs/memory-bounds.md`).
+    pub max_key_state_bytes: usize,
     /// A key actor with no leases stops after this long without requests.
     pub idle_timeout: Duration,
     /// Where the runtime's own randomness (the breaker's cooldown jitter) comes from: None
@@ -63,7 +68,7 @@ impl Default for RuntimeConfig {
             store_patience: DEFAULT_STORE_PATIENCE,
             startup_patience: DEFAULT_STARTUP_PATIENCE,
             cluster_nodes: 1,
-            max_key_actors: 100_000,
+            max_key_state_bytes: DEFAULT_MAX_KEY_STATE_BYTES,
             idle_timeout: Duration::from_secs(10),
             seed: None,
             top_denied: Default::default(),

@@ -26,6 +26,7 @@ use crate::rules::FailMode;
 use crate::runtime::debts::{self, Debt};
 use crate::runtime::keys::bucket::{Bucket, NO_DEADLINE, holders_of};
 use crate::runtime::keys::messages::{AcquireOutcome, Ask, KeyMsg, Want};
+use crate::runtime::keys::registry::EVICTABLE_AFTER;
 use crate::runtime::lateness::Late;
 use crate::runtime::shared::Shared;
 use crate::runtime::sizing::Demand;
@@ -304,7 +305,7 @@ impl Actor for KeyActor {
                     }
                 }
                 if let Some(reply) = state.stopping.take() {
-                    state.finish_shutdown(&myself, reply, now);
+                    state.finish_shutdown(&myself, Some(reply), now);
                 }
             }
             KeyMsg::Tick => {
@@ -336,7 +337,20 @@ impl Actor for KeyActor {
                     // The lease on its way must be returned too: finish when it lands.
                     state.stopping = Some(reply);
                 } else {
-                    state.finish_shutdown(&myself, reply, now);
+                    state.finish_shutdown(&myself, Some(reply), now);
+                }
+            }
+            KeyMsg::Evict => {
+                let idle_for = now.saturating_sub(state.last_active);
+                if idle_for >= EVICTABLE_AFTER.as_micros() as u64
+                    && !state.in_flight
+                    && state.waiters.is_empty()
+                    && state.refills.is_empty()
+                    && state.stopping.is_none()
+                {
+                    state.shared.metrics.key_actors_evicted.inc();
+                    state.finish_shutdown(&myself, None, now);
+                    return Ok(());
                 }
             }
         }
@@ -745,7 +759,12 @@ impl KeyState {
 
     /// Returns everything unspent and stops; `reply` is answered once the store has the
     /// units back (or could not take them).
-    fn finish_shutdown(&mut self, myself: &ActorRef<KeyMsg>, reply: RpcReplyPort<()>, now: Micros) {
+    fn finish_shutdown(
+        &mut self,
+        myself: &ActorRef<KeyMsg>,
+        reply: Option<RpcReplyPort<()>>,
+        now: Micros,
+    ) {
         let mut returns = std::mem::take(&mut self.returns_first);
         for held in self.held.values_mut() {
             let leases = std::mem::take(&mut held.leases);
@@ -758,7 +777,7 @@ impl KeyState {
                     "node shutting down".into(),
                 )));
         }
-        self.spawn_returns(returns, Some(reply));
+        self.spawn_returns(returns, reply);
         myself.stop(Some("shutdown".into()));
     }
 

@@ -90,6 +90,9 @@ pub enum KeyMsg {
     },
     /// Time to look at lease expiries and idleness.
     Tick,
+    /// The key state budget is short: stop (returning what the leases hold) if idle for
+    /// [`crate::runtime::keys::registry::EVICTABLE_AFTER`].
+    Evict,
     /// Return everything and stop.
     Shutdown(RpcReplyPort<()>),
 }

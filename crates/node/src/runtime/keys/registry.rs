@@ -1,6 +1,9 @@
 //! The buckets and key actors alive on this node, found by the decision path without locks
-//! held across awaits. Their number is bounded: past the cap, new keys are decided by a direct
-//! store call and leave nothing behind, so a flood of new keys cannot exhaust memory.
+//! held across awaits. What they hold is bounded in bytes (see `docs/memory-bounds.md`): an
+//! actor is charged [`ACTOR_BYTES`] and its identity, a bucket [`BUCKET_BYTES`] and its keys.
+//! Past the budget, new keys are decided by a direct store call and leave nothing behind, and
+//! actors idle for a second are asked to stop: a flood of new keys cannot exhaust memory, and
+//! pushes out only keys that stopped coming.
 //!
 //! A key gets a bucket and an actor only when it comes back within a quarter of a lease
 //! lifetime (its demand would then lease more than one unit): until
@@ -12,12 +15,41 @@
 use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use ractor::ActorRef;
 
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::keys::messages::KeyMsg;
+
+/// What a key actor costs beside its identity, measured with `cargo bench --bench key_flood`
+/// (RSS over live actors) and accounted as: the ractor cell and its four channels (each
+/// unbounded channel allocates its first block of 32 slots at once; the supervision channel's
+/// 32 events of 80 bytes are 2.5 KB), the actor's task and its state, the task and timer of
+/// its next tick, and its entries here.
+pub const ACTOR_BYTES: usize = 10 * 1024;
+
+/// What a bucket costs beside its keys: the bucket (272 bytes), its `Arc`, its LOCAL fallback
+/// and the registry's entry, rounded up.
+pub const BUCKET_BYTES: usize = 512;
+
+/// What one key remembered in the keys-seen map costs (a hash, a time, the map's share).
+pub const SEEN_BYTES: usize = 32;
+
+/// How long an actor must have been idle before pressure on the budget stops it.
+pub const EVICTABLE_AFTER: Duration = Duration::from_secs(1);
+
+/// What an actor serving `identity_len` bytes of identity is charged (the identity is held
+/// twice: the registry's key, the actor's state).
+pub fn actor_cost(identity_len: usize) -> usize {
+    ACTOR_BYTES + 2 * identity_len
+}
+
+/// What a bucket is charged: its registry key (uid and identity) and its store key.
+pub fn bucket_cost(identity_len: usize, store_key_len: usize) -> usize {
+    BUCKET_BYTES + 8 + identity_len + store_key_len
+}
 
 /// A bucket's registry key: the rule's uid, then the identity.
 pub fn bucket_key(uid: u64, identity: &[u8]) -> Vec<u8> {
@@ -37,7 +69,12 @@ pub struct Registry {
     buckets: DashMap<Vec<u8>, Arc<Bucket>, Fast>,
     actors: DashMap<Vec<u8>, ActorRef<KeyMsg>, Fast>,
     live: AtomicUsize,
-    max_actors: usize,
+    /// Bytes charged for actors and buckets, and the most that may be.
+    held: AtomicUsize,
+    max_bytes: usize,
+    /// When the budget last asked idle actors to stop (µs), and where in the map it stopped.
+    pressed_at: AtomicU64,
+    press_from: AtomicUsize,
     /// When keys without a bucket were last decided (µs), by a hash of their bucket key.
     seen: DashMap<u64, u64, Fast>,
     seen_hasher: Fast,
@@ -46,18 +83,66 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// An empty registry holding at most `max_actors` key actors.
-    pub fn new(max_actors: usize) -> Self {
+    /// An empty registry whose key state holds at most `max_bytes`: fifteen sixteenths for
+    /// actors and buckets, a sixteenth for the keys-seen map.
+    pub fn new(max_bytes: usize) -> Self {
         Self {
             buckets: DashMap::with_hasher(Fast::default()),
             actors: DashMap::with_hasher(Fast::default()),
             live: AtomicUsize::new(0),
-            max_actors,
+            held: AtomicUsize::new(0),
+            max_bytes: max_bytes - max_bytes / 16,
+            pressed_at: AtomicU64::new(0),
+            press_from: AtomicUsize::new(0),
             seen: DashMap::with_hasher(Fast::default()),
             seen_hasher: Fast::default(),
-            max_seen: max_actors.saturating_mul(10).max(1024),
+            max_seen: (max_bytes / 16 / SEEN_BYTES).max(64),
             seen_swept: AtomicU64::new(0),
         }
+    }
+
+    /// Charges `bytes` to the budget, if they fit.
+    pub fn reserve(&self, bytes: usize) -> bool {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                (held + bytes <= self.max_bytes).then_some(held + bytes)
+            })
+            .is_ok()
+    }
+
+    /// Gives `bytes` back to the budget.
+    pub fn release(&self, bytes: usize) {
+        self.held.fetch_sub(bytes, Ordering::AcqRel);
+    }
+
+    /// Bytes charged for actors and buckets, plus the keys-seen map's.
+    pub fn bytes(&self) -> usize {
+        self.held.load(Ordering::Acquire) + self.seen.len() * SEEN_BYTES
+    }
+
+    /// The budget is short: at most once per [`EVICTABLE_AFTER`] / 4, up to `sample` actors
+    /// (taken in turn around the map) are handed to `ask`, which asks them to stop if they
+    /// have been idle for [`EVICTABLE_AFTER`]. Returns how many were asked.
+    pub fn press(&self, now: u64, sample: usize, ask: impl Fn(&ActorRef<KeyMsg>)) -> usize {
+        let last = self.pressed_at.load(Ordering::Relaxed);
+        let every = EVICTABLE_AFTER.as_micros() as u64 / 4;
+        if now.saturating_sub(last) < every
+            || self
+                .pressed_at
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return 0;
+        }
+        let live = self.actors.len().max(1);
+        let from = self.press_from.load(Ordering::Relaxed) % live;
+        let mut asked = 0;
+        for actor in self.actors.iter().skip(from).take(sample) {
+            ask(actor.value());
+            asked += 1;
+        }
+        self.press_from.store(from + asked, Ordering::Relaxed);
+        asked
     }
 
     /// Whether the bucket under `key` was decided within `within` µs before `now` (it comes
@@ -102,14 +187,22 @@ impl Registry {
         self.buckets.get(key).map(|b| b.clone())
     }
 
-    /// Adds a bucket, or returns the one another request added first.
+    /// Adds a bucket whose [`bucket_cost`] the caller reserved, or returns the one another
+    /// request added first (and gives the reservation back).
     pub fn insert_bucket(&self, key: Vec<u8>, bucket: Arc<Bucket>) -> Arc<Bucket> {
-        self.buckets.entry(key).or_insert(bucket).clone()
+        let cost = bucket_cost(key.len() - 8, bucket.key.as_str().len());
+        let kept = self.buckets.entry(key).or_insert(bucket.clone()).clone();
+        if !Arc::ptr_eq(&kept, &bucket) {
+            self.release(cost);
+        }
+        kept
     }
 
     /// Drops a bucket.
     pub fn remove_bucket(&self, key: &[u8]) {
-        self.buckets.remove(key);
+        if let Some((key, bucket)) = self.buckets.remove(key) {
+            self.release(bucket_cost(key.len() - 8, bucket.key.as_str().len()));
+        }
     }
 
     /// The actor of `identity`.
@@ -117,18 +210,20 @@ impl Registry {
         self.actors.get(identity).map(|a| a.clone())
     }
 
-    /// Reserves room for one more actor, if the cap allows.
-    pub fn reserve_actor(&self) -> bool {
-        self.live
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.max_actors).then_some(n + 1)
-            })
-            .is_ok()
+    /// Reserves room for one more actor serving `identity_len` bytes of identity, if the
+    /// budget allows.
+    pub fn reserve_actor(&self, identity_len: usize) -> bool {
+        let reserved = self.reserve(actor_cost(identity_len));
+        if reserved {
+            self.live.fetch_add(1, Ordering::AcqRel);
+        }
+        reserved
     }
 
     /// Gives back a reservation that was not used.
-    pub fn unreserve_actor(&self) {
+    pub fn unreserve_actor(&self, identity_len: usize) {
         self.live.fetch_sub(1, Ordering::AcqRel);
+        self.release(actor_cost(identity_len));
     }
 
     /// Records `identity`'s actor, or returns the one another request recorded first.
@@ -143,14 +238,19 @@ impl Registry {
             .remove_if(identity, |_, a| a.get_id() == actor.get_id())
             .is_some()
         {
-            self.live.fetch_sub(1, Ordering::AcqRel);
+            self.unreserve_actor(identity.len());
         }
     }
 
     /// Forgets every bucket whose actor is `actor` (after a crash, when the actor could not).
     pub fn remove_buckets_of(&self, actor: &ActorRef<KeyMsg>) {
-        self.buckets
-            .retain(|_, b| b.actor.get_id() != actor.get_id());
+        self.buckets.retain(|key, b| {
+            let keep = b.actor.get_id() != actor.get_id();
+            if !keep {
+                self.release(bucket_cost(key.len() - 8, b.key.as_str().len()));
+            }
+            keep
+        });
     }
 
     /// The identity `actor` serves.

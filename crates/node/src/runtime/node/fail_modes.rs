@@ -2,7 +2,6 @@
 //! last answer), CLOSED, LOCAL (a per-node share, per key, bounded and swept).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tollgate_lease::{BucketKey, StoreError};
@@ -17,13 +16,6 @@ use crate::runtime::keys::registry::bucket_key;
 use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::Hit;
 use crate::runtime::verdict::{Denial, RuleStatus};
-
-/// A LOCAL fallback bucket and when it was last used.
-#[derive(Debug)]
-pub(super) struct Fallback {
-    pub(super) bucket: Arc<LocalBucket>,
-    pub(super) used: std::sync::atomic::AtomicU64,
-}
 
 impl Node {
     /// How long a request that failed closed should wait: until the breaker of its shard lets
@@ -123,55 +115,23 @@ impl Node {
         allowed
     }
 
-    /// The LOCAL fallback bucket of a key that has no bucket on this node. They are bounded
-    /// like the actors: when the map is full, buckets idle for `idle_timeout` are swept (at most
-    /// once a second), as an actor's would be; if it is still full, the key shares its rule's
-    /// overflow bucket with the other keys past the cap, so the rule still limits (it never
-    /// fails open for want of room).
+    /// The LOCAL fallback bucket of a key that has no bucket on this node (see
+    /// [`crate::runtime::fallbacks`]).
     pub(super) fn fallback_for(&self, hit: &Hit) -> Option<Arc<LocalBucket>> {
         let limit = hit.rule.limit()?;
         let inner = &self.inner;
-        let now = self.now();
-        let key = bucket_key(hit.rule.uid, &hit.identity);
-        if let Some(found) = inner.fallbacks.get(&key) {
-            found.used.store(now, Ordering::Relaxed);
-            return Some(found.bucket.clone());
-        }
         let nodes = f64::from(inner.shared.config.cluster_nodes.max(1));
-        let fresh = || Arc::new(LocalBucket::for_limit(&limit, 1.0 / nodes));
-        let cap = inner.shared.config.max_key_actors;
-        if inner.fallbacks.len() >= cap {
-            let last = inner.fallbacks_swept.load(Ordering::Relaxed);
-            if now.saturating_sub(last) >= 1_000_000
-                && inner
-                    .fallbacks_swept
-                    .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            {
-                let idle = inner.shared.config.idle_timeout.as_micros() as u64;
-                inner
-                    .fallbacks
-                    .retain(|_, f| now.saturating_sub(f.used.load(Ordering::Relaxed)) < idle);
-            }
-            if inner.fallbacks.len() >= cap {
-                return Some(
-                    inner
-                        .overflow
-                        .entry(hit.rule.uid)
-                        .or_insert_with(fresh)
-                        .clone(),
-                );
-            }
-        }
-        let entry = inner.fallbacks.entry(key).or_insert_with(|| Fallback {
-            bucket: fresh(),
-            used: std::sync::atomic::AtomicU64::new(now),
-        });
-        Some(entry.bucket.clone())
+        Some(inner.fallbacks.bucket(
+            bucket_key(hit.rule.uid, &hit.identity),
+            hit.rule.uid,
+            self.now(),
+            inner.shared.config.idle_timeout.as_micros() as u64,
+            || Arc::new(LocalBucket::for_limit(&limit, 1.0 / nodes)),
+        ))
     }
 
     /// LOCAL fallback buckets held for keys without an actor, and overflow buckets (per rule).
     pub fn fallback_buckets(&self) -> (usize, usize) {
-        (self.inner.fallbacks.len(), self.inner.overflow.len())
+        self.inner.fallbacks.counts()
     }
 }

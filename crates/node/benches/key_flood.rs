@@ -4,7 +4,8 @@
 //!
 //! Three floods, each on a fresh node (the in-memory store, default settings): short keys each
 //! sent twice (so every key earns a key actor), 2 KB keys each sent twice, and 2 KB keys each
-//! sent once (every decision a store check: the store fills). Each floods for `FLOOD_SECONDS`
+//! sent once under an hour's window (every decision a store check whose key lives an hour:
+//! the store fills). `FLOOD_ONLY=<part of a name>` runs one. Each floods for `FLOOD_SECONDS`
 //! (default 30) from three load generators, then the node is watched for `QUIET_SECONDS`
 //! (default 20) with no traffic.
 //!
@@ -19,7 +20,9 @@ use tokio::time::Instant;
 
 use tollgate_testkit::process::{KilledOnDrop, free_port, loadgen_beside, wait_for};
 
-const RULES: &str = "domain: rl\nrules:\n  - {id: per-address, match: {remote_address: '*'}, algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 10}\n";
+/// A token bucket per address (its keys live about a second after their last use) and a
+/// window of an hour per user (its keys live an hour: a flood of them fills the store).
+const RULES: &str = "domain: rl\nrules:\n  - {id: per-address, match: {remote_address: '*'}, algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 10}\n  - {id: per-user, match: {user: '*'}, algorithm: FIXED_WINDOW, limit: 100, window: 1h}\n";
 
 fn rss_mib(pid: u32) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -43,7 +46,17 @@ fn sum(body: &str, name: &str, labels: &str) -> f64 {
     tollgate_testkit::http::metric_sum(body, name, labels)
 }
 
-fn flood(name: &str, keys: &str, key_bytes: usize, flood_secs: u64, quiet_secs: u64) {
+fn flood(
+    name: &str,
+    descriptor: &str,
+    keys: &str,
+    key_bytes: usize,
+    flood_secs: u64,
+    quiet_secs: u64,
+) {
+    if std::env::var("FLOOD_ONLY").is_ok_and(|only| !name.contains(&only)) {
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, RULES).expect("rules");
@@ -79,6 +92,7 @@ fn flood(name: &str, keys: &str, key_bytes: usize, flood_secs: u64, quiet_secs: 
             let child: Child = Command::new(&loadgen)
                 .args(["run", "--target", &format!("http://127.0.0.1:{grpc}")])
                 // Three clients, three disjoint key spaces.
+                .args(["--key", descriptor, "--domain", "rl"])
                 .args(["--keys", keys, "--key-bytes", &key_bytes.to_string()])
                 .args(["--name", &format!("c{c}")])
                 .args(["--connections", "4", "--streams", "16", "--threads", "1"])
@@ -92,7 +106,7 @@ fn flood(name: &str, keys: &str, key_bytes: usize, flood_secs: u64, quiet_secs: 
             KilledOnDrop(child)
         })
         .collect();
-    println!("\n{name} (keys {keys}, {key_bytes} B identities, three clients)\n");
+    println!("\n{name} (`{descriptor}` keys {keys}, {key_bytes} B identities, three clients)\n");
     println!(
         "| s | RSS MiB | key actors | decisions | new keys/s | failed open | store keys | bytes held |"
     );
@@ -132,14 +146,22 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(default)
     };
-    let (flood_secs, quiet_secs) = (secs("FLOOD_SECONDS", 30), secs("QUIET_SECONDS", 20));
-    flood("Short keys, each twice", "new:2", 0, flood_secs, quiet_secs);
+    let (f, q) = (secs("FLOOD_SECONDS", 30), secs("QUIET_SECONDS", 20));
+    flood("Short keys, each twice", "remote_address", "new:2", 0, f, q);
     flood(
         "2 KB keys, each twice",
+        "remote_address",
         "new:2",
         2048,
-        flood_secs,
-        quiet_secs,
+        f,
+        q,
     );
-    flood("2 KB keys, each once", "new", 2048, flood_secs, quiet_secs);
+    flood(
+        "2 KB keys, each once, hour windows",
+        "user",
+        "new",
+        2048,
+        f,
+        q,
+    );
 }

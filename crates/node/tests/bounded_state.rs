@@ -2,11 +2,18 @@
 //! counter: descriptor limit overrides (Envoy's `RateLimitOverride`) are bounded, keyed by
 //! domain and by an injective encoding of their entries, and never become metric labels;
 //! oversized domains, keys and values are refused; and rule ids from different sources
-//! (Tollgate rules, envoyproxy/ratelimit configurations, overrides) never share counters.
+//! (Tollgate rules, envoyproxy/ratelimit configurations, overrides) never share counters. A
+//! flood of new long identities stays within the key state budget (in bytes), every request
+//! still decided by the store, and the state goes when the flood ends.
 
 mod support;
 
-use support::{Served, rls_request};
+use std::time::Duration;
+
+use support::{Served, check, rls_request};
+use tollgate_node::Request;
+use tollgate_node::runtime::Outcome;
+use tollgate_node::runtime::keys::registry::ACTOR_BYTES;
 use tollgate_node::config::Settings;
 use tollgate_proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use tollgate_proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -167,5 +174,75 @@ async fn rules_from_different_sources_never_share_counters() {
         Ok(Code::Ok as i32),
         "a Tollgate rule named like an override has a counter of its own"
     );
+    served.stop().await;
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .expect("VmRSS")
+        * 1024
+}
+
+/// 6,000 new 2 KB identities, each sent twice (which earns a key an actor: about 26 KB each
+/// before key state was bounded in bytes, 150 MB for this flood): the node holds at most its
+/// 4 MiB budget of key state, decides every request by the store (none fails open), and its
+/// actors are gone once the flood has been idle for the idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_new_long_identities_stays_within_the_key_state_budget() {
+    const BUDGET: usize = 4 << 20;
+    let mut served = Served::start(
+        RULES,
+        Settings {
+            max_key_state_mb: Some(BUDGET >> 20),
+            idle_timeout_ms: Some(2_000),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let node = served.node.clone();
+    let before = rss_bytes();
+    let mut most_actors = 0;
+    let mut most_bytes = 0;
+    for i in 0..6_000 {
+        let identity = format!("{i:06}-{}", "x".repeat(2_000));
+        let request = Request::new("rl").descriptor([("remote_address", identity.as_str())]);
+        for _ in 0..2 {
+            let verdict = check(&node, &request).await;
+            assert_eq!(verdict.statuses[0].outcome, Some(Outcome::Allowed), "key {i}");
+        }
+        if i % 500 == 0 {
+            node.refresh_memory_figures();
+            most_bytes = most_bytes.max(node.metrics().key_state_bytes.get());
+            most_actors = most_actors.max(node.held().0);
+        }
+    }
+    let grown = rss_bytes().saturating_sub(before);
+    node.refresh_memory_figures();
+    let metrics = node.metrics();
+    most_bytes = most_bytes.max(metrics.key_state_bytes.get());
+    assert!(
+        most_bytes as usize <= BUDGET,
+        "{most_bytes} bytes of key state"
+    );
+    assert!(
+        most_actors <= BUDGET / ACTOR_BYTES,
+        "{most_actors} actors in {BUDGET} bytes"
+    );
+    assert!(
+        metrics.key_actors_refused.get() > 0,
+        "the budget refused actors"
+    );
+    // The store's entries for 6,000 keys (about 15 MB) and the budget, with room for the
+    // allocator; unbounded, the actors alone were about 150 MB.
+    assert!(grown < 64 << 20, "RSS grew by {} MiB", grown >> 20);
+    // Idle past the idle timeout: every actor stopped, its budget given back.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    assert_eq!(node.held(), (0, 0), "actors and buckets after the flood");
     served.stop().await;
 }

@@ -314,3 +314,85 @@ async fn a_redis_at_its_maxmemory_refuses_new_state_and_takes_leases_back() {
         .expect("a full Redis takes units back");
     assert_eq!(back, vec![10]);
 }
+
+fn info_field(server: &RedisServer, section: &str, field: &str) -> u64 {
+    let info = server.cli(&["INFO", section]).expect("info");
+    info.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{field} in INFO {section}"))
+}
+
+/// Redis as `docs/memory-bounds.md` asks for it (`maxmemory-policy volatile-lru`: every key
+/// Tollgate writes has a TTL) cannot be filled by a flood of new keys: at its `maxmemory` it
+/// evicts the keys used least recently (the flood's, each used once), every check is still
+/// answered, a key in use keeps its count through the flood, and a new key under another rule
+/// is decided by the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_at_its_maxmemory_with_volatile_lru_evicts_the_flood_and_keeps_deciding() {
+    let server = tokio::task::spawn_blocking(|| {
+        RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"])
+    })
+    .await
+    .expect("join")
+    .expect("redis");
+    let store = store_for(RedisConfig {
+        call_timeout: Duration::from_secs(2),
+        ..RedisConfig::single(server.url())
+    });
+    let hour = Limit::fixed_window(1000, Duration::from_secs(3600)).expect("limit");
+    let steady = BucketKey::new(b"steady-user", "steady").expect("key");
+    let mut used = 0;
+    let mut use_steady = async || {
+        used += 1;
+        let status = store
+            .check(&check1(&steady, hour, 1))
+            .await
+            .expect("the steady key is decided")
+            .buckets
+            .remove(0);
+        assert!(status.allowed);
+        assert_eq!(
+            status.remaining,
+            1000 - used,
+            "the steady key kept its count"
+        );
+    };
+    use_steady().await;
+    // Room for about 2 MB more than Redis holds now; the flood brings about 8 MB.
+    let max = used_memory(&server) + (2 << 20);
+    server
+        .cli(&["CONFIG", "SET", "maxmemory", &max.to_string()])
+        .expect("config set");
+    let identity_tail = "f".repeat(500);
+    for i in 0..10_000 {
+        let key =
+            BucketKey::new(format!("flood-{i}-{identity_tail}").as_bytes(), "flood").expect("key");
+        store
+            .check(&check1(&key, hour, 1))
+            .await
+            .unwrap_or_else(|e| panic!("flood key {i}: {e}"));
+        if i % 1_000 == 0 {
+            use_steady().await;
+        }
+    }
+    assert!(
+        info_field(&server, "stats", "evicted_keys") > 5_000,
+        "Redis evicted the flood's keys"
+    );
+    assert!(
+        used_memory(&server) <= max + (256 << 10),
+        "used memory {} against a maxmemory of {max}",
+        used_memory(&server)
+    );
+    use_steady().await;
+    let other = BucketKey::new(b"someone-new", "other").expect("key");
+    let status = store
+        .check(&check1(&other, hour, 10))
+        .await
+        .expect("a new key under another rule is decided")
+        .buckets
+        .remove(0);
+    assert!(status.allowed);
+    assert_eq!(status.remaining, 990);
+}

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use support::{Served, check, rls_request};
 use tollgate_node::Request;
+use tollgate_node::config::Settings;
 use tollgate_node::runtime::Outcome;
 use tollgate_node::runtime::keys::registry::ACTOR_BYTES;
-use tollgate_node::config::Settings;
 use tollgate_proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use tollgate_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -214,7 +214,11 @@ async fn a_flood_of_new_long_identities_stays_within_the_key_state_budget() {
         let request = Request::new("rl").descriptor([("remote_address", identity.as_str())]);
         for _ in 0..2 {
             let verdict = check(&node, &request).await;
-            assert_eq!(verdict.statuses[0].outcome, Some(Outcome::Allowed), "key {i}");
+            assert_eq!(
+                verdict.statuses[0].outcome,
+                Some(Outcome::Allowed),
+                "key {i}"
+            );
         }
         if i % 500 == 0 {
             node.refresh_memory_figures();

@@ -131,6 +131,39 @@ fn assert_rules_mounted(pod: &Value, config_map: &Value) {
 }
 
 /// A container's ports by name.
+/// The memory the container's settings bound (the key state's budget, and the in-memory
+/// store's when it names no Redis) plus the node's own 128 MiB fits its memory limit.
+fn assert_memory_fits(container: &Value) {
+    let env: BTreeMap<&str, &str> = container["env"]
+        .as_sequence()
+        .expect("env")
+        .iter()
+        .filter_map(|v| Some((str_of(&v["name"]), v["value"].as_str()?)))
+        .collect();
+    let mb = |name: &str| -> u64 {
+        env.get(name)
+            .unwrap_or_else(|| panic!("{name} is not set"))
+            .parse()
+            .expect("MiB")
+    };
+    let key_state = mb("TOLLGATE_MAX_KEY_STATE_MB");
+    let store = if env.contains_key("TOLLGATE_REDIS_URL") {
+        0
+    } else {
+        mb("TOLLGATE_MEMORY_MAX_MB")
+    };
+    let limit = str_of(&container["resources"]["limits"]["memory"]);
+    let limit_mb: u64 = match (limit.strip_suffix("Gi"), limit.strip_suffix("Mi")) {
+        (Some(gi), _) => gi.parse::<u64>().expect("Gi") * 1024,
+        (_, Some(mi)) => mi.parse().expect("Mi"),
+        _ => panic!("memory limit {limit:?}"),
+    };
+    assert!(
+        key_state + store + 128 <= limit_mb,
+        "{key_state} MiB of key state and {store} of store do not fit {limit}"
+    );
+}
+
 fn container_ports(container: &Value) -> BTreeMap<&str, u64> {
     container["ports"]
         .as_sequence()
@@ -169,6 +202,7 @@ fn the_manifests_name_what_the_node_has() {
     let pod = &deployment["spec"]["template"]["spec"];
     let container = &pod["containers"][0];
     assert_flags_and_variables_exist(container, &help);
+    assert_memory_fits(container);
     let mut secret_keys = vec![];
     for env in container["env"].as_sequence().expect("env") {
         if let Some(key) = env["valueFrom"]["secretKeyRef"]["key"].as_str() {
@@ -457,6 +491,7 @@ fn the_helm_chart_renders_what_the_node_reads() {
         let pod = &deployment["spec"]["template"]["spec"];
         let container = &pod["containers"][0];
         assert_flags_and_variables_exist(container, &help);
+        assert_memory_fits(container);
         let mounts: Vec<(&str, &str)> = container["volumeMounts"]
             .as_sequence()
             .expect("mounts")

@@ -21,7 +21,7 @@ pub(crate) struct Cli {
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
     /// Drive a server and report what it did.
-    Run(Run),
+    Run(Box<Run>),
     /// Serve Envoy's RLS answering OK to everything (the gRPC stack's ceiling).
     Bare(Bare),
 }

@@ -31,7 +31,7 @@ use clap::Parser;
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
     let outcome = match cli.command {
-        cli::Command::Run(run) => drive::main(run),
+        cli::Command::Run(run) => drive::main(*run),
         cli::Command::Bare(bare) => bare::main(bare),
     };
     match outcome {

@@ -46,7 +46,7 @@ fn sum(body: &str, name: &str, labels: &str) -> f64 {
     tollgate_testkit::http::metric_sum(body, name, labels)
 }
 
-fn flood(
+async fn flood(
     name: &str,
     descriptor: &str,
     keys: &str,
@@ -120,7 +120,7 @@ fn flood(
         .unwrap_or(1.0);
     for second in 1..=total {
         let due = start + Duration::from_secs(second);
-        std::thread::sleep(due.saturating_duration_since(Instant::now()));
+        tokio::time::sleep_until(due).await;
         let body = metrics(http);
         let decided = sum(&body, "tollgate_decisions_total", "");
         if second % 5 == 0 || second == 1 || second == flood_secs + 1 {
@@ -139,7 +139,8 @@ fn flood(
     drop(clients);
 }
 
-fn main() {
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
     let secs = |name: &str, default: u64| {
         std::env::var(name)
             .ok()
@@ -147,7 +148,7 @@ fn main() {
             .unwrap_or(default)
     };
     let (f, q) = (secs("FLOOD_SECONDS", 30), secs("QUIET_SECONDS", 20));
-    flood("Short keys, each twice", "remote_address", "new:2", 0, f, q);
+    flood("Short keys, each twice", "remote_address", "new:2", 0, f, q).await;
     flood(
         "2 KB keys, each twice",
         "remote_address",
@@ -155,7 +156,8 @@ fn main() {
         2048,
         f,
         q,
-    );
+    )
+    .await;
     flood(
         "2 KB keys, each once, hour windows",
         "user",
@@ -163,5 +165,6 @@ fn main() {
         2048,
         f,
         q,
-    );
+    )
+    .await;
 }

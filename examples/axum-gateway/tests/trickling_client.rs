@@ -4,10 +4,11 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 
 struct Gateway(Child);
 
@@ -55,14 +56,14 @@ async fn start_gateway(extra: &[&str]) -> (Gateway, SocketAddr) {
 #[tokio::test]
 async fn a_body_trickled_a_byte_at_a_time_is_cut_off_at_the_deadline() {
     let (_gateway, address) = start_gateway(&["--body-timeout-ms", "500"]).await;
-    let mut stream = TcpStream::connect(address).await.unwrap();
+    let mut stream = TcpStream::connect(address).await.expect("connect");
     stream
         .write_all(
             b"POST /orders HTTP/1.1\r\nhost: gateway\r\nx-api-key: k_gold\r\n\
               content-type: application/json\r\ncontent-length: 1000\r\n\r\n",
         )
         .await
-        .unwrap();
+        .expect("send the head");
     let sent = Instant::now();
     // One byte every 200 ms, for far longer than the deadline, while reading the answer.
     let (mut reader, mut writer) = stream.into_split();
@@ -105,14 +106,14 @@ async fn a_request_past_its_deadline_is_answered_and_its_connection_closed() {
     // The body deadline is longer than the request's: the request deadline cuts it off.
     let (_gateway, address) =
         start_gateway(&["--body-timeout-ms", "60000", "--request-timeout-ms", "700"]).await;
-    let mut stream = TcpStream::connect(address).await.unwrap();
+    let mut stream = TcpStream::connect(address).await.expect("connect");
     stream
         .write_all(
             b"POST /orders HTTP/1.1\r\nhost: gateway\r\nx-api-key: k_gold\r\n\
               content-length: 1000\r\n\r\nx",
         )
         .await
-        .unwrap();
+        .expect("send the head");
     let sent = Instant::now();
     let mut answer = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), async {

@@ -336,10 +336,13 @@ async fn a_redis_at_its_maxmemory_with_volatile_lru_evicts_the_flood_and_keeps_d
     .await
     .expect("join")
     .expect("redis");
-    let store = store_for(RedisConfig {
+    // Redis evicting on a busy machine answers within milliseconds, not within the other
+    // tests' 20 ms budget: this test is about what it answers.
+    let store = RedisStore::open(&RedisConfig {
         call_timeout: Duration::from_secs(2),
         ..RedisConfig::single(server.url())
-    });
+    })
+    .expect("open");
     let hour = Limit::fixed_window(1000, Duration::from_secs(3600)).expect("limit");
     let steady = BucketKey::new(b"steady-user", "steady").expect("key");
     let mut used = 0;

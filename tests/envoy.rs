@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use tollgate_node::app::App;
-use tollgate_node::config::{Config, Settings};
+use tollgate_server::app::App;
+use tollgate_server::config::{Config, Settings};
 use tollgate_testkit::Envoy;
 use tollgate_testkit::http::{Response, get};
 use tollgate_testkit::process::free_port;
@@ -234,7 +234,7 @@ async fn upstream() -> u16 {
 async fn node_on_redis(
     redis: &tollgate_testkit::RedisServer,
     rules: Vec<std::path::PathBuf>,
-) -> tollgate_node::app::Serving {
+) -> tollgate_server::app::Serving {
     let config = Config::try_from(Settings {
         grpc_listen: Some("127.0.0.1:0".parse().expect("addr")),
         http_listen: Some("127.0.0.1:0".parse().expect("addr")),

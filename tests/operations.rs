@@ -8,8 +8,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use tollgate_node::app::App;
-use tollgate_node::config::{Config, Settings};
+use tollgate_server::app::App;
+use tollgate_server::config::{Config, Settings};
 use tollgate_testkit::http;
 
 fn deploy() -> PathBuf {
@@ -98,7 +98,7 @@ fn exported(port: u16) -> BTreeSet<String> {
 }
 
 /// A node serving on ephemeral ports; the directory holds its rules while it runs.
-async fn node(regions: bool) -> (tollgate_node::app::Serving, u16, tempfile::TempDir) {
+async fn node(regions: bool) -> (tollgate_server::app::Serving, u16, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let rules = dir.path().join("rules.yaml");
     std::fs::write(

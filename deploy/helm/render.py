@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Renders or lints a Helm chart with Helm's own Go SDK (the helm-python-sdk package, Helm v4),
 as `helm template` and `helm lint` do, with no cluster. Used by the suite
-(crates/node/tests/deploy.rs); scripts/test installs the package.
+(crates/server/tests/deploy.rs); scripts/test installs the package.
 
     render.py template CHART [VALUES_JSON]   prints the manifests (a YAML stream)
     render.py lint CHART [VALUES_JSON]       prints Helm's findings; exits 1 on an error

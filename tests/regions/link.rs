@@ -49,8 +49,8 @@ fn batch(origin: &Origin, seq: u64, entries: &[(&str, &str, u64)]) -> Batch {
 
 /// Region eu on `redis`, its peer us at an address nobody answers: the test plays us, calling
 /// in.
-fn eu_alone(redis: &RedisServer) -> tollgate_node::config::Settings {
-    tollgate_node::config::Settings {
+fn eu_alone(redis: &RedisServer) -> tollgate_server::config::Settings {
+    tollgate_server::config::Settings {
         redis_url: Some(vec![redis.url()]),
         region: Some("eu".into()),
         peer_region: Some("us".into()),
@@ -250,7 +250,7 @@ async fn the_link_reports_the_truth_and_serves_only_what_is_the_peers() {
       - {id: synced, match: {api_key: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1h, regional: {policy: ASYNC_SYNC}}\n\
       - {id: local, match: {user: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1h}\n\
       - {id: homed, match: {tenant: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1h, regional: {policy: HOME_REGION, homeRegion: eu}}\n";
-    let settings = tollgate_node::config::Settings {
+    let settings = tollgate_server::config::Settings {
         region_heartbeat_ms: Some(50),
         ..eu_alone(&redis)
     };

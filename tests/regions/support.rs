@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use tollgate_node::app::{App, Serving};
-use tollgate_node::config::{Config, Settings};
 use tollgate_node::{Node, Request};
 use tollgate_regionsync::policy::PeerState;
+use tollgate_server::app::{App, Serving};
+use tollgate_server::config::{Config, Settings};
 use tollgate_testkit::{RedisServer, TcpProxy};
 
 pub(crate) const SECRET: &str = "a-shared-secret-for-tests";

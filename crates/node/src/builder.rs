@@ -24,11 +24,24 @@ use tollgate_lease::{
     MemoryConfig, MemoryStore, RedisConfig, RedisStore, SharedClock, Store, TokioClock,
 };
 
-use crate::app::StartError;
 use crate::metrics::Metrics;
 use crate::rules::source::{self, LoadedRules};
 use crate::rules::watch::ActiveRules;
 use crate::runtime::{Node, RuntimeConfig};
+
+/// Why a node could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// A rule file is invalid.
+    #[error("{0}")]
+    Rules(#[from] crate::rules::RulesError),
+    /// The store could not be set up.
+    #[error("store: {0}")]
+    Store(#[from] tollgate_lease::StoreError),
+    /// The runtime's actors could not start.
+    #[error("runtime: {0}")]
+    Runtime(#[from] ractor::SpawnErr),
+}
 
 /// Builds a [`Node`].
 #[derive(Debug, Default)]
@@ -79,7 +92,7 @@ impl NodeBuilder {
     /// Loads the rules, starts the node and warms its store up (connected, scripts loaded, one
     /// round trip) before returning, waiting up to the start-up patience
     /// ([`RuntimeConfig::startup_patience`]). Must run inside a tokio runtime.
-    pub async fn start(self) -> Result<Node, StartError> {
+    pub async fn start(self) -> Result<Node, BuildError> {
         let metrics = Metrics::new();
         let rules = ActiveRules::new(metrics.clone());
         let mut loaded = source::load(&self.files)?;
@@ -115,9 +128,9 @@ fn install(
     rules: &ActiveRules,
     loaded: &LoadedRules,
     file: Option<&PathBuf>,
-) -> Result<(), StartError> {
+) -> Result<(), BuildError> {
     rules.install(loaded).map_err(|message| {
-        StartError::Rules(crate::rules::RulesError {
+        BuildError::Rules(crate::rules::RulesError {
             file: file.cloned().unwrap_or_default(),
             line: None,
             message,

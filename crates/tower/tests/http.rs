@@ -238,14 +238,14 @@ async fn a_remote_node_over_grpc_answers_the_same() {
     let dir = tempfile::tempdir().expect("dir");
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, RULES).expect("rules");
-    let config = tollgate_node::config::Config::try_from(tollgate_node::config::Settings {
+    let config = tollgate_server::config::Config::try_from(tollgate_server::config::Settings {
         grpc_listen: Some("127.0.0.1:0".parse().expect("addr")),
         http_listen: Some("127.0.0.1:0".parse().expect("addr")),
         rules: Some(vec![rules]),
         ..Default::default()
     })
     .expect("config");
-    let mut serving = tollgate_node::app::App::start(config)
+    let mut serving = tollgate_server::app::App::start(config)
         .await
         .expect("starts")
         .spawn();
@@ -324,14 +324,14 @@ async fn a_slot_lives_as_long_as_its_request_with_a_remote_node() {
     let dir = tempfile::tempdir().expect("dir");
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, RULES).expect("rules");
-    let config = tollgate_node::config::Config::try_from(tollgate_node::config::Settings {
+    let config = tollgate_server::config::Config::try_from(tollgate_server::config::Settings {
         grpc_listen: Some("127.0.0.1:0".parse().expect("addr")),
         http_listen: Some("127.0.0.1:0".parse().expect("addr")),
         rules: Some(vec![rules]),
         ..Default::default()
     })
     .expect("config");
-    let mut serving = tollgate_node::app::App::start(config)
+    let mut serving = tollgate_server::app::App::start(config)
         .await
         .expect("starts")
         .spawn();

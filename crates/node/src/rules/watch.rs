@@ -36,6 +36,12 @@ pub struct ActiveRules {
 }
 
 impl ActiveRules {
+    /// The metrics the rule set reports to (reload errors and staleness included, which the
+    /// control plane's sync records too).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// Starts with no rules.
     pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Self {

@@ -1,0 +1,396 @@
+//! The admin REST API (JSON): `PUT/GET/PATCH/DELETE /admin/v1/rate-limit-rules/{id}`, the list,
+//! each rule's history, and the OpenAPI document (`docs/admin-api.openapi.yaml`, served at
+//! `/admin/v1/openapi.yaml`).
+//!
+//! Writes are optimistic: every rule has a version, sent as `ETag`; `If-Match` with another
+//! version gets 412. Errors are `application/problem+json` naming the field. Bodies are limited
+//! to [`MAX_BODY_BYTES`]; unknown fields are refused. The kill switch is
+//! `PATCH {"mode": "DISABLED"}`: nodes stop enforcing the rule within a second, no deploy.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{FromRequestParts, Path, Query, Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::auth::{Access, Tokens};
+use crate::problem::Problem;
+use crate::store::{
+    ControlError, ListFilter, Precondition, RuleStore, StoredRule, Written, from_json,
+};
+use tollgate_node::rules::native::{RuleDoc, validate_id};
+
+/// The largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// The OpenAPI document, kept in the repository.
+pub const OPENAPI: &str = include_str!("../../../docs/admin-api.openapi.yaml");
+
+/// What the handlers share.
+#[derive(Debug, Clone)]
+pub struct AdminState {
+    /// The rule store.
+    pub store: RuleStore,
+    /// Who may call.
+    pub tokens: Tokens,
+    /// The domain of rules that name none (the seed's example body names none).
+    pub default_domain: String,
+    /// How long a client may take to send a request's headers, and then its body.
+    pub client_timeout: Duration,
+    /// The node whose most-denied keys `GET /admin/v1/top-denied` serves (set once it runs).
+    pub node: Option<tollgate_node::runtime::Node>,
+}
+
+/// Who is calling (set by the auth layer).
+#[derive(Debug, Clone)]
+struct Caller(String);
+
+impl From<ControlError> for Problem {
+    fn from(e: ControlError) -> Self {
+        match e {
+            ControlError::Invalid(f) => Problem::invalid(f.field, f.reason),
+            ControlError::NotFound(id) => Problem::not_found(format!("there is no rule {id:?}")),
+            ControlError::Stale {
+                id,
+                current: Some(v),
+                expected,
+            } => Problem::stale(format!("rule {id:?} is at version {v}; {expected}")),
+            ControlError::Stale {
+                id,
+                current: None,
+                expected,
+            } => Problem::stale(format!("rule {id:?} does not exist; {expected}")),
+            ControlError::Unavailable(m) => Problem::unavailable(m),
+            ControlError::Database(m) => {
+                tracing::error!(error = %m, "rule store error");
+                Problem::unavailable(m)
+            }
+        }
+    }
+}
+
+/// The router, on `/admin/v1`.
+pub fn router(state: AdminState) -> Router {
+    let only = |allowed: &'static str| {
+        move || async move {
+            Problem::method_not_allowed(format!("this resource allows {allowed}"))
+                .with_allow(allowed)
+        }
+    };
+    let collection = || async {
+        Problem::method_not_allowed(
+            "the collection allows GET; create a rule with PUT /admin/v1/rate-limit-rules/{id}",
+        )
+        .with_allow("GET")
+    };
+    Router::new()
+        .route("/admin/v1/rate-limit-rules", get(list).fallback(collection))
+        .route(
+            "/admin/v1/rate-limit-rules/{id}",
+            get(get_rule)
+                .put(put_rule)
+                .patch(patch_rule)
+                .delete(delete_rule)
+                .fallback(only("GET, PUT, PATCH, DELETE")),
+        )
+        .route(
+            "/admin/v1/rate-limit-rules/{id}/history",
+            get(history).fallback(only("GET")),
+        )
+        .route(
+            "/admin/v1/top-denied",
+            get(top_denied).fallback(only("GET")),
+        )
+        .route("/admin/v1/openapi.yaml", get(openapi).fallback(only("GET")))
+        .fallback(|| async { Problem::not_found("no such endpoint") })
+        .layer(middleware::from_fn_with_state(state.clone(), authenticate))
+        .with_state(state)
+}
+
+async fn authenticate(
+    State(state): State<AdminState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    // The API's description is public.
+    let public = request.uri().path() == "/admin/v1/openapi.yaml";
+    let caller = if state.tokens.any() && !public {
+        let presented = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let Some((name, access)) = state.tokens.check(presented) else {
+            return Problem::unauthorized("a valid bearer token is required").into_response();
+        };
+        let reading = matches!(*request.method(), Method::GET | Method::HEAD);
+        if !reading && access == Access::Read {
+            return Problem::forbidden(format!("token {name:?} is read-only")).into_response();
+        }
+        name
+    } else {
+        // No token configured: the API listens on loopback only.
+        "local".to_owned()
+    };
+    request.extensions_mut().insert(Caller(caller));
+    next.run(request).await
+}
+
+fn etag(version: i64) -> HeaderValue {
+    HeaderValue::from_str(&format!("\"{version}\""))
+        .unwrap_or_else(|_| HeaderValue::from_static("\"0\""))
+}
+
+fn rule_response(status: StatusCode, rule: &StoredRule) -> Response {
+    let mut response = (status, axum::Json(rule)).into_response();
+    response
+        .headers_mut()
+        .insert(header::ETAG, etag(rule.version));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// The write's precondition: `If-Match: "<version>"` or `*`, or `If-None-Match: *` (create
+/// only). An ETag must be quoted (RFC 9110 §8.8.3): `If-Match: 3` is a 400.
+fn precondition(headers: &HeaderMap) -> Result<Option<Precondition>, Problem> {
+    let text_of = |name: header::HeaderName| -> Result<Option<String>, Problem> {
+        headers
+            .get(&name)
+            .map(|v| {
+                v.to_str().map(|t| t.trim().to_owned()).map_err(|_| {
+                    Problem::bad_request("Invalid precondition", name.as_str(), "not ASCII")
+                })
+            })
+            .transpose()
+    };
+    if let Some(text) = text_of(header::IF_NONE_MATCH)? {
+        if text != "*" {
+            return Err(Problem::bad_request(
+                "Invalid precondition",
+                "If-None-Match",
+                format!("{text:?}: only `*` (create, never replace) is supported"),
+            ));
+        }
+        return Ok(Some(Precondition::Absent));
+    }
+    let Some(text) = text_of(header::IF_MATCH)? else {
+        return Ok(None);
+    };
+    if text == "*" {
+        return Ok(Some(Precondition::Exists));
+    }
+    let etag = text.strip_prefix("W/").unwrap_or(&text);
+    let version = etag
+        .strip_prefix('"')
+        .and_then(|t| t.strip_suffix('"'))
+        .and_then(|v| v.parse::<i64>().ok())
+        .ok_or_else(|| {
+            Problem::bad_request(
+                "Invalid precondition",
+                "If-Match",
+                format!("{text:?} is not an ETag this API issued (a quoted version, \"3\")"),
+            )
+        })?;
+    Ok(Some(Precondition::Version(version)))
+}
+
+/// A rule id from the path, checked: a bad one (invalid UTF-8 included) is a 400 problem.
+struct RuleId(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for RuleId {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| Problem::invalid("id", e.body_text()))?;
+        validate_id(&id).map_err(|e| Problem::invalid("id", e.reason))?;
+        Ok(Self(id))
+    }
+}
+
+async fn body_json<T: for<'de> Deserialize<'de>>(
+    body: Body,
+    timeout: Duration,
+) -> Result<T, Problem> {
+    let bytes = tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES))
+        .await
+        .map_err(|_| Problem::too_slow(format!("the body did not arrive within {timeout:?}")))?
+        .map_err(|_| Problem::too_large(MAX_BODY_BYTES))?;
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(Problem::invalid("body", "must be a JSON object"));
+    }
+    from_json(&mut serde_json::Deserializer::from_slice(&bytes))
+        .map_err(|f| Problem::invalid(f.field, f.reason))
+}
+
+/// A query string that does not parse: a 400 titled for what it is.
+fn query_problem(e: axum::extract::rejection::QueryRejection) -> Problem {
+    Problem::bad_request("Invalid query", "query", e.body_text())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListQuery {
+    domain: Option<String>,
+    mode: Option<String>,
+    limit: Option<i64>,
+    after: Option<String>,
+}
+
+async fn list(
+    State(state): State<AdminState>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Problem> {
+    let Query(q) = query.map_err(query_problem)?;
+    if let Some(mode) = &q.mode
+        && mode.parse::<tollgate_node::rules::Mode>().is_err()
+    {
+        return Err(Problem::bad_request(
+            "Invalid query",
+            "mode",
+            format!("{mode:?} is not ENFORCE, SHADOW or DISABLED"),
+        ));
+    }
+    let limit = q.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(Problem::bad_request(
+            "Invalid query",
+            "limit",
+            format!("must be between 1 and 500, got {limit}"),
+        ));
+    }
+    let filter = ListFilter {
+        domain: q.domain,
+        mode: q.mode,
+        after: q.after,
+        limit: limit + 1,
+    };
+    let mut items = state.store.list(&filter).await?;
+    let next = if items.len() as i64 > limit {
+        items.truncate(limit as usize);
+        items.last().and_then(|r| r.doc.id.clone())
+    } else {
+        None
+    };
+    Ok((
+        StatusCode::OK,
+        axum::Json(json!({ "items": items, "next": next })),
+    )
+        .into_response())
+}
+
+async fn get_rule(
+    State(state): State<AdminState>,
+    RuleId(id): RuleId,
+) -> Result<Response, Problem> {
+    let rule = state
+        .store
+        .get(&id)
+        .await?
+        .ok_or_else(|| Problem::not_found(format!("there is no rule {id:?}")))?;
+    Ok(rule_response(StatusCode::OK, &rule))
+}
+
+async fn put_rule(
+    State(state): State<AdminState>,
+    RuleId(id): RuleId,
+    axum::Extension(Caller(caller)): axum::Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let condition = precondition(&headers)?;
+    let doc: RuleDoc = body_json(body, state.client_timeout).await?;
+    let (rule, written) = state
+        .store
+        .put(&id, doc, condition, &caller, &state.default_domain)
+        .await?;
+    let created = written == Written::Created;
+    let mut response = rule_response(
+        if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        &rule,
+    );
+    if created
+        && let Ok(location) = HeaderValue::from_str(&format!("/admin/v1/rate-limit-rules/{id}"))
+    {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+async fn patch_rule(
+    State(state): State<AdminState>,
+    RuleId(id): RuleId,
+    axum::Extension(Caller(caller)): axum::Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let condition = precondition(&headers)?;
+    let patch: Value = body_json(body, state.client_timeout).await?;
+    if !patch.is_object() {
+        return Err(Problem::invalid(
+            "body",
+            "a JSON merge patch must be an object",
+        ));
+    }
+    let rule = state
+        .store
+        .patch(&id, &patch, condition, &caller, &state.default_domain)
+        .await?;
+    Ok(rule_response(StatusCode::OK, &rule))
+}
+
+async fn delete_rule(
+    State(state): State<AdminState>,
+    RuleId(id): RuleId,
+    axum::Extension(Caller(caller)): axum::Extension<Caller>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    let condition = precondition(&headers)?;
+    state.store.delete(&id, condition, &caller).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    limit: Option<i64>,
+}
+
+async fn history(
+    State(state): State<AdminState>,
+    RuleId(id): RuleId,
+    query: Result<Query<HistoryQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Problem> {
+    let Query(q) = query.map_err(query_problem)?;
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let items = state.store.history(&id, limit).await?;
+    if items.is_empty() && state.store.get(&id).await?.is_none() {
+        return Err(Problem::not_found(format!("rule {id:?} has no history")));
+    }
+    Ok((StatusCode::OK, axum::Json(json!({ "items": items }))).into_response())
+}
+
+/// This node's 20 most-denied keys, overall and per rule (as the HTTP port's `/top-denied`).
+async fn top_denied(State(state): State<AdminState>) -> Response {
+    match &state.node {
+        Some(node) => axum::Json(node.top_denied(20)).into_response(),
+        None => Problem::not_found("this admin API serves no node").into_response(),
+    }
+}
+
+async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/yaml")], OPENAPI).into_response()
+}

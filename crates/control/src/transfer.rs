@@ -1,0 +1,194 @@
+//! `tollgate rules import` and `export`: rule sets between files (Tollgate's format and
+//! envoyproxy/ratelimit's YAML) and PostgreSQL. Every file is validated before anything is
+//! written; an invalid file writes nothing.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use crate::store::{ControlError, RuleStore, Written};
+use tollgate_node::rules::native::{RuleDoc, RulesFile};
+use tollgate_node::rules::source::{self, RulesError};
+
+/// What a transfer did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Tollgate rules written (or exported).
+    pub rules: usize,
+    /// envoyproxy/ratelimit domains written (or exported).
+    pub envoy_domains: usize,
+    /// Rules deleted because the import did not name them (`--prune`).
+    pub pruned: usize,
+    /// Of those imported, the rules and domains that changed (the rest were already exactly
+    /// as written: no new version, history entry or revision).
+    pub changed: usize,
+}
+
+/// Why a transfer failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// A file is invalid.
+    #[error("{0}")]
+    Rules(#[from] RulesError),
+    /// The store failed.
+    #[error("{0}")]
+    Store(#[from] ControlError),
+    /// A file could not be written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+enum Document {
+    Rules {
+        docs: Vec<RuleDoc>,
+        domain: Option<String>,
+    },
+    Envoy {
+        domain: String,
+        config: serde_json::Value,
+    },
+}
+
+fn read(file: &Path) -> Result<Document, TransferError> {
+    let io = |e: std::io::Error| RulesError {
+        file: file.to_owned(),
+        line: None,
+        message: e.to_string(),
+    };
+    let text = std::fs::read_to_string(file).map_err(io)?;
+    // Validate first, with errors naming the file, line and field.
+    let loaded = source::parse(&text, file)?;
+    let yaml_error = |e: yaml_serde::Error| RulesError {
+        file: file.to_owned(),
+        line: None,
+        message: e.to_string(),
+    };
+    if let Some(envoy) = loaded.envoy.first() {
+        let value: yaml_serde::Value = yaml_serde::from_str(&text).map_err(yaml_error)?;
+        let config = serde_json::to_value(value).map_err(|e| RulesError {
+            file: file.to_owned(),
+            line: None,
+            message: e.to_string(),
+        })?;
+        return Ok(Document::Envoy {
+            domain: envoy.domain.clone(),
+            config,
+        });
+    }
+    let parsed: RulesFile = yaml_serde::from_str(&text).map_err(yaml_error)?;
+    Ok(Document::Rules {
+        docs: parsed.rules,
+        domain: parsed.domain,
+    })
+}
+
+/// Imports every file under `paths`: rules are created or replaced (their history names
+/// `actor`); envoyproxy/ratelimit domains likewise. With `prune`, rules the files do not name
+/// are deleted.
+pub async fn import(
+    store: &RuleStore,
+    paths: &[PathBuf],
+    actor: &str,
+    prune: bool,
+    default_domain: &str,
+) -> Result<Summary, TransferError> {
+    let mut documents = vec![];
+    for path in paths {
+        for file in source::rule_files(path)? {
+            documents.push(read(&file)?);
+        }
+    }
+    store.migrate().await?;
+    let mut summary = Summary::default();
+    let mut named = BTreeSet::new();
+    for document in documents {
+        match document {
+            Document::Rules { docs, domain } => {
+                for mut doc in docs {
+                    let id = doc.id.clone().unwrap_or_default();
+                    if doc.domain.is_none() {
+                        doc.domain = domain.clone();
+                    }
+                    let (_, written) = store.put(&id, doc, None, actor, default_domain).await?;
+                    summary.changed += usize::from(written != Written::Unchanged);
+                    named.insert(id);
+                    summary.rules += 1;
+                }
+            }
+            Document::Envoy { domain, config } => {
+                let changed = store.put_envoy_domain(&domain, &config, actor).await?;
+                summary.changed += usize::from(changed);
+                summary.envoy_domains += 1;
+            }
+        }
+    }
+    if prune {
+        for id in store.rule_ids().await? {
+            if !named.contains(&id) {
+                store.delete(&id, None, actor).await?;
+                summary.pruned += 1;
+            }
+        }
+    }
+    Ok(summary)
+}
+
+/// Writes the store's rules to `out/rules.yaml` (Tollgate's format) and each envoyproxy/
+/// ratelimit domain to `out/envoy-<domain>.yaml`.
+pub async fn export(store: &RuleStore, out: &Path) -> Result<Summary, TransferError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |source| TransferError::Io { path, source }
+    };
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let snapshot = store.snapshot().await?;
+    let file = RulesFile {
+        domain: None,
+        rules: snapshot.rules.clone(),
+    };
+    let path = out.join("rules.yaml");
+    let text = yaml_serde::to_string(&file).map_err(|e| TransferError::Io {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    })?;
+    std::fs::write(
+        &path,
+        format!(
+            "# Exported by tollgate rules export (revision {}).\n{text}",
+            snapshot.revision
+        ),
+    )
+    .map_err(io(&path))?;
+    for config in &snapshot.envoy {
+        let domain = config
+            .get("domain")
+            .and_then(|d| d.as_str())
+            .unwrap_or("unnamed");
+        let safe: String = domain
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let path = out.join(format!("envoy-{safe}.yaml"));
+        let text = yaml_serde::to_string(config).map_err(|e| TransferError::Io {
+            path: path.clone(),
+            source: std::io::Error::other(e),
+        })?;
+        std::fs::write(&path, text).map_err(io(&path))?;
+    }
+    Ok(Summary {
+        rules: snapshot.rules.len(),
+        envoy_domains: snapshot.envoy.len(),
+        pruned: 0,
+        changed: 0,
+    })
+}

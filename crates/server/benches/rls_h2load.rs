@@ -1,0 +1,328 @@
+//! gRPC Envoy RLS throughput on loopback against the stack's own ceiling, in one run: a bare
+//! tonic `ShouldRateLimit` server from the same protos (`tollgate-loadgen bare`, answering OK
+//! with no limiter) beside Tollgate on the in-memory store and on Redis, all driven by h2load
+//! with a real request body (one hot key, a limit never reached).
+//!
+//! - **One core**: each server pinned to core 0, h2load (and Redis) on core 1. The bare server
+//!   runs with a current-thread runtime and with two workers on the one core; Tollgate picks
+//!   its runtime for the one CPU it is given (single-threaded).
+//! - **Both cores**: nothing pinned, h2load (two threads) sharing the machine. The bare server
+//!   again both ways; Tollgate with its default (one worker per CPU) and with one worker.
+//!
+//! Every Tollgate figure is a ratio to the best bare figure of its section, measured in the
+//! same round. Rounds alternate the servers so a noisy minute hits all of them; the median
+//! round is reported.
+//!
+//! `cargo bench -p tollgate-server --bench rls_h2load` (needs `h2load` from nghttp2-client and
+//! `taskset` from util-linux; builds `tollgate-loadgen` if it is not beside `tollgate`).
+//! `BENCH_SECONDS` sets each measurement (default 5), `BENCH_ROUNDS` the rounds (default 3).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use prost::Message;
+use tollgate_proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use tollgate_proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use tollgate_proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use tollgate_testkit::RedisServer;
+use tollgate_testkit::process::{free_port, wait_for};
+
+const RULES: &str = "domain: rl\nrules:\n  - {id: per-address, match: {remote_address: '*'}, algorithm: TOKEN_BUCKET, capacity: 1000000000000, refillPerSecond: 1000000000}\n";
+
+struct Server {
+    child: Child,
+    grpc: u16,
+    http: Option<u16>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn grpc_body() -> Vec<u8> {
+    let request = RateLimitRequest {
+        domain: "rl".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "remote_address".into(),
+                value: "10.1.2.3".into(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    };
+    let message = request.encode_to_vec();
+    let mut framed = vec![0u8];
+    framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&message);
+    framed
+}
+
+/// What a server is, and how it starts.
+#[derive(Clone)]
+enum Kind {
+    Bare {
+        runtime: &'static str,
+    },
+    Tollgate {
+        redis: Option<String>,
+        threads: Option<usize>,
+    },
+}
+
+#[derive(Clone)]
+struct Setup {
+    name: &'static str,
+    kind: Kind,
+}
+
+fn loadgen() -> PathBuf {
+    tollgate_testkit::process::loadgen_beside(Path::new(env!("CARGO_BIN_EXE_tollgate")))
+        .expect("tollgate-loadgen")
+}
+
+fn start(setup: &Setup, pin: bool, rules: &Path) -> Server {
+    let grpc = free_port(false).expect("port");
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", if pin { "0" } else { "0,1" }]);
+    let http = match &setup.kind {
+        Kind::Bare { runtime } => {
+            cmd.arg(loadgen()).args([
+                "bare",
+                "--listen",
+                &format!("127.0.0.1:{grpc}"),
+                "--runtime",
+                runtime,
+            ]);
+            None
+        }
+        Kind::Tollgate { redis, threads } => {
+            let http = free_port(false).expect("port");
+            cmd.arg(env!("CARGO_BIN_EXE_tollgate"))
+                .arg("--rules")
+                .arg(rules)
+                .args([
+                    "--grpc-listen",
+                    &format!("127.0.0.1:{grpc}"),
+                    "--http-listen",
+                    &format!("127.0.0.1:{http}"),
+                ]);
+            if let Some(url) = redis {
+                cmd.args(["--redis-url", url]);
+            }
+            if let Some(n) = threads {
+                cmd.args(["--worker-threads", &n.to_string()]);
+            }
+            Some(http)
+        }
+    };
+    cmd.env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let server = Server {
+        child: cmd.spawn().expect("start server"),
+        grpc,
+        http,
+    };
+    wait_for(setup.name, Duration::from_secs(30), || match server.http {
+        Some(http) => tollgate_testkit::http::get(http, "/readyz", &[])
+            .ok()
+            .filter(|r| r.status == 200)
+            .map(|_| ()),
+        None => std::net::TcpStream::connect(("127.0.0.1", grpc))
+            .ok()
+            .map(|_| ()),
+    })
+    .expect("server ready");
+    server
+}
+
+/// Requests per second h2load reaches against `server`, and its status-code line.
+fn h2load(server: &Server, pin: bool, body: &Path, secs: u64) -> (f64, String) {
+    let url = format!(
+        "http://127.0.0.1:{}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+        server.grpc
+    );
+    let run = |extra: &[&str]| {
+        let out = Command::new("taskset")
+            .args(["-c", if pin { "1" } else { "0,1" }])
+            .args(["h2load", "-t", if pin { "1" } else { "2" }])
+            .args(["-c", "8", "-m", "32", "-d"])
+            .arg(body)
+            .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+            .args(extra)
+            .arg(&url)
+            .output()
+            .expect("h2load");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&["-n", "30000"]);
+    let out = run(&["-D", &secs.to_string()]);
+    let line = |prefix: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or("")
+            .trim()
+            .to_owned()
+    };
+    let rps = line("finished in")
+        .split(", ")
+        .nth(1)
+        .and_then(|s| s.strip_suffix(" req/s"))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
+    (rps, line("status codes:"))
+}
+
+/// The node's decision and store-call counters, for the table.
+fn counters(server: &Server) -> String {
+    let Some(http) = server.http else {
+        return "-".into();
+    };
+    let Ok(metrics) = tollgate_testkit::http::get(http, "/metrics", &[]) else {
+        return "?".into();
+    };
+    let sum = |prefix: &str, has: &str| -> u64 {
+        metrics
+            .body
+            .lines()
+            .filter(|l| l.starts_with(prefix) && l.contains(has))
+            .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum()
+    };
+    format!(
+        "allowed {}, failed open {}, store calls {}",
+        sum("tollgate_decisions_total", "outcome=\"allowed\""),
+        sum("tollgate_decisions_total", "outcome=\"failed_open\""),
+        sum("tollgate_store_calls_total", ""),
+    )
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn section(title: &str, pin: bool, setups: &[Setup], rounds: usize, body: &Path, rules: &Path) {
+    let secs: u64 = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let servers: Vec<Server> = setups.iter().map(|s| start(s, pin, rules)).collect();
+    let mut figures: Vec<Vec<f64>> = vec![vec![]; setups.len()];
+    let mut codes: Vec<String> = vec![String::new(); setups.len()];
+    for _ in 0..rounds {
+        for (i, server) in servers.iter().enumerate() {
+            let (rps, code) = h2load(server, pin, body, secs);
+            figures[i].push(rps);
+            codes[i] = code;
+        }
+    }
+    let medians: Vec<f64> = figures.iter().cloned().map(median).collect();
+    let best_bare = setups
+        .iter()
+        .zip(&medians)
+        .filter(|(s, _)| matches!(s.kind, Kind::Bare { .. }))
+        .map(|(_, m)| *m)
+        .fold(0.0, f64::max);
+    println!("\n{title}\n");
+    println!(
+        "| server | req/s (median of {rounds}) | rounds | vs best bare | h2load status codes | node counters |"
+    );
+    println!("|---|---:|---|---:|---|---|");
+    for (i, setup) in setups.iter().enumerate() {
+        let rounds: Vec<String> = figures[i].iter().map(|f| format!("{f:.0}")).collect();
+        println!(
+            "| {} | {:.0} | {} | {:.2} | {} | {} |",
+            setup.name,
+            medians[i],
+            rounds.join(", "),
+            medians[i] / best_bare,
+            codes[i],
+            counters(&servers[i]),
+        );
+    }
+}
+
+fn main() {
+    for (tool, package) in [("h2load", "nghttp2-client"), ("taskset", "util-linux")] {
+        tollgate_testkit::process::require_binary(tool, package).expect("tool");
+    }
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+        .max(1);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let body = dir.path().join("request.bin");
+    std::fs::File::create(&body)
+        .expect("body")
+        .write_all(&grpc_body())
+        .expect("write");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(&rules, RULES).expect("rules");
+    let redis = RedisServer::start().expect("redis-server");
+    let redis_url = redis.url();
+    let pin_redis = |cpus: &str| {
+        let _ = Command::new("taskset")
+            .args(["-p", "-c", cpus, &redis.pid().expect("pid").to_string()])
+            .output();
+    };
+    let bare = |name, runtime| Setup {
+        name,
+        kind: Kind::Bare { runtime },
+    };
+    let tollgate = |name, redis: Option<&str>, threads| Setup {
+        name,
+        kind: Kind::Tollgate {
+            redis: redis.map(str::to_owned),
+            threads,
+        },
+    };
+    pin_redis("1");
+    section(
+        "One core: servers on core 0, h2load (-t 1 -c 8 -m 32) and Redis on core 1",
+        true,
+        &[
+            bare("bare tonic, current-thread runtime", "current"),
+            bare("bare tonic, 2 workers", "multi:2"),
+            tollgate("Tollgate, in-memory store (runtime for 1 CPU)", None, None),
+            tollgate(
+                "Tollgate, Redis store (runtime for 1 CPU)",
+                Some(&redis_url),
+                None,
+            ),
+        ],
+        rounds,
+        &body,
+        &rules,
+    );
+    pin_redis("0,1");
+    section(
+        "Both cores: nothing pinned, h2load (-t 2 -c 8 -m 32) and Redis sharing the machine",
+        false,
+        &[
+            bare("bare tonic, current-thread runtime", "current"),
+            bare("bare tonic, 2 workers", "multi:2"),
+            tollgate("Tollgate, in-memory store (default: 2 workers)", None, None),
+            tollgate(
+                "Tollgate, Redis store (default: 2 workers)",
+                Some(&redis_url),
+                None,
+            ),
+            tollgate("Tollgate, in-memory store, 1 worker", None, Some(1)),
+            tollgate("Tollgate, Redis store, 1 worker", Some(&redis_url), Some(1)),
+        ],
+        rounds,
+        &body,
+        &rules,
+    );
+}

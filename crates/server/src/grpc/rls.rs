@@ -1,0 +1,226 @@
+//! Envoy's rate limit service, v3: every descriptor gets a status (one per request descriptor,
+//! in order), `overall_code` is never UNKNOWN, and the response carries the rate-limit headers
+//! for Envoy to add. A store failure is never an RPC error: each rule's fail mode decides, and
+//! a rule that fails closed answers OVER_LIMIT (with Retry-After and `tollgate-reason:
+//! store-unavailable`), so it denies whatever Envoy's `failure_mode_deny` says. Only a request
+//! Tollgate cannot read is an RPC error (INVALID_ARGUMENT).
+
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use tollgate_proto::envoy::config::core::v3::HeaderValue;
+use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
+use tollgate_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tollgate_proto::envoy::r#type::v3::RateLimitUnit;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::grpc::invalid;
+use tollgate_node::headers::{Policy, status_policy, write_headers};
+use tollgate_node::metrics::{Api, ApiResult};
+use tollgate_node::rules::RuleKind;
+use tollgate_node::runtime::{Descriptor, LimitOverride, Matching, Node, RuleStatus, Verdict};
+
+/// The service.
+#[derive(Debug, Clone)]
+pub struct Rls {
+    node: Node,
+}
+
+impl Rls {
+    /// Serves `node`.
+    pub fn new(node: Node) -> Self {
+        Self { node }
+    }
+}
+
+fn unit_duration(unit: i32) -> Option<Duration> {
+    let secs = match RateLimitUnit::try_from(unit).ok()? {
+        RateLimitUnit::Second => 1,
+        RateLimitUnit::Minute => 60,
+        RateLimitUnit::Hour => 3600,
+        RateLimitUnit::Day => 86_400,
+        RateLimitUnit::Month => 2_592_000,
+        RateLimitUnit::Year => 31_536_000,
+        RateLimitUnit::Unknown => return None,
+    };
+    Some(Duration::from_secs(secs))
+}
+
+/// The request in the runtime's terms.
+pub fn to_request(req: RateLimitRequest) -> Result<tollgate_node::runtime::Request, Status> {
+    let mut descriptors = Vec::with_capacity(req.descriptors.len());
+    for (i, d) in req.descriptors.into_iter().enumerate() {
+        if d.is_negative_hits {
+            return Err(Status::invalid_argument(format!(
+                "descriptors[{i}].is_negative_hits is not supported"
+            )));
+        }
+        let limit = match d.limit {
+            None => None,
+            Some(o) => Some(LimitOverride {
+                requests: o.requests_per_unit,
+                unit: unit_duration(o.unit).ok_or_else(|| {
+                    Status::invalid_argument(format!("descriptors[{i}].limit.unit is unknown"))
+                })?,
+            }),
+        };
+        descriptors.push(Descriptor {
+            entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+            cost: d.hits_addend,
+            limit,
+        });
+    }
+    Ok(tollgate_node::runtime::Request {
+        domain: req.domain,
+        descriptors,
+        cost: u64::from(req.hits_addend.max(1)),
+        matching: Matching::PerDescriptor,
+    })
+}
+
+/// How a limit reads in Envoy's terms: requests per unit.
+fn current_limit(p: &Policy<'_>) -> RateLimit {
+    let (requests, unit) = match p.window {
+        None => (p.quota, Unit::Unknown),
+        Some(1) => (p.quota, Unit::Second),
+        Some(60) => (p.quota, Unit::Minute),
+        Some(3600) => (p.quota, Unit::Hour),
+        Some(86_400) => (p.quota, Unit::Day),
+        Some(604_800) => (p.quota, Unit::Week),
+        Some(2_592_000) => (p.quota, Unit::Month),
+        Some(31_536_000) => (p.quota, Unit::Year),
+        // Other windows: the same rate, per second, rounded up.
+        Some(w) => (p.quota.div_ceil(w), Unit::Second),
+    };
+    RateLimit {
+        name: p.name.to_owned(),
+        requests_per_unit: u32::try_from(requests).unwrap_or(u32::MAX),
+        unit: unit as i32,
+    }
+}
+
+fn duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: d.as_secs() as i64,
+        nanos: d.subsec_nanos() as i32,
+    }
+}
+
+/// The response for a decision over `descriptors` request descriptors.
+pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
+    // SHADOW rules never show: they are counted in metrics and logged, nothing else.
+    let shown: SmallVec<[(&RuleStatus, Option<Policy<'_>>); 4]> = verdict
+        .statuses
+        .iter()
+        .filter(|s| s.shown())
+        .map(|s| (s, status_policy(s)))
+        .collect();
+    let mut statuses = Vec::with_capacity(descriptors);
+    for i in 0..descriptors {
+        let mine = || shown.iter().filter(|(s, _)| s.covers(i));
+        let over = mine().any(|(s, _)| s.denies());
+        let code = if over { Code::OverLimit } else { Code::Ok } as i32;
+        let decisive = if over {
+            mine()
+                .filter(|(s, _)| s.denies())
+                .max_by_key(|(s, _)| s.retry_after)
+        } else {
+            mine()
+                .filter(|(_, p)| p.is_some())
+                .min_by_key(|(s, _)| s.remaining)
+        };
+        let status = match decisive {
+            Some((s, policy)) => DescriptorStatus {
+                code,
+                current_limit: policy.as_ref().map(current_limit),
+                limit_remaining: if s.allowed {
+                    u32::try_from(s.remaining).unwrap_or(u32::MAX)
+                } else {
+                    0
+                },
+                duration_until_reset: Some(duration(
+                    if s.allowed || !s.denial.is_some_and(|d| d.retryable()) {
+                        s.reset_after
+                    } else {
+                        s.retry_after
+                    },
+                )),
+                quota: None,
+            },
+            None => DescriptorStatus {
+                code,
+                current_limit: None,
+                limit_remaining: if mine().any(|(s, _)| matches!(s.rule.kind, RuleKind::Unlimited))
+                {
+                    u32::MAX
+                } else {
+                    0
+                },
+                duration_until_reset: None,
+                quota: None,
+            },
+        };
+        statuses.push(status);
+    }
+    let mut response_headers_to_add = Vec::with_capacity(7);
+    write_headers(verdict, |key, value| {
+        response_headers_to_add.push(HeaderValue {
+            key: key.into(),
+            value,
+            raw_value: vec![],
+        })
+    });
+    RateLimitResponse {
+        overall_code: (if verdict.allowed {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        }) as i32,
+        statuses,
+        response_headers_to_add,
+        ..RateLimitResponse::default()
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let span = crate::telemetry::decision_span("rls", request.metadata());
+        self.decide(request).instrument(span).await
+    }
+}
+
+impl Rls {
+    async fn decide(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let started = tokio::time::Instant::now();
+        let metrics = self.node.metrics().api(Api::Rls);
+        let refused = |status: Status| {
+            metrics.answered(ApiResult::Invalid, started.elapsed().as_secs_f64());
+            status
+        };
+        let request = to_request(request.into_inner()).map_err(refused)?;
+        let descriptors = request.descriptors.len();
+        let verdict = self
+            .node
+            .check(&request)
+            .await
+            .map_err(|e| refused(invalid(e)))?;
+        let response = to_response(&verdict, descriptors);
+        crate::telemetry::record_decision(&request.domain, descriptors, &verdict);
+        let result = ApiResult::of(verdict.allowed);
+        metrics.answered(result, started.elapsed().as_secs_f64());
+        Ok(Response::new(response))
+    }
+}

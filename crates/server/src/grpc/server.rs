@@ -1,0 +1,93 @@
+//! The gRPC server. It takes its listener and its shutdown signal, so tests and the binary run
+//! the same code.
+
+use std::future::Future;
+
+use futures::TryStreamExt;
+use tokio::net::TcpListener;
+use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiterServer;
+use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
+
+use crate::grpc::check::Check;
+use crate::grpc::connection::CoalescedConnection;
+use crate::grpc::rls::Rls;
+use tollgate_node::runtime::Node;
+
+/// Tollgate's compiled protos without the region link's (served on another port).
+fn public_descriptors() -> prost_types::FileDescriptorSet {
+    use prost::Message;
+    let mut set = prost_types::FileDescriptorSet::decode(tollgate_proto::FILE_DESCRIPTOR_SET)
+        .expect("the file descriptor set is compiled in and valid");
+    set.file
+        .retain(|f| !f.package().starts_with("tollgate.regionsync"));
+    set
+}
+
+/// The largest request message accepted (Envoy's are a few hundred bytes).
+pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+
+/// Serves Envoy's RLS, Tollgate's API, health and reflection on `listener` until `shutdown`.
+pub async fn serve(
+    node: Node,
+    listener: TcpListener,
+    tls: Option<crate::tls::Acceptor>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<RateLimitServiceServer<Rls>>().await;
+    health.set_serving::<RateLimiterServer<Check>>().await;
+    // Reflection, v1 and v1alpha (grpcurl and Python's reflection client ask v1alpha), lists
+    // what this port serves: Envoy's RLS, Tollgate's API, health. The region link is served
+    // on its own port and is not described here.
+    let public = public_descriptors();
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_file_descriptor_set(public.clone())
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name("envoy.service.ratelimit.v3.RateLimitService")
+            .with_service_name("tollgate.ratelimit.v1.RateLimiter")
+            .with_service_name("grpc.health.v1.Health")
+            .with_service_name("grpc.reflection.v1.ServerReflection")
+            .with_service_name("grpc.reflection.v1alpha.ServerReflection")
+    };
+    let reflection_v1 = reflection()
+        .build_v1()
+        .expect("the file descriptor sets are compiled in and valid");
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .expect("the file descriptor sets are compiled in and valid");
+    let router = Server::builder()
+        .tcp_nodelay(true)
+        .add_service(
+            RateLimitServiceServer::new(Rls::new(node.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            RateLimiterServer::new(Check::new(node)).max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
+    match tls {
+        None => {
+            router
+                .serve_with_incoming_shutdown(
+                    TcpIncoming::from(listener)
+                        .with_nodelay(Some(true))
+                        .map_ok(CoalescedConnection::new),
+                    shutdown,
+                )
+                .await
+        }
+        Some(acceptor) => {
+            router
+                .serve_with_incoming_shutdown(
+                    crate::tls::incoming(listener, acceptor, "grpc"),
+                    shutdown,
+                )
+                .await
+        }
+    }
+}

@@ -1,0 +1,199 @@
+//! The small HTTP port: `/healthz` (the process is up), `/readyz` (the node can answer: rules
+//! loaded; store health is in the body, never a reason to be unready), Prometheus `/metrics`
+//! and, to a bearer token only, `/top-denied` (the 20 most-denied keys, overall and per rule, as
+//! JSON). This port is open to whoever scrapes and probes (the whole monitoring namespace in
+//! the shipped NetworkPolicy): identities, which may be API keys, are not served on it without
+//! a token.
+
+use std::future::Future;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
+
+use std::sync::Arc;
+use tollgate_node::runtime::breaker::BreakerState;
+
+use subtle::ConstantTimeEq;
+
+use tollgate_control::problem::Problem;
+use tollgate_node::runtime::{Node, WarmUp};
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Ready means the node can answer: listeners up (this answer is proof) and rules loaded from
+/// their source. Store health is reported, never used: while the store is down the node still
+/// decides every request by its rules' fail modes, and taking every pod out of service at the
+/// moment Redis fails would hand the decision to the gateway's own failure mode instead.
+async fn readyz(State(node): State<Node>) -> impl IntoResponse {
+    let rules = node.rules();
+    let ready = rules.is_loaded();
+    let breakers = node.breaker_states();
+    let open: Vec<u16> = breakers
+        .iter()
+        .filter(|(_, s)| *s != BreakerState::Closed)
+        .map(|(shard, _)| *shard)
+        .collect();
+    let mut body = serde_json::json!({
+        "ready": ready,
+        "rulesLoaded": ready,
+        "rulesVersion": rules.load().version(),
+        "rulesCount": rules.load().rules().len(),
+        "rulesSource": rules.source(),
+        "rulesStalenessSeconds": node.metrics().rules_staleness_seconds.get(),
+        "store": {
+            "answering": open.is_empty(),
+            "breaker": node.breaker_state().as_str(),
+            "shardsOpen": open,
+            "startup": startup(&node),
+        },
+        "breaker": node.breaker_state().as_str(),
+    });
+    if let Some(region) = node.region() {
+        let status = region.status();
+        body["region"] = serde_json::json!({
+            "region": status.region,
+            "peer": status.peer,
+            "peerState": status.peer_state,
+            "sinceContactMs": status.since_contact_ms,
+            "sincePeerStateChangeMs": status.since_change_ms,
+            "syncLagMs": status.lag_ms,
+            "allowances": status.allowances.as_str(),
+        });
+    }
+    let code = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+}
+
+/// How the store answered when the node started: `{"answered": true, "tookMs": 12}`, or
+/// `{"answered": false, "error": "..."}` when the node started serving without it (deciding by
+/// fail modes until it answers).
+fn startup(node: &Node) -> serde_json::Value {
+    match node.store_warm_up() {
+        Some(WarmUp::Answered(took)) => {
+            serde_json::json!({"answered": true, "tookMs": took.as_millis() as u64})
+        }
+        Some(WarmUp::Unanswered(error)) => serde_json::json!({"answered": false, "error": error}),
+        None => serde_json::Value::Null,
+    }
+}
+
+async fn metrics(State(node): State<Node>) -> impl IntoResponse {
+    node.refresh_memory_figures();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        node.metrics().render(),
+    )
+}
+
+/// The 20 most-denied keys, overall and per rule (identities shown as configured), to a caller
+/// presenting `token` as a bearer token; not served without one configured.
+async fn top_denied(
+    node: Node,
+    token: Option<Arc<str>>,
+    authorization: Option<&str>,
+) -> axum::response::Response {
+    let Some(token) = token else {
+        return Problem::not_served(
+            "the most-denied keys are served on the admin API (GET /admin/v1/top-denied, a read \
+             token), or here with --top-denied-token",
+        )
+        .into_response();
+    };
+    let presented = authorization
+        .and_then(|a| a.trim().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim().as_bytes())
+        .unwrap_or_default();
+    if !(presented.len() == token.len() && bool::from(presented.ct_eq(token.as_bytes()))) {
+        return Problem::unauthorized(
+            "GET /top-denied needs the --top-denied-token as a bearer token",
+        )
+        .into_response();
+    }
+    let body = serde_json::to_string(&node.top_denied(20)).unwrap_or_else(|_| "{}".into());
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// The router; `/top-denied` wants `top_denied_token` (None: not served here).
+pub fn router(node: Node, top_denied_token: Option<String>) -> Router {
+    let token: Option<Arc<str>> = top_denied_token.map(Into::into);
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route(
+            "/top-denied",
+            get(
+                move |State(node): State<Node>, headers: axum::http::HeaderMap| async move {
+                    let authorization = headers
+                        .get(header::AUTHORIZATION)
+                        .and_then(|v| v.to_str().ok());
+                    top_denied(node, token, authorization).await
+                },
+            ),
+        )
+        .with_state(node)
+}
+
+/// The probe port's router: `/healthz` and `/readyz` only, plaintext (see
+/// `--probe-listen`): probes need no TLS handshake, so a flood of handshakes cannot fail them.
+pub fn probe_router(node: Node) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(node)
+}
+
+/// Serves the probes on `listener` until `shutdown`.
+pub async fn serve_probes(
+    node: Node,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, probe_router(node))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Serves the router on `listener` until `shutdown`.
+pub async fn serve(
+    node: Node,
+    top_denied_token: Option<String>,
+    listener: TcpListener,
+    tls: Option<crate::tls::Acceptor>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = router(node, top_denied_token);
+    match tls {
+        None => {
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        Some(acceptor) => {
+            axum::serve(
+                crate::tls::TlsListener::new(listener, acceptor, "http")?,
+                router,
+            )
+            .with_graceful_shutdown(shutdown)
+            .await
+        }
+    }
+}

@@ -1,0 +1,21 @@
+//! The `tollgate` binary's library: a whole node process, wired from its settings, serving
+//! the node (`tollgate-node`) over gRPC (Envoy's rate limit service and Tollgate's own API)
+//! and HTTP (health, readiness, Prometheus metrics), with TLS, the admin API and the rule store
+//! of `tollgate-control` when a database is configured.
+//!
+//! # Layout
+//! - [`config`]: the binary's settings (file, environment, flags).
+//! - [`app`]: a whole node process, wired from a config.
+//! - [`grpc`]: Envoy's rate limit service and Tollgate's own API.
+//! - [`http`]: health, readiness and Prometheus metrics.
+//! - [`admin_listener`]: the admin API's listener (the API itself is `tollgate-control`'s).
+//! - [`tls`]: certificates, reloads and handshakes for every listener.
+//! - [`telemetry`]: logs, and the OTLP exporter for the node's spans.
+
+pub mod admin_listener;
+pub mod app;
+pub mod config;
+pub mod grpc;
+pub mod http;
+pub mod telemetry;
+pub mod tls;

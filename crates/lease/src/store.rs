@@ -90,6 +90,15 @@ pub enum Store {
 }
 
 impl Store {
+    /// The in-memory store underneath (itself, or behind the chaos link); None on Redis.
+    pub fn memory(&self) -> Option<&MemoryStore> {
+        match self {
+            Store::Memory(memory) => Some(memory),
+            Store::Linked(linked) => Some(linked.memory()),
+            Store::Redis(_) => None,
+        }
+    }
+
     /// The same store with another budget per call (see [`RedisStore::with_budget`]; the
     /// in-memory store answers at once whatever the budget).
     pub fn with_budget(&self, budget: std::time::Duration) -> Store {

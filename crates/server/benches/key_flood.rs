@@ -25,15 +25,7 @@ use tollgate_testkit::process::{KilledOnDrop, free_port, loadgen_beside, wait_fo
 const RULES: &str = "domain: rl\nrules:\n  - {id: per-address, match: {remote_address: '*'}, algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 10}\n  - {id: per-user, match: {user: '*'}, algorithm: FIXED_WINDOW, limit: 100, window: 1h}\n";
 
 fn rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .unwrap_or(0.0)
-        / 1024.0
+    tollgate_testkit::process::rss_bytes(pid).unwrap_or(0) as f64 / f64::from(1 << 20)
 }
 
 fn metrics(http: u16) -> String {

@@ -25,14 +25,7 @@ const KEYS: u64 = 1_000_000;
 const IN_FLIGHT: usize = 64;
 
 fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    tollgate_testkit::process::rss_bytes(pid).unwrap_or(0) / 1024
 }
 
 fn metric(http: u16, name: &str) -> f64 {

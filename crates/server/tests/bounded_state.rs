@@ -178,15 +178,7 @@ async fn rules_from_different_sources_never_share_counters() {
 }
 
 fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .expect("VmRSS")
-        * 1024
+    tollgate_testkit::process::rss_bytes(std::process::id()).expect("VmRSS")
 }
 
 /// 6,000 new 2 KB identities, each sent twice (which earns a key an actor: about 26 KB each

@@ -345,11 +345,11 @@ async fn the_most_denied_keys_are_served_to_a_token_and_identities_kept_private(
         };
         let mut served = Served::start(rules, settings).await;
         let mut rls = served.rls().await;
-        // The hot key is denied 5 times, the warm one twice, the cold one never.
+        // Denials per key (the limit admits one): the first key 5, the second 2, the third none.
         for (key, n) in [
-            ("sk_live_hot_123456", 6),
-            ("sk_live_warm_98765", 3),
-            ("sk_cold", 1),
+            ("sk_live_most_123456", 6),
+            ("sk_live_some_98765", 3),
+            ("sk_none", 1),
         ] {
             for _ in 0..n {
                 rls.should_rate_limit(support::rls_request("api", &[&[("api_key", key)]]))
@@ -387,10 +387,10 @@ async fn the_most_denied_keys_are_served_to_a_token_and_identities_kept_private(
         assert_eq!((listed[0].1, listed[1].1), (5, 2), "{listed:?}");
         assert_eq!(report["overall"][0]["rule"], "per-key");
         match expect {
-            "plain" => assert_eq!(listed[0].0, "sk_live_hot_123456"),
+            "plain" => assert_eq!(listed[0].0, "sk_live_most_123456"),
             "truncated" => {
                 assert_eq!(listed[0].0, "sk_liv…");
-                assert!(!body.contains("sk_live_hot"), "{body}");
+                assert!(!body.contains("sk_live_most"), "{body}");
             }
             _ => {
                 assert!(

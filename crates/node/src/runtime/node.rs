@@ -112,12 +112,7 @@ impl Node {
         });
         let fallbacks = Fallbacks::new(shared.config.max_key_state_bytes / 8);
         let (supervisor, _) = Actor::spawn(None, KeySupervisor, shared.clone()).await?;
-        let memory = match shared.store.inner() {
-            Store::Memory(memory) => Some(memory),
-            Store::Linked(linked) => Some(linked.memory()),
-            Store::Redis(_) => None,
-        };
-        if let Some(memory) = memory {
+        if let Some(memory) = shared.store.inner().memory() {
             // Sweep expired keys so an in-memory node's memory follows its live keys.
             let memory = memory.clone();
             let handle = supervisor.clone();
@@ -229,12 +224,7 @@ impl Node {
         let _one_at_a_time = metrics.refreshing.lock();
         let key_state = shared.registry.bytes() + self.inner.fallbacks.bytes();
         metrics.key_state_bytes.set(key_state as i64);
-        let memory = match shared.store.inner() {
-            Store::Memory(memory) => Some(memory),
-            Store::Linked(linked) => Some(linked.memory()),
-            Store::Redis(_) => None,
-        };
-        if let Some(memory) = memory {
+        if let Some(memory) = shared.store.inner().memory() {
             metrics.memory_store_bytes.set(memory.bytes() as i64);
             metrics.memory_store_keys.set(memory.len() as i64);
             let evicted = memory.evictions();

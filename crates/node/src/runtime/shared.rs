@@ -15,7 +15,7 @@ use crate::runtime::sizing::LeasePolicy;
 
 /// The default [`RuntimeConfig::store_patience`].
 pub const DEFAULT_STORE_PATIENCE: Duration = Duration::from_millis(250);
-/// The default [`RuntimeConfig::max_key_state_bytes`]: 256 MiB (about 22,000 key actors of
+/// The default [`RuntimeConfig::max_key_state_bytes`]: 256 MiB (about 20,500 key actors of
 /// short identities, far more keys decided without one), which fits a 1 GiB pod beside the
 /// in-memory store's default.
 pub const DEFAULT_MAX_KEY_STATE_BYTES: usize = 256 << 20;

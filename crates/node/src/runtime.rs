@@ -12,11 +12,13 @@
 //!   supervisor and the registry that finds them.
 //! - [`guarded`]: the store behind the circuit breaker, with metrics; [`lateness`]: what a
 //!   late store call is (a busy store or node, a stalled store, a store down); [`debts`]:
-//!   what was admitted while the store had stalled, debited there when it answers.
+//!   what was admitted while the store had stalled; [`background`]: store calls that outlive
+//!   their request (a late call handed off, debts debited when the store answers).
 //! - [`breaker`], [`sizing`], [`local`]: the pure pieces (breaker states, lease sizes, GCRA).
 //! - [`shared`]: settings and what every part shares.
 
 pub mod attempt;
+pub(crate) mod background;
 pub mod breaker;
 pub mod debts;
 pub mod fallbacks;

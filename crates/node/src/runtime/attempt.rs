@@ -38,7 +38,7 @@ impl Taken {
                 }
             }
             Taken::Fallback(local, cost) => local.refund(cost),
-            Taken::Owed(bucket, cost) => bucket.refund_owed(cost),
+            Taken::Owed(bucket, cost) => bucket.last.refund_owed(cost),
             Taken::Slot(slot) => return Some(slot),
         }
         None

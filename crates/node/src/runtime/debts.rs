@@ -7,20 +7,17 @@
 //! again after a timeout (which may have applied it), it is applied once. A debt that cannot
 //! reach the store before its epoch ends is forgiven: the store was down, not late.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use tollgate_lease::{BucketKey, DebitItem, DebitOnce, DebitRequest, Limit, Micros};
 
-use crate::runtime::shared::Shared;
-
 /// How long a debt is tried for (and its record kept in the store).
 const KEEP: Duration = Duration::from_secs(30);
 /// The first pause between tries; it doubles up to [`MAX_PAUSE`].
-const FIRST_PAUSE: Duration = Duration::from_millis(100);
-const MAX_PAUSE: Duration = Duration::from_secs(2);
+pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(100);
+pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(2);
 
 /// This node's name in the store's debit records, and the epochs it has used.
 #[derive(Debug)]
@@ -76,75 +73,43 @@ impl Debts {
     }
 }
 
-/// Debits `debts` (one identity's buckets) in the store, in a task of its own, exactly once;
-/// tried again after transient failures until the debts' epoch ends.
-pub(crate) fn settle(shared: Arc<Shared>, debts: Vec<Debt>) {
-    if debts.is_empty() {
-        return;
-    }
-    let now = shared.clock.now_micros();
-    let owed: u64 = debts.iter().map(|d| d.units).sum();
-    shared.metrics.owed_units.inc_by(owed);
-    let once = DebitOnce {
-        origin: shared.debts.origin.clone(),
-        until: shared.debts.next_until(now),
-    };
-    let items = debts
-        .into_iter()
-        .map(|d| DebitItem {
-            key: d.key,
-            limit: d.limit,
-            units: d.units,
-            consumed_at: Some(d.admitted_at),
-            once: Some(once.clone()),
-        })
-        .collect();
-    let request = match DebitRequest::new(items) {
-        Ok(request) => request,
-        Err(e) => {
-            tracing::warn!(error = %e, "a debt cannot be debited");
-            shared.metrics.owed_units_forgiven.inc_by(owed);
-            return;
-        }
-    };
-    tokio::spawn(async move {
-        let mut pause = FIRST_PAUSE;
-        // Whether an earlier try may have been applied (its answer never came): then the
-        // store's answer to this one (what it applied anew) says nothing of what it has.
-        let mut tried = false;
-        loop {
-            match shared.store.debit(&request).await {
-                Ok(applied) => {
-                    let applied = if tried { owed } else { applied.iter().sum() };
-                    shared.metrics.owed_units_debited.inc_by(applied);
-                    // Units of a window that ended before the debit landed are gone with it.
-                    shared
-                        .metrics
-                        .owed_units_forgiven
-                        .inc_by(owed.saturating_sub(applied));
-                    return;
-                }
-                Err(e)
-                    if e.is_transient()
-                        && shared.clock.now_micros() + pause_us(pause) < once.until =>
-                {
-                    tracing::debug!(error = %e, "a debt waits for the store");
-                    tried |= matches!(e, tollgate_lease::StoreError::Timeout { .. });
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_PAUSE);
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, units = owed, "a debt was forgiven");
-                    shared.metrics.owed_units_forgiven.inc_by(owed);
-                    return;
-                }
-            }
-        }
-    });
+/// The debit that pays one identity's debts: a debit-once under this node's name, with an
+/// epoch end of its own.
+#[derive(Debug)]
+pub(crate) struct Owed {
+    /// The store call (or why the debts cannot be debited).
+    pub(crate) request: Result<DebitRequest, tollgate_lease::InvalidInput>,
+    /// Units owed in all.
+    pub(crate) units: u64,
+    /// Until when it is worth trying (node clock, µs): the debit's epoch end.
+    pub(crate) until: Micros,
 }
 
-fn pause_us(pause: Duration) -> Micros {
-    pause.as_micros() as u64
+impl Debts {
+    /// What paying `debts` (one identity's buckets) takes, made at `now`.
+    pub(crate) fn owe(&self, debts: Vec<Debt>, now: Micros) -> Owed {
+        let units = debts.iter().map(|d| d.units).sum();
+        let once = DebitOnce {
+            origin: self.origin.clone(),
+            until: self.next_until(now),
+        };
+        let until = once.until;
+        let items = debts
+            .into_iter()
+            .map(|d| DebitItem {
+                key: d.key,
+                limit: d.limit,
+                units: d.units,
+                consumed_at: Some(d.admitted_at),
+                once: Some(once.clone()),
+            })
+            .collect();
+        Owed {
+            request: DebitRequest::new(items),
+            units,
+            until,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -163,5 +128,32 @@ mod tests {
         assert!(Debts::new(Some(7)).origin == debts.origin);
         assert!(Debts::new(Some(8)).origin != debts.origin);
         assert!(debts.origin.len() <= tollgate_lease::MAX_ORIGIN_BYTES);
+    }
+
+    #[test]
+    fn one_identitys_debts_are_one_debit_once_with_an_epoch_of_their_own() {
+        let debts = Debts::new(Some(7));
+        let now = 1_700_000_000_000_000;
+        let limit = Limit::token_bucket(10, 1.0).unwrap();
+        let debt = |units| Debt {
+            key: BucketKey::new(b"id", "rule").unwrap(),
+            limit: limit.clone(),
+            units,
+            admitted_at: now - 5,
+        };
+        let first = debts.owe(vec![debt(3), debt(4)], now);
+        let second = debts.owe(vec![debt(1)], now);
+        assert_eq!(first.units, 7);
+        assert!(first.until < second.until);
+        let request = first.request.unwrap();
+        assert_eq!(request.items().len(), 2);
+        for item in request.items() {
+            let once = item.once.as_ref().unwrap();
+            assert_eq!(
+                (once.origin.as_str(), once.until),
+                (debts.origin.as_str(), first.until)
+            );
+            assert_eq!(item.consumed_at, Some(now - 5));
+        }
     }
 }

@@ -516,18 +516,3 @@ impl GuardedStore {
         }
     }
 }
-
-/// A call handed to a task of its own once its caller stopped waiting: the answer, when it
-/// comes, is recorded and given to `settle`.
-pub(crate) fn hand_off<T: Send + 'static>(
-    shared: Arc<crate::runtime::shared::Shared>,
-    call: Call,
-    future: Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>,
-    settle: impl FnOnce(&Arc<crate::runtime::shared::Shared>, Result<T, StoreError>) + Send + 'static,
-) {
-    tokio::spawn(async move {
-        let result = future.await;
-        shared.store.end(call, &result);
-        settle(&shared, result);
-    });
-}

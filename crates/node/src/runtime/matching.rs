@@ -14,6 +14,7 @@ use crate::metrics::RuleCounters;
 use crate::rules::{CompiledRule, Mode, RuleKind, RuleSet};
 use crate::runtime::Outcome;
 use crate::runtime::keys::bucket::Bucket;
+use crate::runtime::keys::bucket_id::BucketId;
 use crate::runtime::request::{Matching, Request, RequestError};
 use crate::runtime::verdict::{Denial, RuleStatus, reset_after};
 
@@ -43,6 +44,11 @@ pub(crate) struct Hit {
 }
 
 impl Hit {
+    /// Which bucket the hit counts in.
+    pub(crate) fn bucket_id(&self) -> BucketId<'_> {
+        BucketId::new(&self.rule, &self.identity)
+    }
+
     /// A status measured against this region's limit of the rule; the reset follows from
     /// `remaining` for a token bucket, and is the store's (`store_reset`) for windows.
     pub(crate) fn status(

@@ -36,8 +36,8 @@ use crate::runtime::debts::Debts;
 use crate::runtime::fallbacks::Fallbacks;
 use crate::runtime::guarded::GuardedStore;
 use crate::runtime::keys::bucket::Bucket;
-use crate::runtime::keys::messages::KeyMsg;
-use crate::runtime::keys::registry::{Registry, bucket_cost, bucket_key};
+use crate::runtime::keys::bucket::KeyMsg;
+use crate::runtime::keys::registry::{Registry, bucket_cost};
 use crate::runtime::keys::supervisor::{KeySupervisor, SupervisorMsg};
 use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::{self, Charge, Hit, OverrideRules};
@@ -490,16 +490,15 @@ impl Node {
     /// actor cap is reached: the hit is then decided directly.
     async fn bucket(&self, hit: &Hit, limit: Limit) -> Option<Arc<Bucket>> {
         let shared = &self.inner.shared;
+        let id = hit.bucket_id();
         if let Some(bucket) = LOOKUP.with_borrow_mut(|key| {
-            key.clear();
-            key.extend_from_slice(&hit.rule.uid.to_le_bytes());
-            key.extend_from_slice(&hit.identity);
+            id.write_local_key(key);
             shared.registry.bucket(key)
         }) {
             return Some(bucket);
         }
-        let key = bucket_key(hit.rule.uid, &hit.identity);
-        let store_key = BucketKey::new(&hit.identity, &hit.rule.key).ok()?;
+        let key = id.local_key();
+        let store_key = id.store_key().ok()?;
         let actor = match shared.registry.actor(&hit.identity) {
             // The identity's actor serves this bucket too (and settles what an older
             // definition of the rule holds before it leases).

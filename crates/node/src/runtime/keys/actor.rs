@@ -23,9 +23,12 @@ use tollgate_lease::{
 };
 
 use crate::rules::FailMode;
-use crate::runtime::debts::{self, Debt};
-use crate::runtime::keys::bucket::{Bucket, NO_DEADLINE, holders_of};
-use crate::runtime::keys::messages::{AcquireOutcome, Ask, KeyMsg, Want};
+use crate::runtime::background;
+use crate::runtime::debts::Debt;
+use crate::runtime::keys::bucket::{AcquireOutcome, Ask, KeyMsg, Want};
+use crate::runtime::keys::bucket::{Bucket, NO_DEADLINE};
+use crate::runtime::keys::bucket_id::BucketId;
+use crate::runtime::keys::last_answer::holders_of;
 use crate::runtime::keys::registry::EVICTABLE_AFTER;
 use crate::runtime::lateness::Late;
 use crate::runtime::shared::Shared;
@@ -293,7 +296,7 @@ impl Actor for KeyActor {
                         let metrics = &state.shared.metrics;
                         for bucket in asks.into_iter().map(|a| a.bucket).chain(pending) {
                             if !late {
-                                let forgiven = bucket.forgive_owed();
+                                let forgiven = bucket.last.forgive_owed();
                                 metrics.owed_units.inc_by(forgiven);
                                 metrics.owed_units_forgiven.inc_by(forgiven);
                             }
@@ -368,10 +371,7 @@ impl Actor for KeyActor {
             state
                 .shared
                 .registry
-                .remove_bucket(&crate::runtime::keys::registry::bucket_key(
-                    held.bucket.rule.uid,
-                    &state.identity,
-                ));
+                .remove_bucket(&BucketId::new(&held.bucket.rule, &state.identity).local_key());
         }
         state.shared.registry.remove_actor(&state.identity, &myself);
         state.shared.metrics.key_actors.dec();
@@ -433,10 +433,7 @@ impl KeyState {
                 let held = self.held.remove(&name).expect("listed above");
                 self.shared
                     .registry
-                    .remove_bucket(&crate::runtime::keys::registry::bucket_key(
-                        held.bucket.rule.uid,
-                        &self.identity,
-                    ));
+                    .remove_bucket(&BucketId::new(&held.bucket.rule, &self.identity).local_key());
                 returns.extend(unspent_returns(held.bucket.clone(), held.leases, now));
                 continue;
             };
@@ -560,10 +557,7 @@ impl KeyState {
     fn is_current(&self, bucket: &Arc<Bucket>) -> bool {
         self.shared
             .registry
-            .bucket(&crate::runtime::keys::registry::bucket_key(
-                bucket.rule.uid,
-                &self.identity,
-            ))
+            .bucket(&BucketId::new(&bucket.rule, &self.identity).local_key())
             .is_some_and(|b| Arc::ptr_eq(&b, bucket))
     }
 
@@ -664,7 +658,7 @@ impl KeyState {
         // This node's live leases of the bucket once this grant is held: the store's count
         // less these is the other holders'.
         let own = self.hold(bucket).leases.len() as u64 + u64::from(grant.units > 0);
-        bucket.observe(
+        bucket.last.observe(
             grant.remaining,
             grant.reset_after,
             holders_of(grant.live_leases, own),
@@ -709,7 +703,7 @@ impl KeyState {
             .held
             .values()
             .filter_map(|h| {
-                let (units, admitted_at) = h.bucket.take_owed()?;
+                let (units, admitted_at) = h.bucket.last.take_owed()?;
                 // Consumption as far as the peer region is concerned, as a grant is.
                 self.record_for_peer(&h.bucket, units, now);
                 Some(Debt {
@@ -720,7 +714,7 @@ impl KeyState {
                 })
             })
             .collect();
-        debts::settle(self.shared.clone(), owed);
+        background::settle(self.shared.clone(), owed);
     }
 
     /// Returns leases shortly before they end (older ones are spent first, so what is unspent

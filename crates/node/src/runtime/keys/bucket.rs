@@ -1,20 +1,22 @@
 //! One bucket (a rule applied to one identity) as this node holds it: the units leased and not
 //! yet spent, in one atomic the decision path takes from without a lock, a mailbox hop or a
 //! clock read (token buckets); plus the local pre-limit, the LOCAL fallback and what the store
-//! last said.
+//! last said (`keys/last_answer.rs`).
 //!
 //! Only the key's actor adds units, replaces the spending deadline and reclaims units; the
-//! decision path only takes and gives back.
+//! decision path only takes and gives back, and asks the actor for refills: the messages they
+//! say to each other ([`KeyMsg`]) are here too, since a bucket names its actor and a message
+//! its buckets.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
-use ractor::ActorRef;
-use tollgate_lease::{Algorithm, BucketKey, Limit, Micros};
+use ractor::{ActorRef, RpcReplyPort};
+use tollgate_lease::{Algorithm, BucketKey, LeaseGrant, Limit, Micros, StoreError};
 
 use crate::rules::{CompiledRule, FailMode};
-use crate::runtime::keys::messages::KeyMsg;
+use crate::runtime::keys::last_answer::LastAnswer;
 use crate::runtime::lateness::Late;
 use crate::runtime::local::LocalBucket;
 
@@ -47,18 +49,8 @@ pub struct Bucket {
     denied_cost: AtomicU64,
     /// When the recorded denial stops being believed (the store is asked again).
     recheck_at: AtomicU64,
-    /// What the store said remains globally, when it said so, and when the bucket would be
-    /// full (node clock, µs).
-    global_remaining: AtomicU64,
-    /// How many nodes hold leases of the bucket, this one included, as the store last told
-    /// (at least `min_holders`): a node deciding on the store's last answer takes its share
-    /// of it.
-    holders: AtomicU64,
-    /// The nodes said to share the limits (`--cluster-nodes`): a node that answered first, when
-    /// the others had not yet asked, still divides by them.
-    min_holders: u64,
-    observed_at: AtomicU64,
-    full_at: AtomicU64,
+    /// What the store last said of the bucket, and what was admitted without it since.
+    pub last: LastAnswer,
     /// The coarse per-node pre-limit (None: disabled).
     pub prelimit: Option<LocalBucket>,
     /// The LOCAL fail mode's bucket: the limit divided by the node count.
@@ -76,11 +68,6 @@ pub struct Bucket {
     /// Whether the lease call out for this bucket is late, and how (0: not late, else a
     /// [`Late`] as `late_code`): an actor has one call out at a time.
     late: AtomicU8,
-    /// Units admitted while the store had stalled (by a fail mode, or on its last answer),
-    /// not yet debited in the store; and when the latest of them was admitted (node clock, µs:
-    /// a window's debit lands in the window they were admitted in).
-    owed: AtomicU64,
-    owed_at: AtomicU64,
 }
 
 /// [`Bucket`]'s `failed`: the store did not answer within the patience.
@@ -143,8 +130,8 @@ impl Bucket {
         fallback: Arc<LocalBucket>,
         nodes: u32,
     ) -> Self {
-        let min_holders = u64::from(nodes.max(1));
         Self {
+            last: LastAnswer::new(limit.clone(), rule.synced(), nodes),
             prelimit: prelimit_factor.map(|f| LocalBucket::prelimit(&limit, f)),
             fallback,
             key,
@@ -158,19 +145,12 @@ impl Bucket {
             denied_until: AtomicU64::new(0),
             denied_cost: AtomicU64::new(u64::MAX),
             recheck_at: AtomicU64::new(0),
-            global_remaining: AtomicU64::new(limit.capacity()),
-            holders: AtomicU64::new(min_holders),
-            min_holders,
-            observed_at: AtomicU64::new(0),
-            full_at: AtomicU64::new(0),
             arrived: tokio::sync::Notify::new(),
             failed: AtomicU8::new(0),
             waiting: AtomicU64::new(0),
             room_need: AtomicU64::new(0),
             room_until: AtomicU64::new(0),
             late: AtomicU8::new(0),
-            owed: AtomicU64::new(0),
-            owed_at: AtomicU64::new(0),
         }
     }
 
@@ -392,29 +372,14 @@ impl Bucket {
         self.room_until.store(until, Ordering::Release);
     }
 
-    /// Estimated units left globally at `now`: what the store last said (a token bucket
-    /// refilled since), plus what this node holds, less what was admitted without the store
-    /// since; at most the capacity.
+    /// Estimated units left globally at `now` (see [`LastAnswer::remaining`]).
     pub fn remaining(&self, now: Micros) -> u64 {
-        (self.refilled_estimate(now) as i64 + self.units()
-            - self.owed.load(Ordering::Acquire) as i64)
-            .clamp(0, self.limit.capacity() as i64) as u64
-    }
-
-    /// What the store last said remains, a token bucket refilled since at its rate (what a
-    /// client is told remains).
-    fn refilled_estimate(&self, now: Micros) -> u64 {
-        let mut store = self.global_remaining.load(Ordering::Relaxed);
-        if let Some(rate) = self.limit.refill_per_second() {
-            let since = now.saturating_sub(self.observed_at.load(Ordering::Relaxed));
-            store = store.saturating_add((rate * since as f64 / 1e6).floor() as u64);
-        }
-        store.min(self.limit.capacity())
+        self.last.remaining(self.units(), now)
     }
 
     /// Estimated time until the bucket is full.
     pub fn reset_after(&self, now: Micros) -> Duration {
-        Duration::from_micros(self.full_at.load(Ordering::Relaxed).saturating_sub(now))
+        self.last.reset_after(now)
     }
 
     /// Whether the lease call out for this bucket is late, and how.
@@ -424,22 +389,6 @@ impl Bucket {
             1 => Some(Late::Stalled),
             _ => Some(Late::Down),
         }
-    }
-
-    /// A fail mode admitted `cost` while the store had stalled: owed to the store, and debited
-    /// there when it answers (see the key actor's `settle_owed`).
-    pub fn admitted_without_store(&self, cost: u64, now: Micros) {
-        self.owed.fetch_add(cost, Ordering::AcqRel);
-        self.owed_at.fetch_max(now, Ordering::AcqRel);
-    }
-
-    /// Gives back units owed for a request that was denied elsewhere.
-    pub fn refund_owed(&self, cost: u64) {
-        let _ = self
-            .owed
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
-                Some(owed.saturating_sub(cost))
-            });
     }
 
     // ---- for the actor only ----------------------------------------------------------------
@@ -453,27 +402,6 @@ impl Bucket {
     /// The lease call out for this bucket ended.
     pub(crate) fn call_done(&self) {
         self.late.store(late_code(None), Ordering::Release);
-    }
-
-    /// The store could not be reached (down, not late): what was admitted without it is
-    /// forgiven; how many units.
-    pub(crate) fn forgive_owed(&self) -> u64 {
-        self.owed.swap(0, Ordering::AcqRel)
-    }
-
-    /// Takes what is owed to the store, to debit it: the units and when the latest of them
-    /// was admitted. What the store last said remains no longer counts them.
-    pub(crate) fn take_owed(&self) -> Option<(u64, Micros)> {
-        let units = self.owed.swap(0, Ordering::AcqRel);
-        if units == 0 {
-            return None;
-        }
-        let _ = self
-            .global_remaining
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
-                Some(r.saturating_sub(units))
-            });
-        Some((units, self.owed_at.load(Ordering::Acquire)))
     }
 
     /// Wakes requests waiting on a refill (they look again: a late call fails them over).
@@ -518,71 +446,6 @@ impl Bucket {
             .map_or(0, |held| held as u64)
     }
 
-    /// Records what the store said about the bucket, and how many nodes hold leases of it
-    /// (`holders`, this one included): what the node decides by while the store has stalled
-    /// (see [`Bucket::decide_while_slow`]).
-    pub(crate) fn observe(&self, remaining: u64, reset_after: Duration, holders: u64, now: Micros) {
-        self.global_remaining.store(remaining, Ordering::Relaxed);
-        self.holders
-            .store(holders.max(self.min_holders), Ordering::Relaxed);
-        self.observed_at.store(now, Ordering::Relaxed);
-        self.full_at
-            .store(now + reset_after.as_micros() as u64, Ordering::Relaxed);
-    }
-
-    /// What this node takes to remain of the bucket in the store while the store does not
-    /// answer: what the store last said (units held by nodes not counted), with no refill
-    /// since (refill is shared with every other node, and another region's nodes refill their
-    /// own views at the same rate: credited to this node, it would be spent twice); the whole
-    /// capacity once the bucket would be full again or when the store never said (for a rule
-    /// the two regions share, half of it: the peer spends on the same limit). Others' spending
-    /// since can only make it less.
-    fn stalled_estimate(&self, now: Micros) -> u64 {
-        if now >= self.full_at.load(Ordering::Relaxed) {
-            let capacity = self.limit.capacity();
-            return if self.rule.synced() {
-                capacity / 2
-            } else {
-                capacity
-            };
-        }
-        self.global_remaining
-            .load(Ordering::Relaxed)
-            .min(self.limit.capacity())
-    }
-
-    /// Decides `cost` while the store has stalled (or did not answer within the patience):
-    /// admitted if this node's share of the most that can remain in the store (see
-    /// [`Bucket::stalled_estimate`]) covers it and everything admitted so without the store;
-    /// owed, and debited in the store when it answers. The share is that remainder divided by
-    /// the nodes holding leases of the bucket (see [`share_of`]): nodes deciding on the same
-    /// answer do not each spend all of it, so a stalled store gives an undershoot, never an
-    /// N-fold overshoot. Denied, the wait until the share covers the cost.
-    pub fn decide_while_slow(&self, cost: u64, now: Micros) -> Result<(), Duration> {
-        let holders = self.holders.load(Ordering::Relaxed);
-        let share = share_of(self.stalled_estimate(now), holders);
-        let taken = self
-            .owed
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
-                (owed + cost <= share).then_some(owed + cost)
-            });
-        match taken {
-            Ok(_) => {
-                self.owed_at.fetch_max(now, Ordering::AcqRel);
-                Ok(())
-            }
-            Err(owed) => {
-                let missing = (owed + cost).saturating_sub(share);
-                let wait = match self.limit.refill_per_second() {
-                    // This node's share of the refill covers what is missing.
-                    Some(rate) => Duration::from_secs_f64(missing as f64 * holders as f64 / rate),
-                    None => self.reset_after(now),
-                };
-                Err(wait.max(Duration::from_millis(1)))
-            }
-        }
-    }
-
     /// Records that the store had no room for `cost` until `now + retry_after`.
     /// The denial is believed for at most `recheck` (then the store is asked again: units
     /// other nodes return, or a debit's window ending, can make room before the retry-after a
@@ -623,48 +486,92 @@ impl Bucket {
     }
 }
 
-/// One node's share of `remaining` units when `holders` nodes (at least 1) may spend them on
-/// the same answer: rounded down, so that the shares never add up to more than there is.
-pub fn share_of(remaining: u64, holders: u64) -> u64 {
-    remaining / holders.max(1)
+// ---- what the decision path and a key actor say to each other ------------------------------
+
+/// Units of one bucket a request needs.
+#[derive(Debug, Clone)]
+pub struct Want {
+    /// The bucket.
+    pub bucket: Arc<Bucket>,
+    /// Units.
+    pub cost: u64,
 }
 
-/// How many nodes hold leases of a bucket, this one included, from the store's count of live
-/// leases (`live_leases`, each node holding at least one, some several) and this node's own
-/// (`own`): the other nodes hold at most `live_leases - own`. Counting a node that holds two
-/// leases twice undershoots; never counting one too few keeps the shares within the remainder.
-pub fn holders_of(live_leases: u64, own: u64) -> u64 {
-    1 + live_leases.saturating_sub(own)
+/// One bucket's part in a lease call.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    /// The bucket.
+    pub bucket: Arc<Bucket>,
+    /// Fewest units worth taking (what the first waiting request lacks; after
+    /// the actor's `consolidate`, that plus the units given back).
+    pub min: u64,
+    /// Units wanted (sized by demand).
+    pub want: u64,
+    /// Units this node held and gave back before asking (see the actor's `consolidate`).
+    pub returned: u64,
+    /// When the ask was made (node clock, µs): how long refills take is part of a lease's
+    /// size.
+    pub asked_at: Micros,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// What the actor did for a request.
+#[derive(Debug)]
+pub enum AcquireOutcome {
+    /// The units were taken from the leases, for this request.
+    Reserved,
+    /// The store has no room in `wants[index]` for now.
+    Denied {
+        /// Which want.
+        index: usize,
+        /// When it will, as the store says.
+        retry_after: Duration,
+    },
+    /// The store could not answer.
+    Failed(StoreError),
+}
 
-    #[test]
-    fn shares_of_a_last_answer_never_add_up_to_more_than_it() {
-        for remaining in 0..200 {
-            for holders in 1..12 {
-                let share = share_of(remaining, holders);
-                assert!(share * holders <= remaining, "{remaining} over {holders}");
-                assert!(
-                    remaining - share * holders < holders,
-                    "{remaining} over {holders}"
-                );
-            }
-        }
-        assert_eq!(share_of(50, 0), 50, "at least this node holds it");
-    }
-
-    #[test]
-    fn the_other_holders_are_counted_from_the_live_leases_less_this_nodes_own() {
-        // Alone with two live leases of its own.
-        assert_eq!(holders_of(2, 2), 1);
-        // Three others, one lease each, beside this node's one.
-        assert_eq!(holders_of(4, 1), 4);
-        // A node that holds two leases counts twice: an undershoot, never an overshoot.
-        assert_eq!(holders_of(3, 1), 3);
-        // A store that counted fewer than this node holds (a lease just expired there).
-        assert_eq!(holders_of(1, 2), 1);
-    }
+/// Messages of the key actor.
+#[derive(Debug)]
+pub enum KeyMsg {
+    /// Reserve every want's units for one request, or none.
+    Acquire {
+        /// The units needed.
+        wants: Vec<Want>,
+        /// Where the outcome goes.
+        reply: RpcReplyPort<AcquireOutcome>,
+    },
+    /// The decision path saw a lease running low, or requests wait on it: refill it with at
+    /// least `min` units (what a waiting request lacks; 1 to refill ahead).
+    Refill {
+        /// The bucket.
+        bucket: Arc<Bucket>,
+        /// Fewest units worth taking.
+        min: u64,
+        /// When the decision path asked (node clock, µs): a refill's time includes its wait
+        /// in this mailbox.
+        asked_at: Micros,
+    },
+    /// A lease call is late: the store stalled, or is down. The requests waiting on it that do
+    /// not wait through it are decided by their fail modes now; the call goes on, its grant is
+    /// used when it comes, and what they admitted is debited in the store then.
+    Late {
+        /// How.
+        late: Late,
+        /// The call's buckets.
+        buckets: Vec<Arc<Bucket>>,
+    },
+    /// A store call finished.
+    Granted {
+        /// What was asked.
+        asks: Vec<Ask>,
+        /// The store's answer, one grant per ask.
+        result: Result<Vec<LeaseGrant>, StoreError>,
+    },
+    /// Time to look at lease expiries and idleness.
+    Tick,
+    /// The key state budget is short: stop (returning what the leases hold) if idle for
+    /// [`crate::runtime::keys::registry::EVICTABLE_AFTER`].
+    Evict,
+    /// Return everything and stop.
+    Shutdown(RpcReplyPort<()>),
 }

@@ -21,7 +21,7 @@ use dashmap::DashMap;
 use ractor::ActorRef;
 
 use crate::runtime::keys::bucket::Bucket;
-use crate::runtime::keys::messages::KeyMsg;
+use crate::runtime::keys::bucket::KeyMsg;
 
 /// What a key actor costs beside its identity, measured with `cargo bench --bench key_flood`
 /// (RSS over live actors) and accounted as: the ractor cell and its four channels (each
@@ -49,14 +49,6 @@ pub fn actor_cost(identity_len: usize) -> usize {
 /// What a bucket is charged: its registry key (uid and identity) and its store key.
 pub fn bucket_cost(identity_len: usize, store_key_len: usize) -> usize {
     BUCKET_BYTES + 8 + identity_len + store_key_len
-}
-
-/// A bucket's registry key: the rule's uid, then the identity.
-pub fn bucket_key(uid: u64, identity: &[u8]) -> Vec<u8> {
-    let mut key = Vec::with_capacity(8 + identity.len());
-    key.extend_from_slice(&uid.to_le_bytes());
-    key.extend_from_slice(identity);
-    key
 }
 
 /// A fast hasher for keys the node makes itself (rule uids, identities): the maps are sharded

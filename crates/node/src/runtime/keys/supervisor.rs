@@ -6,7 +6,7 @@ use std::sync::Arc;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use crate::runtime::keys::actor::{KeyActor, KeyArgs};
-use crate::runtime::keys::messages::KeyMsg;
+use crate::runtime::keys::bucket::KeyMsg;
 use crate::runtime::shared::Shared;
 
 /// Messages of the supervisor.

@@ -7,17 +7,16 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use tollgate_lease::{
-    Algorithm, BucketKey, CheckItem, CheckOutcome, CheckRequest, LeaseStore, StoreError,
-};
+use tollgate_lease::{Algorithm, CheckItem, CheckOutcome, CheckRequest, LeaseStore, StoreError};
 
 use super::Node;
 use crate::metrics::StoreOp;
 use crate::rules::FailMode;
 use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Taken};
-use crate::runtime::debts::{self, Debt};
-use crate::runtime::guarded::{Waited, hand_off};
+use crate::runtime::background::{self, hand_off};
+use crate::runtime::debts::Debt;
+use crate::runtime::guarded::Waited;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::lateness::Wait;
 use crate::runtime::matching::Hit;
@@ -37,10 +36,7 @@ impl Node {
         let mut item_of = Vec::with_capacity(group.len());
         for &i in group {
             let hit = &hits[i];
-            let (Some(limit), Ok(key)) = (
-                hit.rule.limit(),
-                BucketKey::new(&hit.identity, &hit.rule.key),
-            ) else {
+            let (Some(limit), Ok(key)) = (hit.rule.limit(), hit.bucket_id().store_key()) else {
                 item_of.push(None);
                 continue;
             };
@@ -281,5 +277,5 @@ fn settle_late_check(
             admitted_at: decided_at,
         })
         .collect();
-    debts::settle(shared.clone(), owed);
+    background::settle(shared.clone(), owed);
 }

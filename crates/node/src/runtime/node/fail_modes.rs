@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_lease::{BucketKey, StoreError};
+use tollgate_lease::StoreError;
 
 use super::Node;
 use crate::rules::FailMode;
@@ -12,7 +12,6 @@ use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Taken};
 use crate::runtime::breaker::BreakerState;
 use crate::runtime::keys::bucket::Bucket;
-use crate::runtime::keys::registry::bucket_key;
 use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::Hit;
 use crate::runtime::verdict::{Denial, RuleStatus};
@@ -21,7 +20,9 @@ impl Node {
     /// How long a request that failed closed should wait: until the breaker of its shard lets
     /// the node try the store again, and at least a second (headers carry whole seconds).
     pub(super) fn store_retry(&self, hit: &Hit, now: u64) -> Duration {
-        let state = BucketKey::new(&hit.identity, &hit.rule.key)
+        let state = hit
+            .bucket_id()
+            .store_key()
             .map(|key| self.inner.shared.store.breaker_state_of(&key))
             .unwrap_or(BreakerState::Closed);
         let probe = match state {
@@ -34,7 +35,7 @@ impl Node {
     /// Decides a hit the store could not answer; false if it denies. Under an OPEN rule, a
     /// store that has stalled (a timeout: it answered nothing for a budget, or not within the
     /// patience) is not down: this node's share of its last answer decides (see
-    /// [`Bucket::decide_while_slow`]), rather than admitting everything. Otherwise the rule's
+    /// [`LastAnswer::decide_while_slow`](crate::runtime::keys::last_answer::LastAnswer::decide_while_slow)), rather than admitting everything. Otherwise the rule's
     /// fail mode decides: OPEN admits, CLOSED denies, LOCAL takes its local share. What is
     /// admitted while the store had stalled is owed to it (debited when it answers); what is
     /// admitted while it is down (unreachable, its breaker open) is not.
@@ -53,7 +54,7 @@ impl Node {
         {
             self.inner.shared.metrics.slow_store_decisions.inc();
             tracing::debug!(rule = %hit.rule.id, %error, "the store is late: this node's share of its last answer decides");
-            let status = match bucket.decide_while_slow(hit.cost, now) {
+            let status = match bucket.last.decide_while_slow(hit.cost, now) {
                 Ok(()) => {
                     attempt.took(Taken::Owed(bucket.clone(), hit.cost));
                     hit.admitted(
@@ -108,7 +109,7 @@ impl Node {
         {
             // The store was late, not down: it is owed this (given back if the request is
             // denied), and debited when it answers.
-            bucket.admitted_without_store(hit.cost, now);
+            bucket.last.admitted_without_store(hit.cost, now);
             attempt.took(Taken::Owed(bucket.clone(), hit.cost));
         }
         attempt.record(index, status);
@@ -122,7 +123,7 @@ impl Node {
         let inner = &self.inner;
         let nodes = f64::from(inner.shared.config.cluster_nodes.max(1));
         Some(inner.fallbacks.bucket(
-            bucket_key(hit.rule.uid, &hit.identity),
+            hit.bucket_id().local_key(),
             hit.rule.uid,
             self.now(),
             inner.shared.config.idle_timeout.as_micros() as u64,

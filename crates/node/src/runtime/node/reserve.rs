@@ -13,9 +13,8 @@ use tollgate_lease::{Algorithm, StoreError};
 use super::Node;
 use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Taken};
+use crate::runtime::keys::bucket::{AcquireOutcome, KeyMsg, Want};
 use crate::runtime::keys::bucket::{Bucket, LocalTake, RefillOutcome};
-use crate::runtime::keys::messages::{AcquireOutcome, KeyMsg, Want};
-use crate::runtime::keys::registry::bucket_key;
 use crate::runtime::lateness::Late;
 use crate::runtime::matching::{Hit, group_by_identity};
 use crate::runtime::verdict::Denial;
@@ -197,10 +196,10 @@ impl Node {
                 Ok(CallResult::SenderError) | Err(_) => {
                     // The actor stopped (idle) after the bucket was looked up: forget it and
                     // decide these directly.
-                    for (i, b) in &group {
+                    for (i, _) in &group {
                         shared
                             .registry
-                            .remove_bucket(&bucket_key(b.rule.uid, &hits[*i].identity));
+                            .remove_bucket(&hits[*i].bucket_id().local_key());
                         direct.push(*i);
                     }
                     continue;

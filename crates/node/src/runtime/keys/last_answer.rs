@@ -1,0 +1,225 @@
+//! What the store last said of one bucket (what remains globally, when it is full again, how
+//! many nodes hold leases of it) and what this node admitted without the store since: what a
+//! client is told remains, and what the node decides by while the store has stalled (its share
+//! of the last answer, owed to the store and debited there when it answers).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tollgate_lease::{Limit, Micros};
+
+/// What the store last said of a bucket, and what was admitted without it since.
+#[derive(Debug)]
+pub struct LastAnswer {
+    limit: Limit,
+    /// Whether the two regions share the limit (the peer spends on it too).
+    shared_by_regions: bool,
+    /// What the store said remains globally, when it said so, and when the bucket would be
+    /// full (node clock, µs).
+    global_remaining: AtomicU64,
+    /// How many nodes hold leases of the bucket, this one included, as the store last told
+    /// (at least `min_holders`): a node deciding on the store's last answer takes its share
+    /// of it.
+    holders: AtomicU64,
+    /// The nodes said to share the limits (`--cluster-nodes`): a node that answered first, when
+    /// the others had not yet asked, still divides by them.
+    min_holders: u64,
+    observed_at: AtomicU64,
+    full_at: AtomicU64,
+    /// Units admitted while the store had stalled (by a fail mode, or on its last answer),
+    /// not yet debited in the store; and when the latest of them was admitted (node clock, µs:
+    /// a window's debit lands in the window they were admitted in).
+    owed: AtomicU64,
+    owed_at: AtomicU64,
+}
+
+impl LastAnswer {
+    /// Nothing said yet: the whole capacity remains; `nodes` the nodes said to share the
+    /// limits.
+    pub fn new(limit: Limit, shared_by_regions: bool, nodes: u32) -> Self {
+        let min_holders = u64::from(nodes.max(1));
+        Self {
+            global_remaining: AtomicU64::new(limit.capacity()),
+            limit,
+            shared_by_regions,
+            holders: AtomicU64::new(min_holders),
+            min_holders,
+            observed_at: AtomicU64::new(0),
+            full_at: AtomicU64::new(0),
+            owed: AtomicU64::new(0),
+            owed_at: AtomicU64::new(0),
+        }
+    }
+
+    /// Estimated units left globally at `now`: what the store last said (a token bucket
+    /// refilled since), plus what this node holds (`held`), less what was admitted without the store
+    /// since; at most the capacity.
+    pub fn remaining(&self, held: i64, now: Micros) -> u64 {
+        (self.refilled_estimate(now) as i64 + held - self.owed.load(Ordering::Acquire) as i64)
+            .clamp(0, self.limit.capacity() as i64) as u64
+    }
+
+    /// What the store last said remains, a token bucket refilled since at its rate (what a
+    /// client is told remains).
+    fn refilled_estimate(&self, now: Micros) -> u64 {
+        let mut store = self.global_remaining.load(Ordering::Relaxed);
+        if let Some(rate) = self.limit.refill_per_second() {
+            let since = now.saturating_sub(self.observed_at.load(Ordering::Relaxed));
+            store = store.saturating_add((rate * since as f64 / 1e6).floor() as u64);
+        }
+        store.min(self.limit.capacity())
+    }
+
+    /// Estimated time until the bucket is full.
+    pub fn reset_after(&self, now: Micros) -> Duration {
+        Duration::from_micros(self.full_at.load(Ordering::Relaxed).saturating_sub(now))
+    }
+
+    /// A fail mode admitted `cost` while the store had stalled: owed to the store, and debited
+    /// there when it answers (see the key actor's `settle_owed`).
+    pub fn admitted_without_store(&self, cost: u64, now: Micros) {
+        self.owed.fetch_add(cost, Ordering::AcqRel);
+        self.owed_at.fetch_max(now, Ordering::AcqRel);
+    }
+
+    /// Gives back units owed for a request that was denied elsewhere.
+    pub fn refund_owed(&self, cost: u64) {
+        let _ = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                Some(owed.saturating_sub(cost))
+            });
+    }
+
+    /// The store could not be reached (down, not late): what was admitted without it is
+    /// forgiven; how many units.
+    pub(crate) fn forgive_owed(&self) -> u64 {
+        self.owed.swap(0, Ordering::AcqRel)
+    }
+
+    /// Takes what is owed to the store, to debit it: the units and when the latest of them
+    /// was admitted. What the store last said remains no longer counts them.
+    pub(crate) fn take_owed(&self) -> Option<(u64, Micros)> {
+        let units = self.owed.swap(0, Ordering::AcqRel);
+        if units == 0 {
+            return None;
+        }
+        let _ = self
+            .global_remaining
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| {
+                Some(r.saturating_sub(units))
+            });
+        Some((units, self.owed_at.load(Ordering::Acquire)))
+    }
+
+    /// Records what the store said about the bucket, and how many nodes hold leases of it
+    /// (`holders`, this one included): what the node decides by while the store has stalled
+    /// (see [`LastAnswer::decide_while_slow`]).
+    pub(crate) fn observe(&self, remaining: u64, reset_after: Duration, holders: u64, now: Micros) {
+        self.global_remaining.store(remaining, Ordering::Relaxed);
+        self.holders
+            .store(holders.max(self.min_holders), Ordering::Relaxed);
+        self.observed_at.store(now, Ordering::Relaxed);
+        self.full_at
+            .store(now + reset_after.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// What this node takes to remain of the bucket in the store while the store does not
+    /// answer: what the store last said (units held by nodes not counted), with no refill
+    /// since (refill is shared with every other node, and another region's nodes refill their
+    /// own views at the same rate: credited to this node, it would be spent twice); the whole
+    /// capacity once the bucket would be full again or when the store never said (for a rule
+    /// the two regions share, half of it: the peer spends on the same limit). Others' spending
+    /// since can only make it less.
+    fn stalled_estimate(&self, now: Micros) -> u64 {
+        if now >= self.full_at.load(Ordering::Relaxed) {
+            let capacity = self.limit.capacity();
+            return if self.shared_by_regions {
+                capacity / 2
+            } else {
+                capacity
+            };
+        }
+        self.global_remaining
+            .load(Ordering::Relaxed)
+            .min(self.limit.capacity())
+    }
+
+    /// Decides `cost` while the store has stalled (or did not answer within the patience):
+    /// admitted if this node's share of the most that can remain in the store (see
+    /// [`LastAnswer::stalled_estimate`]) covers it and everything admitted so without the store;
+    /// owed, and debited in the store when it answers. The share is that remainder divided by
+    /// the nodes holding leases of the bucket (see [`share_of`]): nodes deciding on the same
+    /// answer do not each spend all of it, so a stalled store gives an undershoot, never an
+    /// N-fold overshoot. Denied, the wait until the share covers the cost.
+    pub fn decide_while_slow(&self, cost: u64, now: Micros) -> Result<(), Duration> {
+        let holders = self.holders.load(Ordering::Relaxed);
+        let share = share_of(self.stalled_estimate(now), holders);
+        let taken = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                (owed + cost <= share).then_some(owed + cost)
+            });
+        match taken {
+            Ok(_) => {
+                self.owed_at.fetch_max(now, Ordering::AcqRel);
+                Ok(())
+            }
+            Err(owed) => {
+                let missing = (owed + cost).saturating_sub(share);
+                let wait = match self.limit.refill_per_second() {
+                    // This node's share of the refill covers what is missing.
+                    Some(rate) => Duration::from_secs_f64(missing as f64 * holders as f64 / rate),
+                    None => self.reset_after(now),
+                };
+                Err(wait.max(Duration::from_millis(1)))
+            }
+        }
+    }
+}
+
+/// One node's share of `remaining` units when `holders` nodes (at least 1) may spend them on
+/// the same answer: rounded down, so that the shares never add up to more than there is.
+pub fn share_of(remaining: u64, holders: u64) -> u64 {
+    remaining / holders.max(1)
+}
+
+/// How many nodes hold leases of a bucket, this one included, from the store's count of live
+/// leases (`live_leases`, each node holding at least one, some several) and this node's own
+/// (`own`): the other nodes hold at most `live_leases - own`. Counting a node that holds two
+/// leases twice undershoots; never counting one too few keeps the shares within the remainder.
+pub fn holders_of(live_leases: u64, own: u64) -> u64 {
+    1 + live_leases.saturating_sub(own)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_of_a_last_answer_never_add_up_to_more_than_it() {
+        for remaining in 0..200 {
+            for holders in 1..12 {
+                let share = share_of(remaining, holders);
+                assert!(share * holders <= remaining, "{remaining} over {holders}");
+                assert!(
+                    remaining - share * holders < holders,
+                    "{remaining} over {holders}"
+                );
+            }
+        }
+        assert_eq!(share_of(50, 0), 50, "at least this node holds it");
+    }
+
+    #[test]
+    fn the_other_holders_are_counted_from_the_live_leases_less_this_nodes_own() {
+        // Alone with two live leases of its own.
+        assert_eq!(holders_of(2, 2), 1);
+        // Three others, one lease each, beside this node's one.
+        assert_eq!(holders_of(4, 1), 4);
+        // A node that holds two leases counts twice: an undershoot, never an overshoot.
+        assert_eq!(holders_of(3, 1), 3);
+        // A store that counted fewer than this node holds (a lease just expired there).
+        assert_eq!(holders_of(1, 2), 1);
+    }
+}

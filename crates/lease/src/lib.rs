@@ -31,11 +31,14 @@
 //! - [`clock`]: the clocks the in-memory store can run on.
 //! - [`error`]: typed errors that say whether they are transient.
 //! - `algorithm`: the pure arithmetic both stores implement.
+//! - `lease_store`: where [`LeaseStore`] is defined, with where a bucket's state lives (the
+//!   backends implement it from there; [`store`] hands it on).
 
 mod algorithm;
 pub mod clock;
 pub mod error;
 pub mod key;
+mod lease_store;
 pub mod limit;
 pub mod link;
 pub mod memory;

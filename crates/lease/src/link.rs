@@ -24,13 +24,13 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
+use crate::lease_store::LeaseStore;
 use crate::memory::MemoryStore;
 use crate::ops::allowance::DemandRequest;
 use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::slot::{SlotRelease, SlotRenew};
-use crate::store::LeaseStore;
 
 /// How long one store call takes on the link: a log-normal distribution given by its median
 /// and its 99th percentile (a round trip to a healthy Redis is about that shape: a tight body

@@ -22,6 +22,7 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use crate::key::BucketKey;
 
 use crate::error::StoreError;
+use crate::lease_store::{LeaseStore, state_key};
 use crate::limit::Limit;
 use crate::ops::allowance::{Allowance, DemandRequest};
 use crate::ops::check::{CheckOutcome, CheckRequest};
@@ -29,7 +30,6 @@ use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::nonce;
 use crate::ops::slot::{SlotRelease, SlotRenew};
-use crate::store::{LeaseStore, state_key};
 use connection::Connection;
 pub use connection::RedisConfig;
 use scripts::{SCRIPTS, Script};

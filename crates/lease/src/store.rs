@@ -1,11 +1,7 @@
 //! The store trait every decision goes through, and [`Store`], the backend chosen at run time.
 
-use std::borrow::Cow;
-use std::future::Future;
-
 use crate::error::StoreError;
 use crate::key::BucketKey;
-use crate::limit::{Algorithm, Limit};
 use crate::link::LinkedStore;
 use crate::memory::MemoryStore;
 use crate::ops::allowance::DemandRequest;
@@ -15,67 +11,7 @@ use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 use crate::redis::RedisStore;
 
-/// A store of global rate-limit state. Each operation is atomic for the one identity its
-/// request serves. Implemented by [`MemoryStore`] and [`RedisStore`], which pass the same
-/// conformance suite.
-pub trait LeaseStore: Send + Sync {
-    /// Consumes each item's cost from its bucket if every bucket has room, else nothing.
-    fn check(
-        &self,
-        req: &CheckRequest,
-    ) -> impl Future<Output = Result<CheckOutcome, StoreError>> + Send;
-
-    /// Grants each ask independently: up to `want` units, at least `min`, or none.
-    fn acquire_leases(
-        &self,
-        req: &LeaseRequest,
-    ) -> impl Future<Output = Result<Vec<LeaseGrant>, StoreError>> + Send;
-
-    /// Gives back unspent units of live leases; returns the units credited per item (0 for an
-    /// expired, unknown, repeated or stale-window lease).
-    fn return_leases(
-        &self,
-        req: &ReturnRequest,
-    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
-
-    /// Releases concurrency slots; returns per item whether the slot was still held.
-    fn release_slots(
-        &self,
-        req: &SlotRelease,
-    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
-
-    /// Renews concurrency slots for their limit's TTL from now; returns per item whether the
-    /// slot was still held (and is now renewed).
-    fn renew_slots(
-        &self,
-        req: &SlotRenew,
-    ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
-
-    /// Subtracts units consumed elsewhere; returns the units applied per item (0 when they
-    /// belong to a window that has ended).
-    fn debit(
-        &self,
-        req: &DebitRequest,
-    ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
-
-    /// Records what nodes (of this region or the peer's) asked of buckets in their last
-    /// interval: the inputs of the regional allowances' shares.
-    fn report_demand(
-        &self,
-        req: &DemandRequest,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-}
-
-/// Where a bucket's state lives: counters in a hash at the bucket key itself, the log and the
-/// slots in sorted sets beside it (so changing a rule's algorithm never reads one type as
-/// another).
-pub(crate) fn state_key<'a>(key: &'a BucketKey, limit: &Limit) -> Cow<'a, str> {
-    match limit.algorithm() {
-        Algorithm::SlidingWindowLog => Cow::Owned(format!("{key}:log")),
-        Algorithm::Concurrency => Cow::Owned(format!("{key}:slots")),
-        _ => Cow::Borrowed(key.as_str()),
-    }
-}
+pub use crate::lease_store::LeaseStore;
 
 /// The store a node runs on, chosen by configuration.
 #[derive(Debug, Clone)]

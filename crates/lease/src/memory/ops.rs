@@ -1,0 +1,421 @@
+//! The in-memory store's operations: the same steps as the Redis scripts, each under the
+//! shard lock of its identity.
+
+use std::time::Duration;
+
+use super::MemoryStore;
+use super::allowance::{Allowed, allowance_keys, load_demand};
+use super::bucket::{Bucket, Value};
+use super::lease::{
+    ALLOWANCE_CODE, ParsedLease, credit_bucket, grant_size, lease_validity, store_leases,
+};
+use crate::algorithm::{EXPIRY_MARGIN_MS, once_marks};
+use crate::error::StoreError;
+use crate::lease_store::{LeaseStore, state_key};
+use crate::limit::Kind;
+use crate::ops::allowance::DemandRequest;
+use crate::ops::check::{BucketStatus, CheckOutcome, CheckRequest, is_slot_bucket};
+use crate::ops::debit::DebitRequest;
+use crate::ops::lease::{LeaseGrant, LeaseId, LeaseRequest, ReturnRequest};
+use crate::ops::slot::{SlotId, SlotRelease, SlotRenew};
+
+fn us(d: u64) -> Duration {
+    Duration::from_micros(d)
+}
+
+impl LeaseStore for MemoryStore {
+    async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
+        let items = req.items();
+        let slot_nonce = if items.iter().any(|i| is_slot_bucket(&i.limit)) {
+            self.nonce()
+        } else {
+            String::new()
+        };
+        let state_keys: Vec<_> = items.iter().map(|i| state_key(&i.key, &i.limit)).collect();
+        let extra = allowance_keys(items.iter().map(|i| &i.key), req.allowances());
+        let creates: Vec<&str> = state_keys
+            .iter()
+            .map(|k| k.as_ref())
+            .chain(extra.iter().map(String::as_str))
+            .collect();
+        self.with_shard(&items[0].key, &creates, |keys, now| {
+            let buckets: Vec<(std::borrow::Cow<str>, Bucket, Option<Allowed>)> = items
+                .iter()
+                .zip(req.allowances())
+                .map(|(i, a)| {
+                    let k = state_key(&i.key, &i.limit);
+                    let b = Bucket::load(keys, &k, &i.limit, now);
+                    let allowed = a
+                        .as_ref()
+                        .map(|a| Allowed::load(keys, &i.key, &i.limit, a, now));
+                    (k, b, allowed)
+                })
+                .collect();
+            // Per item: whether the view admits, whether the allowance does.
+            let admits: Vec<(bool, bool)> = items
+                .iter()
+                .zip(&buckets)
+                .map(|(i, (_, b, a))| {
+                    (
+                        b.admits(&i.limit, now, i.cost),
+                        a.as_ref()
+                            .is_none_or(|a| a.bucket.admits(&a.limit, now, i.cost)),
+                    )
+                })
+                .collect();
+            let all = admits.iter().all(|(v, a)| *v && *a);
+            let mut out = Vec::with_capacity(items.len());
+            for ((item, (k, mut b, mut allowance)), (view_ok, allowance_ok)) in
+                items.iter().zip(buckets).zip(admits)
+            {
+                let consume = all && item.cost > 0 && !req.is_peek();
+                let entry = if consume {
+                    b.consume(&item.limit, now, item.cost, &slot_nonce)
+                } else {
+                    None
+                };
+                let mut status = BucketStatus {
+                    allowed: view_ok,
+                    remaining: b.available(&item.limit, now),
+                    retry_after: us(if view_ok {
+                        0
+                    } else {
+                        b.retry_after(&item.limit, now, item.cost)
+                    }),
+                    reset_after: us(b.reset_after(&item.limit, now)),
+                    slot: entry
+                        .filter(|_| is_slot_bucket(&item.limit))
+                        .map(|s| SlotId(s.into())),
+                };
+                if let Some(a) = allowance.as_mut() {
+                    if consume {
+                        a.bucket.consume(&a.limit, now, item.cost, "");
+                    }
+                    status.allowed &= allowance_ok;
+                    status.remaining = status.remaining.min(a.bucket.available(&a.limit, now));
+                    if !allowance_ok {
+                        status.retry_after = status
+                            .retry_after
+                            .max(us(a.bucket.retry_after(&a.limit, now, item.cost)));
+                    }
+                    status.reset_after = status
+                        .reset_after
+                        .max(us(a.bucket.reset_after(&a.limit, now)));
+                }
+                out.push(status);
+                if consume {
+                    b.store(keys, &k, &item.limit, now);
+                } else {
+                    b.restore(keys, &k);
+                }
+                if let Some(a) = allowance {
+                    a.store(keys, consume, now);
+                }
+            }
+            CheckOutcome { buckets: out }
+        })
+    }
+
+    async fn acquire_leases(&self, req: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
+        let asks = req.asks();
+        let ttl_us = req.ttl().as_micros() as u64;
+        let nonce = self.nonce();
+        let names: Vec<String> = asks
+            .iter()
+            .flat_map(|a| [state_key(&a.key, &a.limit).into_owned(), a.key.lease_key()])
+            .collect();
+        let extra = allowance_keys(asks.iter().map(|a| &a.key), req.allowances());
+        let creates: Vec<&str> = names
+            .iter()
+            .chain(extra.iter())
+            .map(String::as_str)
+            .collect();
+        self.with_shard(&asks[0].key, &creates, |keys, now| {
+            asks.iter()
+                .zip(req.allowances())
+                .enumerate()
+                .map(|(position, (ask, allowance))| {
+                    let lease_key = ask.key.lease_key();
+                    let mut leases = keys.take_sorted(&lease_key, now);
+                    leases.remove_up_to(now);
+                    let k = state_key(&ask.key, &ask.limit);
+                    let mut b = Bucket::load(keys, &k, &ask.limit, now);
+                    let mut allowance = allowance
+                        .as_ref()
+                        .map(|a| Allowed::load(keys, &ask.key, &ask.limit, a, now));
+                    let view_available = b.available(&ask.limit, now);
+                    let available = match &allowance {
+                        Some(a) => view_available.min(a.bucket.available(&a.limit, now)),
+                        None => view_available,
+                    };
+                    let grant = grant_size(available, ask.want, ask.min, ask.max_share);
+                    if grant == 0 {
+                        let live_leases = leases.len() as u64;
+                        store_leases(keys, &lease_key, leases, now);
+                        let mut retry = if view_available < ask.min {
+                            b.retry_after(&ask.limit, now, ask.min)
+                        } else {
+                            0
+                        };
+                        let mut reset = b.reset_after(&ask.limit, now);
+                        if let Some(a) = &allowance {
+                            if a.bucket.available(&a.limit, now) < ask.min {
+                                retry = retry.max(a.bucket.retry_after(&a.limit, now, ask.min));
+                            }
+                            reset = reset.max(a.bucket.reset_after(&a.limit, now));
+                        }
+                        let refusal = LeaseGrant {
+                            units: 0,
+                            lease: None,
+                            valid_for: Duration::ZERO,
+                            remaining: available,
+                            retry_after: us(retry),
+                            reset_after: us(reset),
+                            live_leases,
+                        };
+                        b.restore(keys, &k);
+                        if let Some(a) = allowance {
+                            a.store(keys, false, now);
+                        }
+                        return refusal;
+                    }
+                    let entry = b.consume(&ask.limit, now, grant, "");
+                    let (valid_for, ws) = lease_validity(&ask.limit, &b, now, ttl_us);
+                    let mut code = ask.limit.algorithm().script_code();
+                    let (mut remaining, mut reset) =
+                        (b.available(&ask.limit, now), b.reset_after(&ask.limit, now));
+                    if let Some(a) = allowance.as_mut() {
+                        a.bucket.consume(&a.limit, now, grant, "");
+                        code += ALLOWANCE_CODE;
+                        remaining = remaining.min(a.bucket.available(&a.limit, now));
+                        reset = reset.max(a.bucket.reset_after(&a.limit, now));
+                    }
+                    if let Some(a) = allowance {
+                        a.store(keys, true, now);
+                    }
+                    let tail = format!(":{ws}:{code}:{nonce}");
+                    let id = match entry {
+                        // The log's lease is named after its entry (`<id>:<units>`); other
+                        // leases after the time and the ask's position (the nonce tells
+                        // requests apart).
+                        Some(member) => member,
+                        None => format!("{now}.{}:{grant}", position + 1),
+                    };
+                    let lease = format!("{id}{tail}");
+                    leases.add(now + valid_for, lease.clone());
+                    let live_leases = leases.len() as u64;
+                    let out = LeaseGrant {
+                        units: grant,
+                        lease: Some(LeaseId(lease.into())),
+                        valid_for: us(valid_for),
+                        remaining,
+                        retry_after: Duration::ZERO,
+                        reset_after: us(reset),
+                        live_leases,
+                    };
+                    b.store(keys, &k, &ask.limit, now);
+                    store_leases(keys, &lease_key, leases, now);
+                    out
+                })
+                .collect()
+        })
+    }
+
+    async fn return_leases(&self, req: &ReturnRequest) -> Result<Vec<u64>, StoreError> {
+        let items = req.items();
+        self.with_shard(&items[0].key, &[], |keys, now| {
+            items
+                .iter()
+                .zip(req.allowances())
+                .map(|(item, allowance)| {
+                    let lease_key = item.key.lease_key();
+                    let mut leases = keys.take_sorted(&lease_key, now);
+                    let Some(expiry) = leases.score(item.lease.as_str()) else {
+                        keys.restore_sorted(&lease_key, leases);
+                        return 0;
+                    };
+                    leases.remove(item.lease.as_str());
+                    store_leases(keys, &lease_key, leases, now);
+                    let Some(lease) = ParsedLease::parse(item.lease.as_str()) else {
+                        return 0;
+                    };
+                    let code = item.limit.algorithm().script_code();
+                    if expiry <= now || lease.algorithm % ALLOWANCE_CODE != code {
+                        return 0;
+                    }
+                    let credit = item.unspent.min(lease.units);
+                    // A lease taken under an allowance gives its units back to it too (at the
+                    // share in force now; the used tokens are what carries over).
+                    if let Some(a) = allowance
+                        .as_ref()
+                        .filter(|_| lease.algorithm > ALLOWANCE_CODE)
+                    {
+                        let mut allowed = Allowed::load(keys, &item.key, &item.limit, a, now);
+                        let back =
+                            credit_bucket(&mut allowed.bucket, &allowed.limit, credit, lease.ws);
+                        allowed.store(keys, back > 0, now);
+                    }
+                    let k = state_key(&item.key, &item.limit);
+                    let mut b = Bucket::load(keys, &k, &item.limit, now);
+                    let credited = match &mut b {
+                        Bucket::TokenBucket(_)
+                        | Bucket::FixedWindow(_)
+                        | Bucket::SlidingWindow(_) => {
+                            credit_bucket(&mut b, &item.limit, credit, lease.ws)
+                        }
+                        Bucket::Log(log) => match log.remove(&lease.entry) {
+                            Some((score, units)) => {
+                                let c = credit.min(units);
+                                if units > c {
+                                    log.entries
+                                        .add(score, format!("{}:{}", lease.id, units - c));
+                                    log.used += units - c;
+                                }
+                                c
+                            }
+                            None => 0,
+                        },
+                        _ => 0,
+                    };
+                    if credited > 0 {
+                        b.store(keys, &k, &item.limit, now);
+                    } else {
+                        b.restore(keys, &k);
+                    }
+                    credited
+                })
+                .collect()
+        })
+    }
+
+    async fn release_slots(&self, req: &SlotRelease) -> Result<Vec<bool>, StoreError> {
+        let items = req.items();
+        self.with_shard(&items[0].0, &[], |keys, now| {
+            items
+                .iter()
+                .map(|(key, slot)| {
+                    let k = format!("{key}:slots");
+                    let mut slots = keys.take_sorted(&k, now);
+                    slots.remove_up_to(now);
+                    let released = slots.remove(slot.as_str());
+                    keys.restore_sorted(&k, slots);
+                    released
+                })
+                .collect()
+        })
+    }
+
+    async fn renew_slots(&self, req: &SlotRenew) -> Result<Vec<bool>, StoreError> {
+        let items = req.items();
+        self.with_shard(&items[0].0, &[], |keys, now| {
+            items
+                .iter()
+                .zip(req.ttls())
+                .map(|((key, slot), ttl)| {
+                    let k = format!("{key}:slots");
+                    let mut slots = keys.take_sorted(&k, now);
+                    slots.remove_up_to(now);
+                    let held = slots.score(slot.as_str()).is_some();
+                    if held {
+                        slots.add(now + ttl.as_micros() as u64, slot.as_str().to_owned());
+                    }
+                    store_leases(keys, &k, slots, now);
+                    held
+                })
+                .collect()
+        })
+    }
+
+    async fn report_demand(&self, req: &DemandRequest) -> Result<(), StoreError> {
+        let reports = req.reports();
+        let names: Vec<String> = reports.iter().map(|r| r.key.demand_key()).collect();
+        let creates: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.with_shard(&reports[0].key, &creates, |keys, now| {
+            for (r, key) in reports.iter().zip(&names) {
+                let mut demand = load_demand(keys, key, now);
+                demand.report(r, now);
+                let expires_at = demand.expires_at(0, now);
+                keys.put(key, Value::Demand(demand), expires_at);
+            }
+        })
+    }
+
+    async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {
+        let items = req.items();
+        let state_keys: Vec<_> = items.iter().map(|i| state_key(&i.key, &i.limit)).collect();
+        let remote_keys: Vec<String> = items
+            .iter()
+            .filter(|i| i.once.is_some())
+            .map(|i| i.key.remote_key())
+            .collect();
+        let creates: Vec<&str> = state_keys
+            .iter()
+            .map(|k| k.as_ref())
+            .chain(remote_keys.iter().map(String::as_str))
+            .collect();
+        self.with_shard(&items[0].key, &creates, |keys, now| {
+            items
+                .iter()
+                .map(|item| {
+                    let units = match &item.once {
+                        None => item.units,
+                        Some(once) => {
+                            let remote = item.key.remote_key();
+                            let mut marks = match keys.get(&remote, now) {
+                                Some(Value::Marks(m)) => m.clone(),
+                                _ => Default::default(),
+                            };
+                            let excess = once_marks::apply(
+                                &mut marks,
+                                &once.origin,
+                                once.until,
+                                item.units,
+                                now,
+                            );
+                            if excess > 0 {
+                                let expires_at = once_marks::last_until(&marks)
+                                    .saturating_add(EXPIRY_MARGIN_MS * 1000);
+                                keys.put(&remote, Value::Marks(marks), expires_at);
+                            }
+                            excess
+                        }
+                    };
+                    if units == 0 {
+                        return 0;
+                    }
+                    let at = item.consumed_at.unwrap_or(now).min(now);
+                    let k = state_key(&item.key, &item.limit);
+                    let mut b = Bucket::load(keys, &k, &item.limit, now);
+                    let applied = match (&mut b, item.limit.kind()) {
+                        (Bucket::TokenBucket(tb), _) => {
+                            tb.debit(units, item.limit.capacity());
+                            units
+                        }
+                        (Bucket::FixedWindow(fw), Kind::FixedWindow { window_us, .. })
+                            if fw.counts_at(window_us, at) =>
+                        {
+                            fw.count += units;
+                            units
+                        }
+                        (Bucket::SlidingWindow(sw), Kind::SlidingWindow { window_us, .. }) => {
+                            sw.debit(window_us, at, units)
+                        }
+                        (Bucket::Log(log), Kind::SlidingWindowLog { window_us, .. })
+                            if at > now.saturating_sub(window_us) =>
+                        {
+                            log.add(at, at, units, "");
+                            units
+                        }
+                        _ => 0,
+                    };
+                    if applied > 0 {
+                        b.store(keys, &k, &item.limit, now);
+                    } else {
+                        b.restore(keys, &k);
+                    }
+                    applied
+                })
+                .collect()
+        })
+    }
+}

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_lease::SharedClock;
+use tollgate_lease::{Algorithm, Allowance, Limit, Micros, SharedClock};
 
 use crate::metrics::Metrics;
+use crate::rules::CompiledRule;
 use crate::runtime::breaker::BreakerConfig;
 use crate::runtime::debts::Debts;
 use crate::runtime::guarded::GuardedStore;
@@ -96,6 +97,40 @@ pub struct Shared {
     pub debts: Debts,
     /// How the node's start-up warm-up of its store went (None: not tried).
     pub warm_up: std::sync::OnceLock<WarmUp>,
+}
+
+impl Shared {
+    /// The regional allowance a store call for `rule`'s bucket carries: ASYNC_SYNC rules of
+    /// the counting algorithms, while region sync says the allowances are in force.
+    pub(crate) fn allowance_of(&self, rule: &CompiledRule, limit: &Limit) -> Option<Allowance> {
+        if !rule.synced()
+            || matches!(
+                limit.algorithm(),
+                Algorithm::SlidingWindowLog | Algorithm::Concurrency
+            )
+        {
+            return None;
+        }
+        self.region.get()?.allowance()
+    }
+
+    /// Records `units` of `rule` for `identity` as consumed, for the peer region, under a rule
+    /// that syncs (a lease is consumption as far as this region's store is concerned: the
+    /// peer learns of it when it is granted, not as its units are spent).
+    pub(crate) fn record_for_peer(
+        &self,
+        rule: &CompiledRule,
+        identity: &[u8],
+        limit: &Limit,
+        units: u64,
+        now: Micros,
+    ) {
+        if rule.synced()
+            && let Some(region) = self.region.get()
+        {
+            region.record(&rule.key, identity, limit, units, now);
+        }
+    }
 }
 
 /// How a node's store answered when the node started.

@@ -11,28 +11,24 @@
 //! before the next lease call (a superseded definition's units, or units given back to ask
 //! for all of a request at once) rides in front of that call, in the same task.
 
-use crate::runtime::node::region::allowance_of;
-use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
-use tollgate_lease::{
-    BucketKey, LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, Micros, ReturnRequest,
-    StoreError,
-};
+use tollgate_lease::{LeaseGrant, Micros, StoreError};
 
-use crate::rules::FailMode;
 use crate::runtime::background;
 use crate::runtime::debts::Debt;
-use crate::runtime::keys::bucket::{AcquireOutcome, Ask, KeyMsg, Want};
+use crate::runtime::keys::book::{HeldLease, LeaseBook, Return};
+use crate::runtime::keys::bucket::{AcquireOutcome, Ask, KeyMsg};
 use crate::runtime::keys::bucket::{Bucket, NO_DEADLINE};
 use crate::runtime::keys::bucket_id::BucketId;
+use crate::runtime::keys::calls;
 use crate::runtime::keys::last_answer::holders_of;
 use crate::runtime::keys::registry::EVICTABLE_AFTER;
+use crate::runtime::keys::waiters::{Need, Waiters, waits_through};
 use crate::runtime::lateness::Late;
 use crate::runtime::shared::Shared;
-use crate::runtime::sizing::Demand;
 
 /// The actor's behaviour (stateless; state lives in [`KeyState`]).
 #[derive(Debug)]
@@ -47,52 +43,6 @@ pub struct KeyArgs {
     pub shared: Arc<Shared>,
 }
 
-#[derive(Debug)]
-struct HeldLease {
-    id: LeaseId,
-    units: u64,
-    granted_at: Micros,
-    expires_at: Micros,
-}
-
-/// Units going back to the store under one lease.
-#[derive(Debug)]
-struct Return {
-    bucket: Arc<Bucket>,
-    lease: LeaseId,
-    units: u64,
-    /// When the lease was granted (its consumption was recorded for the peer then).
-    granted_at: Micros,
-    /// Whether the grant was recorded for the peer region (so the return is taken back).
-    recorded: bool,
-}
-
-/// Which leases: a rule definition's bucket. When a rule changes, the old definition's
-/// leases are kept apart under their own key, never spent again, and returned when they end.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct HeldKey {
-    /// The rule definition.
-    uid: u64,
-    /// The bucket's store key.
-    key: BucketKey,
-}
-
-impl HeldKey {
-    fn of(bucket: &Bucket) -> Self {
-        HeldKey {
-            uid: bucket.rule.uid,
-            key: bucket.key.clone(),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Held {
-    bucket: Arc<Bucket>,
-    leases: VecDeque<HeldLease>,
-    demand: Demand,
-}
-
 /// A refill the decision path asked for, waiting for the call out to land.
 #[derive(Debug)]
 struct PendingRefill {
@@ -103,19 +53,13 @@ struct PendingRefill {
     asked_at: Micros,
 }
 
-#[derive(Debug)]
-struct Waiter {
-    wants: Vec<Want>,
-    reply: RpcReplyPort<AcquireOutcome>,
-}
-
 /// The actor's state.
 #[derive(Debug)]
 pub struct KeyState {
     identity: Vec<u8>,
     shared: Arc<Shared>,
-    held: HashMap<HeldKey, Held>,
-    waiters: VecDeque<Waiter>,
+    book: LeaseBook,
+    waiters: Waiters,
     in_flight: bool,
     /// The call out is late: the store stalled (requests that do not fail closed are not kept
     /// waiting on it), or is down (no request is).
@@ -145,9 +89,9 @@ impl Actor for KeyActor {
         args.shared.metrics.key_actors.inc();
         let mut state = KeyState {
             identity: args.identity,
+            book: LeaseBook::new(args.shared.config.lease.ttl),
             shared: args.shared,
-            held: HashMap::new(),
-            waiters: VecDeque::new(),
+            waiters: Waiters::default(),
             in_flight: false,
             late: None,
             refills: vec![],
@@ -180,10 +124,10 @@ impl Actor for KeyActor {
                 }
                 for want in &wants {
                     state.settle_superseded(&want.bucket, now);
-                    state.hold(&want.bucket);
+                    state.book.open(&want.bucket);
                 }
-                state.waiters.push_back(Waiter { wants, reply });
-                state.serve(now);
+                state.waiters.push(wants, reply);
+                state.waiters.serve(now);
                 state.request_for_waiters(&myself, now);
             }
             KeyMsg::Refill {
@@ -218,14 +162,7 @@ impl Actor for KeyActor {
                 // it ends.
                 state.late = Some(late);
                 let error = late_error(&state.shared, late);
-                let (stay, decided): (VecDeque<_>, VecDeque<_>) = state
-                    .waiters
-                    .drain(..)
-                    .partition(|w| waits_through(late, &w.wants));
-                state.waiters = stay;
-                for waiter in decided {
-                    let _ = waiter.reply.send(AcquireOutcome::Failed(error.clone()));
-                }
+                state.waiters.fail_those_not_waiting_through(late, &error);
                 for bucket in &buckets {
                     bucket.wake_waiters();
                 }
@@ -269,7 +206,7 @@ impl Actor for KeyActor {
                         // to it, and debited now.
                         state.settle_owed();
                         if again.is_empty() {
-                            state.serve(now);
+                            state.waiters.serve(now);
                             state.request_for_waiters(&myself, now);
                             state.send_refills(&myself, now);
                         } else {
@@ -302,9 +239,7 @@ impl Actor for KeyActor {
                             }
                             bucket.lease_failed(late);
                         }
-                        for waiter in state.waiters.drain(..) {
-                            let _ = waiter.reply.send(AcquireOutcome::Failed(e.clone()));
-                        }
+                        state.waiters.fail_all(&e);
                     }
                 }
                 if let Some(reply) = state.stopping.take() {
@@ -319,7 +254,7 @@ impl Actor for KeyActor {
                     state.settle_owed();
                 }
                 let idle_for = Duration::from_micros(now.saturating_sub(state.last_active));
-                let holding = state.held.values().any(|h| !h.leases.is_empty());
+                let holding = state.book.holds_leases();
                 if !holding
                     && state.waiters.is_empty()
                     && !state.in_flight
@@ -331,6 +266,7 @@ impl Actor for KeyActor {
                 let idle_check =
                     state.last_active + state.shared.config.idle_timeout.as_micros() as u64;
                 let next = state
+                    .book
                     .next_expiry()
                     .map_or(idle_check, |e| e.min(idle_check));
                 state.schedule_tick(&myself, next, now);
@@ -366,12 +302,12 @@ impl Actor for KeyActor {
         myself: ActorRef<KeyMsg>,
         state: &mut KeyState,
     ) -> Result<(), ActorProcessingErr> {
-        for held in state.held.values() {
+        for bucket in state.book.buckets() {
             // Anything still held is returned by Shutdown; an idle actor holds nothing.
             state
                 .shared
                 .registry
-                .remove_bucket(&BucketId::new(&held.bucket.rule, &state.identity).local_key());
+                .remove_bucket(&BucketId::new(&bucket.rule, &state.identity).local_key());
         }
         state.shared.registry.remove_actor(&state.identity, &myself);
         state.shared.metrics.key_actors.dec();
@@ -384,94 +320,22 @@ impl KeyState {
     /// syncs, the peer region learns of it now, not as the units are spent (units returned
     /// unspent stay counted there until the window ends: under-admission, never over).
     fn record_for_peer(&self, bucket: &Bucket, units: u64, now: Micros) {
-        if bucket.rule.synced()
-            && let Some(region) = self.shared.region.get()
-        {
-            region.record(&bucket.rule.key, &self.identity, &bucket.limit, units, now);
-        }
+        self.shared
+            .record_for_peer(&bucket.rule, &self.identity, &bucket.limit, units, now);
     }
 
-    /// The leases of `bucket`, keyed by rule definition and key: when a rule changes, the old
-    /// definition's leases are kept apart, never spent again, and returned when they end.
-    fn hold(&mut self, bucket: &Arc<Bucket>) -> &mut Held {
-        self.held
-            .entry(HeldKey::of(bucket))
-            .or_insert_with(|| Held {
-                bucket: bucket.clone(),
-                leases: VecDeque::new(),
-                demand: Demand::default(),
-            })
-    }
-
-    /// Settles the leases an older definition of `bucket`'s rule holds on the same key: what
-    /// they hold unspent goes back to the store (credited under the definition it was taken
-    /// under) before the new definition leases anything, so a changed limit starts from the
-    /// key's true count: neither the units spent under the old definition nor the ones held
-    /// unspent are lost or counted twice.
+    /// Settles the leases an older definition of `bucket`'s rule holds on the same key (see
+    /// [`LeaseBook::supersede`]): their unspent units go back before the next lease call,
+    /// and the decision path no longer finds their buckets.
     fn settle_superseded(&mut self, bucket: &Arc<Bucket>, now: Micros) {
-        let uid = bucket.rule.uid;
-        let superseded: Vec<HeldKey> = self
-            .held
-            .keys()
-            .filter(|k| k.key == bucket.key && k.uid != uid)
-            .cloned()
-            .collect();
-        if superseded.is_empty() {
-            return;
+        let old_waited_on = self.waiters.on_older_definition_of(bucket);
+        let superseded = self.book.supersede(bucket, old_waited_on, now);
+        for old in &superseded.dropped {
+            self.shared
+                .registry
+                .remove_bucket(&BucketId::new(&old.rule, &self.identity).local_key());
         }
-        let mut returns = vec![];
-        for name in superseded {
-            let waited_on = self
-                .waiters
-                .iter()
-                .flat_map(|w| &w.wants)
-                .any(|w| w.bucket.key == bucket.key && w.bucket.rule.uid != uid);
-            let held = if waited_on {
-                // A request still on the old definition waits for it: keep the entry, empty.
-                self.held.get_mut(&name).expect("listed above")
-            } else {
-                let held = self.held.remove(&name).expect("listed above");
-                self.shared
-                    .registry
-                    .remove_bucket(&BucketId::new(&held.bucket.rule, &self.identity).local_key());
-                returns.extend(unspent_returns(held.bucket.clone(), held.leases, now));
-                continue;
-            };
-            let leases = std::mem::take(&mut held.leases);
-            returns.extend(unspent_returns(held.bucket.clone(), leases, now));
-        }
-        self.returns_first.extend(returns);
-    }
-
-    /// Serves every waiter that the leases (or a recorded denial) can answer now.
-    fn serve(&mut self, now: Micros) {
-        let mut still = VecDeque::with_capacity(self.waiters.len());
-        while let Some(waiter) = self.waiters.pop_front() {
-            // The decision path stopped waiting (and decided without these units): taking
-            // them now would strand them.
-            if waiter.reply.is_closed() {
-                continue;
-            }
-            if let Some((index, retry_after)) = waiter
-                .wants
-                .iter()
-                .enumerate()
-                .find_map(|(i, w)| w.bucket.denied_for(w.cost, now).map(|r| (i, r)))
-            {
-                let _ = waiter
-                    .reply
-                    .send(AcquireOutcome::Denied { index, retry_after });
-            } else if take_all(&waiter.wants, now) {
-                if waiter.reply.send(AcquireOutcome::Reserved).is_err() {
-                    for want in &waiter.wants {
-                        want.bucket.give_back(want.cost);
-                    }
-                }
-            } else {
-                still.push_back(waiter);
-            }
-        }
-        self.waiters = still;
+        self.returns_first.extend(superseded.returns);
     }
 
     /// Asks the store for what the waiting requests need, unless a call is already out.
@@ -479,21 +343,14 @@ impl KeyState {
         if self.in_flight || self.waiters.is_empty() {
             return;
         }
-        // Per bucket: units all waiters need beyond what is held, and the first one's need.
-        let mut needs: Vec<(Arc<Bucket>, u64, u64)> = vec![];
-        for waiter in &self.waiters {
-            for want in &waiter.wants {
-                match needs
-                    .iter_mut()
-                    .find(|(b, _, _)| Arc::ptr_eq(b, &want.bucket))
-                {
-                    Some(entry) => entry.1 += want.cost,
-                    None => needs.push((want.bucket.clone(), want.cost, want.cost)),
-                }
-            }
-        }
+        // Per bucket: units all waiters need beyond what is held, at least the first one's.
         let mut asks = vec![];
-        for (bucket, total, first) in needs {
+        for Need {
+            bucket,
+            total,
+            first,
+        } in self.waiters.needs()
+        {
             let held = bucket.units().max(0) as u64;
             if total <= held {
                 continue;
@@ -540,9 +397,9 @@ impl KeyState {
         let capacity = bucket.limit.capacity();
         let min = min.clamp(1, capacity);
         let policy = self.shared.config.lease.clone();
-        let held = self.hold(&bucket);
-        held.demand.on_refill(now);
-        let want = policy.want(&held.demand, need, capacity).max(min);
+        let demand = self.book.demand(&bucket);
+        demand.on_refill(now);
+        let want = policy.want(demand, need, capacity).max(min);
         Ask {
             bucket,
             min,
@@ -561,54 +418,12 @@ impl KeyState {
             .is_some_and(|b| Arc::ptr_eq(&b, bucket))
     }
 
-    /// Starts one lease call for `asks`; its result comes back as a message.
+    /// Starts one lease call for `asks`, with the returns that must precede it; its result
+    /// comes back as a message.
     fn send_request(&mut self, myself: &ActorRef<KeyMsg>, asks: Vec<Ask>) {
         self.in_flight = true;
-        let policy = &self.shared.config.lease;
-        let lease_asks = asks
-            .iter()
-            .map(|a| LeaseAsk {
-                key: a.bucket.key.clone(),
-                limit: a.bucket.limit,
-                want: a.want,
-                min: a.min,
-                max_share: policy.max_share,
-            })
-            .collect();
-        let allowances = asks
-            .iter()
-            .map(|a| allowance_of(&self.shared, &a.bucket.rule, &a.bucket.limit))
-            .collect();
-        let request =
-            LeaseRequest::new(lease_asks, policy.ttl).and_then(|r| r.with_allowances(allowances));
-        let shared = self.shared.clone();
-        let myself = myself.clone();
-        // Returns that must precede this call go first, in the same task.
         let returns = std::mem::take(&mut self.returns_first);
-        let identity = self.identity.clone();
-        tokio::spawn(async move {
-            give_back(&shared, &identity, returns).await;
-            let result = match request {
-                Ok(req) => {
-                    let buckets: Vec<Arc<Bucket>> = asks.iter().map(|a| a.bucket.clone()).collect();
-                    let told = myself.clone();
-                    shared
-                        .store
-                        .acquire_leases(&req, move |late| {
-                            for bucket in &buckets {
-                                bucket.set_late(late);
-                            }
-                            let _ = told.cast(KeyMsg::Late {
-                                late,
-                                buckets: buckets.clone(),
-                            });
-                        })
-                        .await
-                }
-                Err(e) => Err(StoreError::Invalid(e)),
-            };
-            let _ = myself.cast(KeyMsg::Granted { asks, result });
-        });
+        calls::lease(&self.shared, myself, &self.identity, asks, returns);
     }
 
     /// Whether requests wait on `bucket` for more than the units it holds, some of which it
@@ -616,15 +431,7 @@ impl KeyState {
     /// refill ahead of need finds no such request, and consolidates nothing.
     fn waiting_beyond_held(&self, bucket: &Arc<Bucket>) -> bool {
         let held = bucket.units().max(0) as u64;
-        let queued: u64 = self
-            .waiters
-            .iter()
-            .flat_map(|w| &w.wants)
-            .filter(|w| Arc::ptr_eq(&w.bucket, bucket))
-            .map(|w| w.cost)
-            .max()
-            .unwrap_or(0);
-        let need = queued.max(bucket.waiting());
+        let need = self.waiters.largest_need_of(bucket).max(bucket.waiting());
         held > 0 && need > held
     }
 
@@ -637,9 +444,7 @@ impl KeyState {
         let mut returns = vec![];
         let mut out = Vec::with_capacity(asks.len());
         for mut ask in asks {
-            let held = self.hold(&ask.bucket);
-            let leases = std::mem::take(&mut held.leases);
-            let given = unspent_returns(ask.bucket.clone(), leases, now);
+            let given = self.book.give_back(&ask.bucket, now);
             let units: u64 = given.iter().map(|r| r.units).sum();
             returns.extend(given);
             let capacity = ask.bucket.limit.capacity();
@@ -657,7 +462,7 @@ impl KeyState {
         let (bucket, min) = (&ask.bucket, ask.min);
         // This node's live leases of the bucket once this grant is held: the store's count
         // less these is the other holders'.
-        let own = self.hold(bucket).leases.len() as u64 + u64::from(grant.units > 0);
+        let own = self.book.leases_of(bucket) + u64::from(grant.units > 0);
         bucket.last.observe(
             grant.remaining,
             grant.reset_after,
@@ -683,15 +488,14 @@ impl KeyState {
         metrics.lease_units_acquired.inc_by(grant.units);
         self.record_for_peer(bucket, grant.units, now);
         let expires_at = now + valid;
-        let held = self.hold(bucket);
-        held.demand.on_grant(now, grant.units, ask.asked_at);
-        held.leases.push_back(HeldLease {
+        let lease = HeldLease {
             id,
             units: grant.units,
             granted_at: now,
             expires_at,
-        });
-        let margin = self.return_margin();
+        };
+        self.book.granted(bucket, lease, ask.asked_at);
+        let margin = self.book.return_margin();
         self.schedule_tick(myself, expires_at.saturating_sub(margin), now);
     }
 
@@ -700,15 +504,15 @@ impl KeyState {
     fn settle_owed(&mut self) {
         let now = self.shared.clock.now_micros();
         let owed: Vec<Debt> = self
-            .held
-            .values()
-            .filter_map(|h| {
-                let (units, admitted_at) = h.bucket.last.take_owed()?;
+            .book
+            .buckets()
+            .filter_map(|bucket| {
+                let (units, admitted_at) = bucket.last.take_owed()?;
                 // Consumption as far as the peer region is concerned, as a grant is.
-                self.record_for_peer(&h.bucket, units, now);
+                self.record_for_peer(bucket, units, now);
                 Some(Debt {
-                    key: h.bucket.key.clone(),
-                    limit: h.bucket.limit,
+                    key: bucket.key.clone(),
+                    limit: bucket.limit,
                     units,
                     admitted_at,
                 })
@@ -717,36 +521,9 @@ impl KeyState {
         background::settle(self.shared.clone(), owed);
     }
 
-    /// Returns leases shortly before they end (older ones are spent first, so what is unspent
-    /// belongs to the newest), and a window's units die with the window.
+    /// Returns leases shortly before they end (see [`LeaseBook::expire`]).
     fn expire_leases(&mut self, now: Micros) {
-        let margin = self.return_margin();
-        let mut returns = vec![];
-        for held in self.held.values_mut() {
-            // Units are spent oldest lease first, so what is unspent belongs to the newest
-            // leases: an ending lease's share is what the unspent units exceed the leases
-            // after it by, at most its grant. That share goes back under its id.
-            let mut after: u64 = held.leases.iter().map(|l| l.units).sum();
-            while let Some(front) = held.leases.front() {
-                if front.expires_at > now + margin {
-                    break;
-                }
-                let lease = held.leases.pop_front().expect("front exists");
-                after -= lease.units;
-                let unspent = held.bucket.units().max(0) as u64;
-                let share = unspent.saturating_sub(after).min(lease.units);
-                let taken = held.bucket.reclaim_up_to(share);
-                if taken > 0 && lease.expires_at > now {
-                    returns.push(Return {
-                        bucket: held.bucket.clone(),
-                        lease: lease.id,
-                        units: taken,
-                        granted_at: lease.granted_at,
-                        recorded: true,
-                    });
-                }
-            }
-        }
+        let returns = self.book.expire(now);
         // Not ordered with lease calls: these go now.
         self.spawn_returns(returns, None);
     }
@@ -760,17 +537,9 @@ impl KeyState {
         now: Micros,
     ) {
         let mut returns = std::mem::take(&mut self.returns_first);
-        for held in self.held.values_mut() {
-            let leases = std::mem::take(&mut held.leases);
-            returns.extend(unspent_returns(held.bucket.clone(), leases, now));
-        }
-        for waiter in self.waiters.drain(..) {
-            let _ = waiter
-                .reply
-                .send(AcquireOutcome::Failed(StoreError::Unavailable(
-                    "node shutting down".into(),
-                )));
-        }
+        returns.extend(self.book.give_back_all(now));
+        self.waiters
+            .fail_all(&StoreError::Unavailable("node shutting down".into()));
         self.spawn_returns(returns, reply);
         myself.stop(Some("shutdown".into()));
     }
@@ -786,43 +555,13 @@ impl KeyState {
 
     /// Gives `returns` back to the store in a task of their own; `done` is answered after.
     fn spawn_returns(&self, returns: Vec<Return>, done: Option<RpcReplyPort<()>>) {
-        if returns.is_empty() {
-            if let Some(done) = done {
-                let _ = done.send(());
-            }
-            return;
-        }
-        let shared = self.shared.clone();
-        let identity = self.identity.clone();
-        tokio::spawn(async move {
-            give_back(&shared, &identity, returns).await;
-            if let Some(done) = done {
-                let _ = done.send(());
-            }
-        });
-    }
-
-    fn next_expiry(&self) -> Option<Micros> {
-        let margin = self.return_margin();
-        self.held
-            .values()
-            .filter_map(|h| {
-                h.leases
-                    .front()
-                    .map(|l| l.expires_at.saturating_sub(margin))
-            })
-            .min()
-    }
-
-    /// How long before a lease ends its unspent units are returned.
-    fn return_margin(&self) -> u64 {
-        (self.shared.config.lease.ttl.as_micros() as u64 / 10).min(100_000)
+        calls::give_back(&self.shared, &self.identity, returns, done);
     }
 
     fn schedule_tick(&mut self, myself: &ActorRef<KeyMsg>, at: Micros, now: Micros) {
         // Ticks are coarse (half the return margin at most): a hot key holding thousands of
         // leases expires them in batches, not one timer each.
-        let at = at.max(now + self.return_margin() / 2);
+        let at = at.max(now + self.book.return_margin() / 2);
         if self.next_tick.is_some_and(|t| t <= at) {
             return;
         }
@@ -831,105 +570,6 @@ impl KeyState {
             KeyMsg::Tick
         });
     }
-}
-
-/// Gives `returns` back to the store, and takes what it credits back from the peer region's
-/// count.
-async fn give_back(shared: &Shared, identity: &[u8], returns: Vec<Return>) {
-    if returns.is_empty() {
-        return;
-    }
-    let items = returns
-        .iter()
-        .map(|r| LeaseReturn {
-            key: r.bucket.key.clone(),
-            limit: r.bucket.limit,
-            lease: r.lease.clone(),
-            unspent: r.units,
-        })
-        .collect();
-    let allowances = returns
-        .iter()
-        .map(|r| allowance_of(shared, &r.bucket.rule, &r.bucket.limit))
-        .collect();
-    let Ok(req) = ReturnRequest::new(items).and_then(|r| r.with_allowances(allowances)) else {
-        return;
-    };
-    match shared.store.return_leases(&req).await {
-        Ok(credited) => {
-            let metrics = &shared.metrics;
-            for (r, units) in returns.iter().zip(credited) {
-                if units == 0 {
-                    continue;
-                }
-                metrics.leases_returned.inc();
-                metrics.lease_units_returned.inc_by(units);
-                // Back in this region's store: not the peer's to count any more.
-                if r.recorded
-                    && r.bucket.rule.synced()
-                    && let Some(region) = shared.region.get()
-                {
-                    region.unrecord(
-                        &r.bucket.rule.key,
-                        identity,
-                        &r.bucket.limit,
-                        units,
-                        r.granted_at,
-                    );
-                }
-            }
-        }
-        // Unreturned units stay consumed until the lease expires: under-admission only.
-        Err(e) => tracing::debug!(error = %e, "lease return failed"),
-    }
-}
-
-/// Takes back what `bucket` holds unspent and spreads it over `leases` for return, newest
-/// first (its grant is the most likely to cover what is unspent); ended leases are skipped.
-fn unspent_returns(
-    bucket: Arc<Bucket>,
-    mut leases: VecDeque<HeldLease>,
-    now: Micros,
-) -> Vec<Return> {
-    let mut left = bucket.reclaim();
-    let mut returns = vec![];
-    while let Some(lease) = leases.pop_back() {
-        let give = left.min(lease.units);
-        if give > 0 && lease.expires_at > now {
-            returns.push(Return {
-                bucket: bucket.clone(),
-                lease: lease.id,
-                units: give,
-                granted_at: lease.granted_at,
-                recorded: true,
-            });
-            left -= give;
-        }
-    }
-    returns
-}
-
-/// Takes every want's units, or none.
-pub fn take_all(wants: &[Want], now: Micros) -> bool {
-    for (i, want) in wants.iter().enumerate() {
-        if !want.bucket.try_take(want.cost, || now) {
-            for taken in &wants[..i] {
-                taken.bucket.give_back(taken.cost);
-            }
-            return false;
-        }
-    }
-    true
-}
-
-/// Whether a request for `wants` waits through a late call: every request when the store is
-/// down does not; when it stalled, those under a CLOSED rule do (one late call must not deny a
-/// real user: they wait for the answer, up to the patience, or until the store is down).
-fn waits_through(late: Late, wants: &[Want]) -> bool {
-    late == Late::Stalled
-        && wants
-            .iter()
-            .any(|w| w.bucket.rule.fail_mode == FailMode::Closed)
 }
 
 /// What a request that does not wait through a late call is told.

@@ -2,7 +2,6 @@
 //! actor cap, shutting down), peeks and concurrency slots; and the store's word on when a
 //! request the pre-limit denied would fit.
 
-use super::region::allowance_of;
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -55,7 +54,7 @@ impl Node {
                 let hit = &hits[i];
                 hit.rule
                     .limit()
-                    .and_then(|l| allowance_of(&self.inner.shared, &hit.rule, &l))
+                    .and_then(|l| self.inner.shared.allowance_of(&hit.rule, &l))
             })
             .collect();
         let request = match CheckRequest::new(items).and_then(|r| r.with_allowances(allowances)) {
@@ -221,7 +220,7 @@ impl Node {
         if need == 0 || bucket.room_seen(need, now) {
             return Duration::ZERO;
         }
-        let allowance = allowance_of(&self.inner.shared, &bucket.rule, &bucket.limit);
+        let allowance = self.inner.shared.allowance_of(&bucket.rule, &bucket.limit);
         let Ok(peek) = CheckRequest::single(bucket.key.clone(), bucket.limit, need)
             .and_then(|r| r.with_allowances(vec![allowance]))
         else {

@@ -80,24 +80,6 @@ impl Node {
     }
 }
 
-/// The regional allowance a store call for `rule`'s bucket carries: ASYNC_SYNC rules of the
-/// counting algorithms, while region sync says the allowances are in force.
-pub(crate) fn allowance_of(
-    shared: &crate::runtime::shared::Shared,
-    rule: &CompiledRule,
-    limit: &Limit,
-) -> Option<tollgate_lease::Allowance> {
-    if !rule.synced()
-        || matches!(
-            limit.algorithm(),
-            tollgate_lease::Algorithm::SlidingWindowLog | tollgate_lease::Algorithm::Concurrency
-        )
-    {
-        return None;
-    }
-    shared.region.get()?.allowance()
-}
-
 /// What region sync calls back into: the node's rules and decisions.
 struct RegionHostOf {
     node: std::sync::Weak<Inner>,

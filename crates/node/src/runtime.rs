@@ -21,6 +21,7 @@ pub mod attempt;
 pub(crate) mod background;
 pub mod breaker;
 pub mod debts;
+pub(crate) mod fail_modes;
 pub mod fallbacks;
 pub mod guarded;
 pub mod keys;

@@ -82,6 +82,16 @@ impl Attempt {
         self.taken.push(taken);
     }
 
+    /// Records hit `index`'s status and what was taken for it; whether it was allowed.
+    pub(crate) fn record_taken(
+        &mut self,
+        index: usize,
+        (status, taken): (RuleStatus, Vec<Taken>),
+    ) -> bool {
+        self.taken.extend(taken);
+        self.record(index, status)
+    }
+
     /// Where the attempt stands now.
     pub(crate) fn mark(&self) -> Mark {
         Mark(self.taken.len())

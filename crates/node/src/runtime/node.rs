@@ -47,7 +47,6 @@ use crate::runtime::top_denied::{TopDenied, TopDeniedReport};
 use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
 
 mod direct;
-mod fail_modes;
 pub(crate) mod region;
 mod reserve;
 
@@ -174,6 +173,11 @@ impl Node {
             }
         };
         shared.warm_up.get_or_init(|| outcome).clone()
+    }
+
+    /// LOCAL fallback buckets held for keys without an actor, and overflow buckets (per rule).
+    pub fn fallback_buckets(&self) -> (usize, usize) {
+        self.inner.fallbacks.counts()
     }
 
     /// How the store answered when the node started (None: it was not warmed up).

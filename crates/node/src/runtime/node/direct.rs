@@ -15,6 +15,7 @@ use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Taken};
 use crate::runtime::background::{self, hand_off};
 use crate::runtime::debts::Debt;
+use crate::runtime::fail_modes;
 use crate::runtime::guarded::Waited;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::lateness::Wait;
@@ -129,9 +130,19 @@ impl Node {
                 }
                 allowed
             }
-            Err(error) => group
-                .iter()
-                .all(|&i| self.fail_mode(i, &hits[i], None, &error, attempt)),
+            Err(error) => group.iter().all(|&i| {
+                attempt.record_taken(
+                    i,
+                    fail_modes::decide(
+                        &self.inner.shared,
+                        &self.inner.fallbacks,
+                        &hits[i],
+                        None,
+                        &error,
+                        self.now(),
+                    ),
+                )
+            }),
         }
     }
 

@@ -13,6 +13,7 @@ use tollgate_lease::{Algorithm, StoreError};
 use super::Node;
 use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Taken};
+use crate::runtime::fail_modes;
 use crate::runtime::keys::bucket::{AcquireOutcome, KeyMsg, Want};
 use crate::runtime::keys::bucket::{Bucket, LocalTake, RefillOutcome};
 use crate::runtime::lateness::Late;
@@ -160,7 +161,17 @@ impl Node {
                         Some(Late::Down) => StoreError::Unavailable("circuit breaker open".into()),
                         None => StoreError::Unavailable("the lease refill failed".into()),
                     };
-                    if !self.fail_mode(i, hit, Some(&bucket), &error, attempt) {
+                    if !attempt.record_taken(
+                        i,
+                        fail_modes::decide(
+                            &self.inner.shared,
+                            &self.inner.fallbacks,
+                            hit,
+                            Some(&bucket),
+                            &error,
+                            self.now(),
+                        ),
+                    ) {
                         return false;
                     }
                 }
@@ -223,7 +234,17 @@ impl Node {
                 }
                 AcquireOutcome::Failed(error) => {
                     for (i, b) in &group {
-                        if !self.fail_mode(*i, &hits[*i], Some(b), &error, attempt) {
+                        if !attempt.record_taken(
+                            *i,
+                            fail_modes::decide(
+                                &self.inner.shared,
+                                &self.inner.fallbacks,
+                                &hits[*i],
+                                Some(b),
+                                &error,
+                                self.now(),
+                            ),
+                        ) {
                             return false;
                         }
                     }

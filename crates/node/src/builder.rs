@@ -27,7 +27,8 @@ use tollgate_lease::{
 use crate::metrics::Metrics;
 use crate::rules::source::{self, LoadedRules};
 use crate::rules::watch::ActiveRules;
-use crate::runtime::{Node, RuntimeConfig};
+use crate::runtime::node::Node;
+use crate::runtime::shared::RuntimeConfig;
 
 /// Why a node could not be built.
 #[derive(Debug, thiserror::Error)]

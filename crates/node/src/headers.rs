@@ -15,7 +15,7 @@ use smallvec::SmallVec;
 use tollgate_lease::{Algorithm, Limit};
 
 use crate::rules::{CompiledRule, RuleKind};
-use crate::runtime::{RuleStatus, Verdict};
+use crate::runtime::verdict::{RuleStatus, Verdict};
 
 /// A quota as the headers state it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -293,7 +293,7 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::rules::set::RuleSet;
     use crate::rules::source::parse;
-    use crate::runtime::Outcome;
+    use crate::runtime::outcome::Outcome;
     use std::sync::Arc;
 
     fn rule(yaml: &str) -> Arc<CompiledRule> {

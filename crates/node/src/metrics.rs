@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::runtime::Outcome;
+use crate::runtime::outcome::Outcome;
 
 /// A rule's labels.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]

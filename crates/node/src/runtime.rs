@@ -6,7 +6,10 @@
 //! - [`matching`]: what a request matches (rules, identities, costs; limit overrides).
 //! - [`attempt`]: one request's statuses and what it took, rolled back all or nothing.
 //! - [`prepared`]: a request resolved once, decided from leases with atomics only.
-//! - [`request`], [`verdict`]: what goes in and what comes out.
+//! - [`request`], [`verdict`]: what goes in and what comes out; [`outcome`]: what happened at
+//!   one rule, and why it denied.
+//! - [`fail_modes`]: what a rule does when the store cannot answer (OPEN, its last answer,
+//!   CLOSED, LOCAL); [`fallbacks`]: the LOCAL buckets of keys without a bucket, bounded.
 //! - [`keys`]: the keys this node decides: buckets (the atomic lease counter of the hot
 //!   path), the per-identity actors that lease, refill and return, their messages, their
 //!   supervisor and the registry that finds them.
@@ -14,7 +17,8 @@
 //!   late store call is (a busy store or node, a stalled store, a store down); [`debts`]:
 //!   what was admitted while the store had stalled; [`background`]: store calls that outlive
 //!   their request (a late call handed off, debts debited when the store answers).
-//! - [`breaker`], [`sizing`], [`local`]: the pure pieces (breaker states, lease sizes, GCRA).
+//! - [`breaker`], [`sizing`], [`local`]: the pure pieces (breaker states, lease sizes, GCRA);
+//!   [`top_denied`]: the most-denied keys, in fixed memory.
 //! - [`shared`]: settings and what every part shares.
 
 pub mod attempt;
@@ -29,6 +33,7 @@ pub mod lateness;
 pub mod local;
 pub mod matching;
 pub mod node;
+pub mod outcome;
 pub mod prepared;
 pub mod request;
 pub mod shared;

@@ -9,13 +9,13 @@ use std::time::Duration;
 use tollgate_lease::{Micros, StoreError};
 
 use crate::rules::FailMode;
-use crate::runtime::Outcome;
 use crate::runtime::attempt::Taken;
 use crate::runtime::breaker::BreakerState;
 use crate::runtime::fallbacks::Fallbacks;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::Hit;
+use crate::runtime::outcome::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::verdict::{Denial, RuleStatus};
 

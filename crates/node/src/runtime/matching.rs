@@ -12,16 +12,16 @@ use tollgate_lease::Micros;
 
 use crate::metrics::RuleCounters;
 use crate::rules::{CompiledRule, Mode, RuleKind, RuleSet};
-use crate::runtime::Outcome;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::keys::bucket_id::BucketId;
+use crate::runtime::outcome::Outcome;
 use crate::runtime::request::{Matching, Request, RequestError};
 use crate::runtime::verdict::{Denial, RuleStatus, reset_after};
 
 /// The most rules made from descriptor limit overrides that a node keeps for reuse.
 pub const MAX_OVERRIDE_RULES: usize = 1024;
 
-/// What a request is charged at one matched rule ([`Node::charges`](crate::runtime::Node::charges)).
+/// What a request is charged at one matched rule ([`Node::charges`](crate::runtime::node::Node::charges)).
 #[derive(Debug, Clone)]
 pub struct Charge {
     /// The rule.

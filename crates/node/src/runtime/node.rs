@@ -29,7 +29,6 @@ use tollgate_lease::{BucketKey, Limit, SharedClock, SlotRelease, SlotRenew, Stor
 use crate::metrics::Metrics;
 use crate::rules::watch::ActiveRules;
 use crate::rules::{Mode, RuleKind};
-use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Mark};
 use crate::runtime::breaker::BreakerState;
 use crate::runtime::debts::Debts;
@@ -41,6 +40,7 @@ use crate::runtime::keys::registry::{Registry, bucket_cost};
 use crate::runtime::keys::supervisor::{KeySupervisor, SupervisorMsg};
 use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::{self, Charge, Hit, OverrideRules};
+use crate::runtime::outcome::Outcome;
 use crate::runtime::request::{Request, RequestError};
 use crate::runtime::shared::{RuntimeConfig, Shared, WarmUp};
 use crate::runtime::top_denied::{TopDenied, TopDeniedReport};

@@ -84,8 +84,8 @@ fn late_code(late: Option<Late>) -> u8 {
 }
 
 /// What the bucket's own state says about a request's units, without the store or the
-/// actor: the hot path of [`crate::runtime::Node::check`] and of
-/// [`crate::runtime::Prepared::try_check`] alike.
+/// actor: the hot path of [`crate::runtime::node::Node::check`] and of
+/// [`crate::runtime::prepared::Prepared::try_check`] alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LocalTake {
     /// Taken from the pre-limit and the lease (a refill was queued if the lease runs low).

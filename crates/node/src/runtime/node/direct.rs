@@ -11,7 +11,6 @@ use tollgate_lease::{Algorithm, CheckItem, CheckOutcome, CheckRequest, LeaseStor
 use super::Node;
 use crate::metrics::StoreOp;
 use crate::rules::FailMode;
-use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Taken};
 use crate::runtime::background::{self, hand_off};
 use crate::runtime::debts::Debt;
@@ -20,6 +19,7 @@ use crate::runtime::guarded::Waited;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::lateness::Wait;
 use crate::runtime::matching::Hit;
+use crate::runtime::outcome::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::verdict::{Denial, HeldSlot};
 

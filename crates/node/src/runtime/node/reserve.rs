@@ -11,13 +11,13 @@ use ractor::rpc::CallResult;
 use tollgate_lease::{Algorithm, StoreError};
 
 use super::Node;
-use crate::runtime::Outcome;
 use crate::runtime::attempt::{Attempt, Taken};
 use crate::runtime::fail_modes;
 use crate::runtime::keys::bucket::{AcquireOutcome, KeyMsg, Want};
 use crate::runtime::keys::bucket::{Bucket, LocalTake, RefillOutcome};
 use crate::runtime::lateness::Late;
 use crate::runtime::matching::{Hit, group_by_identity};
+use crate::runtime::outcome::Outcome;
 use crate::runtime::verdict::Denial;
 
 impl Node {

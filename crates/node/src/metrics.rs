@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -14,114 +13,10 @@ use prometheus_client::registry::Registry;
 
 use crate::runtime::outcome::Outcome;
 
-/// A rule's labels.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct RuleLabels {
-    /// The rule's domain.
-    pub domain: String,
-    /// The rule's id.
-    pub rule: String,
-}
+mod labels;
 
-/// Label values in snake_case, as Prometheus conventions have them.
-macro_rules! snake_label {
-    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
-        impl EncodeLabelValue for $ty {
-            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-                use std::fmt::Write;
-                encoder.write_str(match self { $($ty::$variant => $name),+ })
-            }
-        }
-    };
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DecisionLabels {
-    domain: String,
-    rule: String,
-    outcome: Outcome,
-}
-
-snake_label!(Outcome {
-    Allowed => "allowed",
-    Denied => "denied",
-    ShadowDenied => "shadow_denied",
-    FailedOpen => "failed_open",
-    FailedClosed => "failed_closed",
-    LocalFallback => "local_fallback",
-});
-
-/// A store operation, for latency and error labels.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub enum StoreOp {
-    /// `check`.
-    Check,
-    /// `lease acquire`.
-    LeaseAcquire,
-    /// `lease return`.
-    LeaseReturn,
-    /// `slot release`.
-    SlotRelease,
-    /// `slot renew`.
-    SlotRenew,
-    /// `debit` (what was admitted while the store was late).
-    Debit,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OpLabels {
-    op: StoreOp,
-}
-
-impl EncodeLabelValue for StoreOp {
-    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        use std::fmt::Write;
-        encoder.write_str(self.as_str())
-    }
-}
-
-impl StoreOp {
-    /// Its name in labels and spans.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            StoreOp::Check => "check",
-            StoreOp::LeaseAcquire => "lease_acquire",
-            StoreOp::LeaseReturn => "lease_return",
-            StoreOp::SlotRelease => "slot_release",
-            StoreOp::SlotRenew => "slot_renew",
-            StoreOp::Debit => "debit",
-        }
-    }
-}
-
-/// Why a store call failed.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub enum StoreFailure {
-    /// It ran out of time.
-    Timeout,
-    /// The store could not be reached, or is failing over.
-    Unavailable,
-    /// The circuit breaker was open: the store was not called.
-    BreakerOpen,
-    /// The store is full: it refused a new key (the store itself is up).
-    Full,
-    /// Anything else (bad reply, rejected command).
-    Other,
-}
-
-snake_label!(StoreFailure {
-    Timeout => "timeout",
-    Unavailable => "unavailable",
-    BreakerOpen => "breaker_open",
-    Full => "full",
-    Other => "other",
-});
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FailureLabels {
-    op: StoreOp,
-    failure: StoreFailure,
-}
+pub use labels::{Api, ApiResult, RuleLabels, StoreFailure, StoreOp};
+use labels::{ApiLabels, ApiResultLabels, DecisionLabels, FailureLabels, OpLabels};
 
 /// Per-rule decision counters, resolved once per compiled rule.
 #[derive(Debug, Clone, Default)]
@@ -253,59 +148,6 @@ pub struct Metrics {
     pub requests_unmatched: Counter,
     /// Requests per API and result, and their latency per API, pre-resolved.
     pub api: [ApiMetrics; 2],
-}
-
-/// The API a request came in by.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub enum Api {
-    /// Envoy's rate limit service (`ShouldRateLimit`).
-    Rls,
-    /// Tollgate's `CheckRateLimit`.
-    Check,
-}
-
-snake_label!(Api {
-    Rls => "rls",
-    Check => "check",
-});
-
-/// A request's result as the API answered it.
-#[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
-pub enum ApiResult {
-    /// Admitted.
-    Ok,
-    /// Denied (over a limit, or failed closed).
-    OverLimit,
-    /// Refused as unreadable (INVALID_ARGUMENT).
-    Invalid,
-}
-
-snake_label!(ApiResult {
-    Ok => "ok",
-    OverLimit => "over_limit",
-    Invalid => "invalid",
-});
-
-impl ApiResult {
-    /// The result of a decision that admitted (or not).
-    pub fn of(allowed: bool) -> Self {
-        if allowed {
-            ApiResult::Ok
-        } else {
-            ApiResult::OverLimit
-        }
-    }
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ApiLabels {
-    api: Api,
-}
-
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ApiResultLabels {
-    api: Api,
-    result: ApiResult,
 }
 
 /// One API's request counters and latency histogram.

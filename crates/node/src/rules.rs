@@ -6,9 +6,10 @@
 //! - [`native`]: Tollgate's rule document and file format (also the admin API's body).
 //! - [`envoy`]: envoyproxy/ratelimit's YAML configuration.
 //! - [`source`]: loading files, with errors that name the file, line and field.
-//! - [`set`]: the compiled, indexed rule set.
+//! - [`compiled`]: one compiled rule; [`set`]: the compiled, indexed rule set.
 //! - [`watch`]: reloading when files change; an invalid file is rejected whole.
 
+pub mod compiled;
 pub mod envoy;
 pub mod model;
 pub mod native;

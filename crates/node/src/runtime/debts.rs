@@ -134,10 +134,10 @@ mod tests {
     fn one_identitys_debts_are_one_debit_once_with_an_epoch_of_their_own() {
         let debts = Debts::new(Some(7));
         let now = 1_700_000_000_000_000;
-        let limit = Limit::token_bucket(10, 1.0).unwrap();
+        let limit = Limit::token_bucket(10, 1.0).expect("limit");
         let debt = |units| Debt {
-            key: BucketKey::new(b"id", "rule").unwrap(),
-            limit: limit.clone(),
+            key: BucketKey::new(b"id", "rule").expect("key"),
+            limit,
             units,
             admitted_at: now - 5,
         };
@@ -145,10 +145,10 @@ mod tests {
         let second = debts.owe(vec![debt(1)], now);
         assert_eq!(first.units, 7);
         assert!(first.until < second.until);
-        let request = first.request.unwrap();
+        let request = first.request.expect("a valid debit");
         assert_eq!(request.items().len(), 2);
         for item in request.items() {
-            let once = item.once.as_ref().unwrap();
+            let once = item.once.as_ref().expect("debited once");
             assert_eq!(
                 (once.origin.as_str(), once.until),
                 (debts.origin.as_str(), first.until)

@@ -131,7 +131,7 @@ impl Bucket {
         nodes: u32,
     ) -> Self {
         Self {
-            last: LastAnswer::new(limit.clone(), rule.synced(), nodes),
+            last: LastAnswer::new(limit, rule.synced(), nodes),
             prelimit: prelimit_factor.map(|f| LocalBucket::prelimit(&limit, f)),
             fallback,
             key,

@@ -168,21 +168,6 @@ impl ApiMetrics {
 }
 
 impl Metrics {
-    /// Publishes the regional share of every rule held at less than its whole limit.
-    pub fn record_shares(&self, set: &crate::rules::RuleSet) {
-        self.region.share_permille.clear();
-        for rule in set.rules() {
-            if rule.placement.share < 1.0 {
-                self.region
-                    .share_permille
-                    .get_or_create(&tollgate_regionsync::metrics::RuleLabel {
-                        rule: rule.id.clone(),
-                    })
-                    .set((rule.placement.share * 1000.0).round() as i64);
-            }
-        }
-    }
-
     /// Metrics of a node of one region (region sync's are kept but not exported).
     pub fn new() -> Arc<Self> {
         Self::build(false)

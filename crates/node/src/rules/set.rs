@@ -223,6 +223,22 @@ impl RuleSet {
         self.version
     }
 
+    /// Publishes the regional share of every rule held at less than its whole limit.
+    pub fn publish_shares(&self, metrics: &Metrics) {
+        metrics.region.share_permille.clear();
+        for rule in self.rules() {
+            if rule.placement.share < 1.0 {
+                metrics
+                    .region
+                    .share_permille
+                    .get_or_create(&tollgate_regionsync::metrics::RuleLabel {
+                        rule: rule.id.clone(),
+                    })
+                    .set((rule.placement.share * 1000.0).round() as i64);
+            }
+        }
+    }
+
     /// Every compiled rule.
     pub fn rules(&self) -> &[Arc<CompiledRule>] {
         &self.rules

@@ -90,7 +90,7 @@ impl ActiveRules {
 
     fn swap(&self, set: RuleSet, version: u64) {
         let count = set.rules().len();
-        self.metrics.record_shares(&set);
+        set.publish_shares(&self.metrics);
         self.current.store(Arc::new(set));
         self.active_version.store(version, Ordering::Release);
         self.generation.fetch_add(1, Ordering::AcqRel);

@@ -10,7 +10,8 @@
 //!   (its store calls, in tasks that report back by message) and `waiters` (the requests
 //!   waiting on it).
 //! - [`supervisor`]: spawns key actors and cleans up after a failed one.
-//! - [`registry`]: buckets and actors by key, bounded.
+//! - [`registry`]: buckets and actors by key, bounded; `lookup`: a hit's bucket, found or
+//!   made (with its actor) on first use, within the key state budget.
 
 pub mod actor;
 pub(crate) mod book;
@@ -18,6 +19,7 @@ pub mod bucket;
 pub mod bucket_id;
 pub(crate) mod calls;
 pub mod last_answer;
+pub(crate) mod lookup;
 pub mod registry;
 pub mod supervisor;
 pub(crate) mod waiters;

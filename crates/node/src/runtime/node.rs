@@ -22,7 +22,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use ractor::rpc::CallResult;
 use ractor::{Actor, ActorRef};
 use tollgate_lease::{BucketKey, Limit, SharedClock, SlotRelease, SlotRenew, Store, StoreError};
 
@@ -36,9 +35,8 @@ use crate::runtime::fallbacks::Fallbacks;
 use crate::runtime::guarded::GuardedStore;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::keys::bucket::KeyMsg;
-use crate::runtime::keys::registry::{Registry, bucket_cost};
+use crate::runtime::keys::registry::Registry;
 use crate::runtime::keys::supervisor::{KeySupervisor, SupervisorMsg};
-use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::{self, Charge, Hit, OverrideRules};
 use crate::runtime::outcome::Outcome;
 use crate::runtime::request::{Request, RequestError};
@@ -49,11 +47,6 @@ use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
 mod direct;
 pub(crate) mod region;
 mod reserve;
-
-thread_local! {
-    /// The registry key of the bucket being looked up: built here, so a lookup allocates nothing.
-    static LOOKUP: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 /// A running node. Cheap to clone; every clone is the same node.
 #[derive(Debug, Clone)]
@@ -285,7 +278,8 @@ impl Node {
         request: &Request,
     ) -> Option<Vec<(Arc<Bucket>, u64, Option<Vec<u8>>)>> {
         let rules = self.inner.rules.load();
-        let hits = matching::hits(&rules, request, &self.inner.overrides, self.now()).ok()?;
+        let now = self.now();
+        let hits = matching::hits(&rules, request, &self.inner.overrides, now).ok()?;
         if hits.is_empty() || !hits.iter().all(|h| matching::leasable(&h.rule, h.cost)) {
             return None;
         }
@@ -293,7 +287,9 @@ impl Node {
         for hit in &hits {
             let limit = hit.rule.limit()?;
             out.push((
-                self.bucket(hit, limit).await?,
+                self.keys()
+                    .bucket(&hit.rule, &hit.identity, limit, now)
+                    .await?,
                 hit.cost,
                 // The identity of a bucket whose demand goes to the peer region.
                 hit.rule.synced().then(|| hit.identity.clone()),
@@ -488,100 +484,6 @@ impl Node {
                 .unwrap_or_default();
         }
         verdict
-    }
-
-    /// The bucket for a hit, creating it (and its key's actor) on first use. None when the
-    /// actor cap is reached: the hit is then decided directly.
-    async fn bucket(&self, hit: &Hit, limit: Limit) -> Option<Arc<Bucket>> {
-        let shared = &self.inner.shared;
-        let id = hit.bucket_id();
-        if let Some(bucket) = LOOKUP.with_borrow_mut(|key| {
-            id.write_local_key(key);
-            shared.registry.bucket(key)
-        }) {
-            return Some(bucket);
-        }
-        let key = id.local_key();
-        let store_key = id.store_key().ok()?;
-        let actor = match shared.registry.actor(&hit.identity) {
-            // The identity's actor serves this bucket too (and settles what an older
-            // definition of the rule holds before it leases).
-            Some(actor) => actor,
-            None => {
-                // A key is worth an actor when its demand would lease more than one unit:
-                // leases cover half a lifetime of demand, so it must come back within a
-                // quarter of one (two requests in that time). Until then its decision is a
-                // store check, as its one-unit lease would be.
-                let within = shared.config.lease.ttl.as_micros() as u64 / 4;
-                if !shared.registry.seen_again(&key, self.now(), within) {
-                    return None;
-                }
-                if !shared.registry.reserve_actor(hit.identity.len()) {
-                    shared.metrics.key_actors_refused.inc();
-                    self.press_key_state();
-                    return None;
-                }
-                let spawned = self
-                    .inner
-                    .supervisor
-                    .call(
-                        |reply| SupervisorMsg::Spawn {
-                            identity: hit.identity.clone(),
-                            reply,
-                        },
-                        Some(Duration::from_secs(1)),
-                    )
-                    .await;
-                let Ok(CallResult::Success(Some(actor))) = spawned else {
-                    shared.registry.unreserve_actor(hit.identity.len());
-                    return None;
-                };
-                let kept = shared
-                    .registry
-                    .insert_actor(hit.identity.clone(), actor.clone());
-                if kept.get_id() != actor.get_id() {
-                    // Another request spawned this identity's actor first.
-                    actor.stop(None);
-                    shared.registry.unreserve_actor(hit.identity.len());
-                }
-                kept
-            }
-        };
-        if !shared
-            .registry
-            .reserve(bucket_cost(hit.identity.len(), store_key.as_str().len()))
-        {
-            shared.metrics.key_actors_refused.inc();
-            self.press_key_state();
-            return None;
-        }
-        // The LOCAL fail mode's count the key had without a bucket carries over.
-        let fallback = match self.inner.fallbacks.take(&key) {
-            Some(kept) => kept,
-            None => Arc::new(LocalBucket::for_limit(
-                &limit,
-                1.0 / f64::from(shared.config.cluster_nodes.max(1)),
-            )),
-        };
-        let bucket = Arc::new(Bucket::new(
-            store_key,
-            hit.rule.clone(),
-            limit,
-            actor,
-            shared.config.prelimit_factor,
-            fallback,
-            shared.config.cluster_nodes,
-        ));
-        Some(shared.registry.insert_bucket(key, bucket))
-    }
-
-    /// The key state budget is short: a sample of actors is asked to stop if they have been
-    /// idle for [`crate::runtime::keys::registry::EVICTABLE_AFTER`] (they return what their leases hold first).
-    fn press_key_state(&self) {
-        let shared = &self.inner.shared;
-        shared.registry.press(self.now(), 256, |actor| {
-            let _ = actor.cast(KeyMsg::Evict);
-        });
     }
 
     /// Gives back what `attempt` took since `mark`; its slots are released in the store in

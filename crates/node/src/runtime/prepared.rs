@@ -4,24 +4,13 @@
 //! cross-thread hop while the leases last.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::runtime::keys::bucket::{Bucket, LocalTake};
 use crate::runtime::node::Node;
 use crate::runtime::request::{Request, RequestError};
 use crate::runtime::verdict::Verdict;
-
-/// A decision as a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Admitted.
-    Allowed,
-    /// Denied; retry after this long.
-    Limited {
-        /// How long until the request would fit.
-        retry_after: Duration,
-    },
-}
+/// A decision as a value: the lease store's own (the same two answers, one type).
+pub use tollgate_lease::Decision;
 
 #[derive(Debug)]
 struct Part {

@@ -107,7 +107,7 @@ impl Node {
                 }
                 if allowed {
                     // What the store admitted directly is this region's consumption.
-                    let now = self.now();
+                    let now = self.inner.shared.clock.now_micros();
                     for &i in group {
                         if hits[i].rule.synced() {
                             self.record_consumption(
@@ -139,7 +139,7 @@ impl Node {
                         &hits[i],
                         None,
                         &error,
-                        self.now(),
+                        self.inner.shared.clock.now_micros(),
                     ),
                 )
             }),

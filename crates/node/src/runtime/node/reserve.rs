@@ -15,12 +15,22 @@ use crate::runtime::attempt::{Attempt, Taken};
 use crate::runtime::fail_modes;
 use crate::runtime::keys::bucket::{AcquireOutcome, KeyMsg, Want};
 use crate::runtime::keys::bucket::{Bucket, LocalTake, RefillOutcome};
+use crate::runtime::keys::lookup::Keys;
 use crate::runtime::lateness::Late;
 use crate::runtime::matching::{Hit, group_by_identity};
 use crate::runtime::outcome::Outcome;
 use crate::runtime::verdict::Denial;
 
 impl Node {
+    /// Where the decision path finds (or makes) the buckets of its hits.
+    pub(super) fn keys(&self) -> Keys<'_> {
+        Keys {
+            shared: &self.inner.shared,
+            supervisor: &self.inner.supervisor,
+            fallbacks: &self.inner.fallbacks,
+        }
+    }
+
     /// Reserves every hit in `indices`, or returns false having filled the status of the hit
     /// that denied (what was reserved stays in `attempt` for the caller to roll back). Hits of
     /// HOME_REGION rules homed in the peer region are decided there, after the local ones
@@ -108,7 +118,11 @@ impl Node {
                 direct.push(i);
                 continue;
             }
-            let Some(bucket) = self.bucket(hit, limit).await else {
+            let Some(bucket) = self
+                .keys()
+                .bucket(&hit.rule, &hit.identity, limit, now)
+                .await
+            else {
                 direct.push(i);
                 continue;
             };
@@ -169,7 +183,7 @@ impl Node {
                             hit,
                             Some(&bucket),
                             &error,
-                            self.now(),
+                            self.inner.shared.clock.now_micros(),
                         ),
                     ) {
                         return false;
@@ -218,7 +232,7 @@ impl Node {
             };
             match outcome {
                 AcquireOutcome::Reserved => {
-                    let now = self.now();
+                    let now = self.inner.shared.clock.now_micros();
                     for (i, b) in &group {
                         attempt.took(Taken::Lease(b.clone(), hits[*i].cost));
                         attempt.record(*i, hits[*i].leased(b, now));
@@ -228,7 +242,10 @@ impl Node {
                     let (i, b) = &group[index];
                     attempt.record(
                         *i,
-                        hits[*i].over_limit(retry_after, b.reset_after(self.now())),
+                        hits[*i].over_limit(
+                            retry_after,
+                            b.reset_after(self.inner.shared.clock.now_micros()),
+                        ),
                     );
                     return false;
                 }
@@ -242,7 +259,7 @@ impl Node {
                                 &hits[*i],
                                 Some(b),
                                 &error,
-                                self.now(),
+                                self.inner.shared.clock.now_micros(),
                             ),
                         ) {
                             return false;

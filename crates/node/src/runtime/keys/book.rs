@@ -175,9 +175,8 @@ impl LeaseBook {
     /// Takes back everything `bucket` holds unspent, spread over its leases for return (see
     /// [`unspent_returns`]); its leases are gone from the book.
     pub(crate) fn give_back(&mut self, bucket: &Arc<Bucket>, now: Micros) -> Vec<Return> {
-        let held = self.entry(bucket);
-        let leases = std::mem::take(&mut held.leases);
-        unspent_returns(held.bucket.clone(), leases, now)
+        let leases = std::mem::take(&mut self.entry(bucket).leases);
+        unspent_returns(bucket.clone(), leases, now)
     }
 
     /// Takes back everything held unspent, every bucket (the actor stops).

@@ -108,12 +108,13 @@ impl Node {
                 if allowed {
                     // What the store admitted directly is this region's consumption.
                     let now = self.inner.shared.clock.now_micros();
-                    for &i in group {
-                        if hits[i].rule.synced() {
-                            self.record_consumption(
-                                &hits[i].rule,
-                                &hits[i].identity,
-                                hits[i].cost,
+                    for hit in group.iter().map(|&i| &hits[i]) {
+                        if let Some(limit) = hit.rule.limit() {
+                            self.inner.shared.record_for_peer(
+                                &hit.rule,
+                                &hit.identity,
+                                &limit,
+                                hit.cost,
                                 now,
                             );
                         }

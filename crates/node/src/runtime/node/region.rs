@@ -8,7 +8,6 @@ use tollgate_regionsync::messages::{ForwardReply, ForwardRequest};
 use tollgate_regionsync::{ForwardError, RegionSync};
 
 use super::{Inner, Node};
-use crate::rules::CompiledRule;
 use crate::runtime::matching::Hit;
 use crate::runtime::verdict::Verdict;
 
@@ -37,20 +36,6 @@ impl Node {
     /// Region sync, if attached.
     pub fn region(&self) -> Option<&Arc<RegionSync>> {
         self.inner.shared.region.get()
-    }
-
-    /// Records units this region's store handed out under a rule that syncs with the peer
-    /// region (a lease granted, or a request admitted by a direct store check).
-    pub(crate) fn record_consumption(
-        &self,
-        rule: &CompiledRule,
-        identity: &[u8],
-        cost: u64,
-        now: u64,
-    ) {
-        if let (Some(region), Some(limit)) = (self.inner.shared.region.get(), rule.limit()) {
-            region.record(&rule.key, identity, &limit, cost, now);
-        }
     }
 
     /// Decides one rule for one identity, as the home region of a HOME_REGION rule does for

@@ -98,19 +98,22 @@ async fn split_shares_fail_over_and_back() {
     assert_eq!(
         admitted(&regions.us.nodes, &key, 100).await,
         40,
-        "us after failover"
+        "us after failover: {}",
+        regions.diagnose()
     );
     assert_eq!(
         admitted(&regions.eu.nodes, &key, 100).await,
         60,
-        "eu after failover"
+        "eu after failover: {}",
+        regions.diagnose()
     );
     regions.restore();
     regions.until_peer_state(PeerState::Up).await;
     assert_eq!(
         admitted(&regions.us.nodes, &key, 10).await,
         0,
-        "us is back to 60 and has spent 100"
+        "us is back to 60 and has spent 100: {}",
+        regions.diagnose()
     );
     assert_eq!(admitted(&regions.us.nodes, &request("k2"), 100).await, 60);
     assert_eq!(admitted(&regions.eu.nodes, &request("k2"), 100).await, 40);

@@ -201,9 +201,15 @@ impl TwoRegions {
                 .map(|n| {
                     let m = n.node.metrics();
                     format!(
-                        "{name}: peer {:?}, breaker opened {}, rules generation {}, region {:?}",
+                        "{name}: peer {:?}, breaker opened {}, failed open {}, slow store {}, owed {}, stalls {}, late leases {}, lease waits {}, rules generation {}, region {:?}",
                         n.node.region().map(|r| r.peer_state()),
                         m.breaker_opened.get(),
+                        m.failed_open.get(),
+                        m.slow_store_decisions.get(),
+                        m.owed_units.get(),
+                        m.store_stalls.get(),
+                        m.late_leases.get(),
+                        m.lease_waits.get(),
                         n.node.rules().generation(),
                         n.node.region().map(|r| r.status()),
                     )

@@ -204,7 +204,13 @@ impl TwoRegions {
                         "{name}: peer {:?}, breaker opened {}, failed open {}, slow store {}, owed {}, stalls {}, late leases {}, lease waits {}, rules generation {}, region {:?}",
                         n.node.region().map(|r| r.peer_state()),
                         m.breaker_opened.get(),
-                        m.failed_open.get(),
+                        n.node
+                            .rules()
+                            .load()
+                            .rules()
+                            .iter()
+                            .map(|r| r.counters.failed_open.get())
+                            .sum::<u64>(),
                         m.slow_store_decisions.get(),
                         m.owed_units.get(),
                         m.store_stalls.get(),

@@ -31,7 +31,29 @@ struct Tally {
     ok: AtomicU64,
     over_limit: AtomicU64,
     unknown: AtomicU64,
+    /// Answers the node made without its store's answer, by how (the node's
+    /// `tollgate-decided-without-store` response header): see [`WITHOUT_STORE`].
+    without_store: [AtomicU64; WITHOUT_STORE.len()],
     statuses: std::sync::Mutex<BTreeMap<String, u64>>,
+}
+
+/// The response header a Tollgate node sets on an answer made without its store's answer,
+/// and the ways it names (other servers never set it).
+const DECIDED_WITHOUT_STORE: &str = "tollgate-decided-without-store";
+const WITHOUT_STORE: [&str; 4] = [
+    "failed-open",
+    "last-answer",
+    "local-fallback",
+    "failed-closed",
+];
+
+impl Tally {
+    fn without_store_total(&self) -> u64 {
+        self.without_store
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 /// Runs `run` on its own runtime and prints the report.
@@ -47,6 +69,9 @@ pub(crate) fn main(run: Run) -> anyhow::Result<()> {
     let report = runtime.block_on(drive(&run))?;
     println!("{}", Report::table_header());
     println!("{}", report.table_row());
+    if let Some(warning) = report.without_store_warning() {
+        eprintln!("{warning}");
+    }
     if let Some(path) = &run.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
     }
@@ -145,6 +170,14 @@ pub(crate) async fn drive(run: &Run) -> anyhow::Result<Report> {
                     tally.sent.fetch_add(1, Ordering::Relaxed);
                     match answer {
                         Ok(r) => {
+                            if let Some(how) = r
+                                .metadata()
+                                .get(DECIDED_WITHOUT_STORE)
+                                .and_then(|v| v.to_str().ok())
+                                && let Some(i) = WITHOUT_STORE.iter().position(|w| *w == how)
+                            {
+                                tally.without_store[i].fetch_add(1, Ordering::Relaxed);
+                            }
                             let code = r.into_inner().overall_code;
                             let counter = if code == Code::Ok as i32 {
                                 &tally.ok
@@ -177,11 +210,12 @@ pub(crate) async fn drive(run: &Run) -> anyhow::Result<Report> {
                 tick.tick().await;
                 let sent = tally.sent.load(Ordering::Relaxed);
                 eprintln!(
-                    "{:>5.1}s {:>9} req/s  ok {}  over {}",
+                    "{:>5.1}s {:>9} req/s  ok {}  over {}  decided without the store {}",
                     measured.elapsed().as_secs_f64(),
                     sent - last,
                     tally.ok.load(Ordering::Relaxed),
-                    tally.over_limit.load(Ordering::Relaxed)
+                    tally.over_limit.load(Ordering::Relaxed),
+                    tally.without_store_total(),
                 );
                 last = sent;
             }
@@ -196,6 +230,12 @@ pub(crate) async fn drive(run: &Run) -> anyhow::Result<Report> {
         .as_secs_f64()
         .min(run.duration.as_secs_f64().max(1e-9));
     let statuses = tally.statuses.lock().expect("statuses").clone();
+    let without_store = WITHOUT_STORE
+        .iter()
+        .zip(&tally.without_store)
+        .map(|(how, n)| ((*how).to_owned(), n.load(Ordering::Relaxed)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
     Ok(Report::new(
         run,
         seconds,
@@ -206,6 +246,7 @@ pub(crate) async fn drive(run: &Run) -> anyhow::Result<Report> {
             ("UNKNOWN", tally.unknown.load(Ordering::Relaxed)),
         ],
         statuses,
+        without_store,
     ))
 }
 

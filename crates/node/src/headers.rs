@@ -15,6 +15,7 @@ use smallvec::SmallVec;
 use tollgate_lease::{Algorithm, Limit};
 
 use crate::rules::{CompiledRule, RuleKind};
+use crate::runtime::outcome::Outcome;
 use crate::runtime::verdict::{RuleStatus, Verdict};
 
 /// A quota as the headers state it.
@@ -199,6 +200,8 @@ struct Shown<'a> {
     remaining: u64,
     t: u64,
     allowed: bool,
+    /// Decided on what the store said (not admitted by an OPEN fail mode without it).
+    known: bool,
 }
 
 /// The headers for a decision. Only ENFORCE rules appear: SHADOW rules show in metrics and
@@ -227,6 +230,7 @@ pub fn write_headers(verdict: &Verdict, mut add: impl FnMut(&'static str, String
             remaining: if s.allowed { s.remaining } else { 0 },
             t: t_of(s),
             allowed: s.allowed,
+            known: s.outcome != Some(Outcome::FailedOpen),
         });
     }
     if let Some(denial) = verdict.denial() {
@@ -257,6 +261,13 @@ pub fn write_headers(verdict: &Verdict, mut add: impl FnMut(&'static str, String
         }
         (policies, String::with_capacity(shown.len() * 40))
     };
+    add("ratelimit-policy", policies);
+    // A rule that admitted without the store knows nothing of what is left: its policy is
+    // shown, never a remaining it does not know.
+    shown.retain(|l| l.known);
+    if shown.is_empty() {
+        return;
+    }
     for (i, l) in shown.iter().enumerate() {
         if i > 0 {
             limits.push_str(", ");
@@ -280,7 +291,6 @@ pub fn write_headers(verdict: &Verdict, mut add: impl FnMut(&'static str, String
     for l in &shown {
         limit_header.push_str(&l.text.x_limit);
     }
-    add("ratelimit-policy", policies);
     add("ratelimit", limits);
     add("x-ratelimit-limit", limit_header);
     add("x-ratelimit-remaining", decisive.remaining.to_string());
@@ -338,6 +348,45 @@ mod tests {
         );
         assert_eq!(get("x-ratelimit-remaining"), Some("0"));
         assert_eq!(get("x-ratelimit-reset"), Some("2"));
+    }
+
+    #[test]
+    fn an_admission_without_the_store_shows_no_remaining_it_does_not_know() {
+        let r = rule(
+            "domain: d\nrules:\n  - {id: w, algorithm: FIXED_WINDOW, limit: 10, window: 60s}\n",
+        );
+        let status = |outcome| RuleStatus {
+            descriptor: 0,
+            also: vec![],
+            limit: r.limit(),
+            rule: r.clone(),
+            allowed: true,
+            remaining: 0,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::ZERO,
+            denial: None,
+            outcome: Some(outcome),
+            on_last_answer: false,
+        };
+        let verdict = |outcome| Verdict {
+            allowed: true,
+            retry_after: Duration::ZERO,
+            statuses: vec![status(outcome)],
+            slots: vec![],
+        };
+        let failed_open = headers(&verdict(Outcome::FailedOpen));
+        assert_eq!(
+            failed_open,
+            vec![("ratelimit-policy", "\"w\";q=10;w=60".to_owned())],
+            "the policy, and nothing said of what is left"
+        );
+        let counted = headers(&verdict(Outcome::Allowed));
+        assert!(
+            counted
+                .iter()
+                .any(|(n, v)| *n == "ratelimit" && v == "\"w\";r=0"),
+            "{counted:?}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use tollgate_proto::tollgate::ratelimit::v1 as api;
 use tonic::transport::Channel;
 
 /// The rule that decided a request, as a client is told about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DecidingRule {
     /// The rule's id (what per-rule settings of the layer are keyed by).
     pub id: String,
@@ -20,6 +20,9 @@ pub struct DecidingRule {
     pub quota: u64,
     /// The window, seconds (None: a concurrency limit).
     pub window: Option<u64>,
+    /// A token bucket's burst and refill rate per second (None: another kind of limit): what
+    /// a denied client hit (the quota is stated as the sustained rate).
+    pub token_bucket: Option<(u64, f64)>,
 }
 
 /// Why a request was denied (the node's own reasons).
@@ -105,6 +108,10 @@ pub fn decision_of(mut verdict: Verdict) -> Decision {
             name: s.rule.name.clone(),
             quota: policy.as_ref().map_or(0, |p| p.quota),
             window: policy.and_then(|p| p.window),
+            token_bucket: s.limit.and_then(|l| {
+                (l.algorithm() == tollgate_lease::Algorithm::TokenBucket)
+                    .then(|| (l.capacity(), l.refill_per_second().unwrap_or(0.0)))
+            }),
         }
     });
     let denial = verdict.denial();
@@ -230,6 +237,7 @@ impl Decide for Remote {
                 name: r.name.clone(),
                 quota: r.quota,
                 window: (r.window_seconds > 0).then_some(r.window_seconds),
+                token_bucket: (r.refill_per_second > 0.0).then_some((r.limit, r.refill_per_second)),
             });
         let denial = if allowed {
             None

@@ -12,8 +12,8 @@ use http_body_util::Full;
 use crate::decide::{DecidingRule, Decision, Denial};
 
 /// How a rule's denials read. `detail` may name `{method}`, `{route}` (the template, else the
-/// path), `{rule}` (its name), `{quota}`, `{window}` (`minute`, `hour`, `30 seconds`...) and
-/// `{retry_after}` (seconds).
+/// path), `{rule}` (its name), `{quota}`, `{window}` (`minute`, `hour`, `30 seconds`...),
+/// `{retry_after}` (seconds), and for a token bucket `{burst}` and `{rate}` (per second).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
     /// The problem type URI.
@@ -126,6 +126,11 @@ fn detail(problem: &Problem, own: bool, decision: &Decision, facts: &RequestFact
         (_, Some(r)) if r.window.is_none() => {
             "{method} {route}: {quota} requests in flight at most ({rule}); retry after {retry_after} s."
         }
+        // A token bucket denies when its burst is spent, long before its sustained rate per
+        // window: say what the client hit.
+        (_, Some(r)) if r.token_bucket.is_some() => {
+            "{method} {route}: burst of {burst} requests used up ({rule} refills {rate} per second); retry after {retry_after} s."
+        }
         _ => problem.detail.as_str(),
     };
     template
@@ -140,6 +145,24 @@ fn detail(problem: &Problem, own: bool, decision: &Decision, facts: &RequestFact
                 .map_or_else(String::new, window_words),
         )
         .replace("{retry_after}", &retry)
+        .replace(
+            "{burst}",
+            &rule
+                .and_then(|r| r.token_bucket)
+                .map_or_else(String::new, |(burst, _)| burst.to_string()),
+        )
+        .replace(
+            "{rate}",
+            &rule
+                .and_then(|r| r.token_bucket)
+                .map_or_else(String::new, |(_, rate)| rate_words(rate)),
+        )
+}
+
+/// A rate in words: `5`, `0.5`, `2.25` (no trailing zeros).
+fn rate_words(rate: f64) -> String {
+    let text = format!("{rate:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
 }
 
 fn problem_json(status: StatusCode, problem: &Problem, detail: String) -> Bytes {

@@ -191,7 +191,9 @@ async fn orders_are_limited_and_answered(base: &str, key: &str) {
             "type": "https://api.example.com/problems/rate-limited",
             "title": "Too Many Requests",
             "status": 429,
-            "detail": "POST /orders/{id}: limit of 60 requests per minute exceeded.",
+            // A token bucket: what the client hit is its burst, not the sustained rate the
+            // policy header states as a quota per minute.
+            "detail": "POST /orders/{id}: burst of 2 requests used up (gold-orders refills 1 per second); retry after 1 s.",
         })
     );
 }

@@ -130,6 +130,33 @@ impl Verdict {
             .min()
     }
 
+    /// Whether the store's answer was missing from this decision, and how it was made
+    /// instead (None: every rule was decided on what the store granted). The most telling
+    /// way wins: `failed-open` (a rule admitted without the store counting it), then
+    /// `last-answer` (a share of the store's last answer while it had stalled), then
+    /// `local-fallback` (a rule's per-node LOCAL share), then `failed-closed`. What a load
+    /// test reads to see whether its figures are the limiter's or its fail modes'.
+    pub fn decided_without_store(&self) -> Option<&'static str> {
+        let mut rank = 0;
+        for s in &self.statuses {
+            let r = match s.outcome {
+                Some(Outcome::FailedOpen) => 4,
+                _ if s.on_last_answer => 3,
+                Some(Outcome::LocalFallback) => 2,
+                Some(Outcome::FailedClosed) => 1,
+                _ => 0,
+            };
+            rank = rank.max(r);
+        }
+        match rank {
+            4 => Some("failed-open"),
+            3 => Some("last-answer"),
+            2 => Some("local-fallback"),
+            1 => Some("failed-closed"),
+            _ => None,
+        }
+    }
+
     /// Why the request was denied (None when admitted): a denial no wait can help
     /// outranks the others.
     pub fn denial(&self) -> Option<Denial> {

@@ -3,7 +3,8 @@
 //! for Envoy to add. A store failure is never an RPC error: each rule's fail mode decides, and
 //! a rule that fails closed answers OVER_LIMIT (with Retry-After and `tollgate-reason:
 //! store-unavailable`), so it denies whatever Envoy's `failure_mode_deny` says. Only a request
-//! Tollgate cannot read is an RPC error (INVALID_ARGUMENT).
+//! Tollgate cannot read is an RPC error (INVALID_ARGUMENT). An answer made without the
+//! store's says so in a response header ([`DECIDED_WITHOUT_STORE`]).
 
 use std::time::Duration;
 
@@ -25,6 +26,12 @@ use tollgate_node::headers::{Policy, status_policy, write_headers};
 use tollgate_node::metrics::{Api, ApiResult};
 use tollgate_node::rules::RuleKind;
 use tollgate_node::runtime::{Descriptor, LimitOverride, Matching, Node, RuleStatus, Verdict};
+
+/// The gRPC response header (metadata, which Envoy ignores) set on an answer the store's
+/// answer was missing from: `failed-open`, `last-answer`, `local-fallback` or `failed-closed`
+/// ([`Verdict::decided_without_store`]). A load generator counts it, so a load test cannot
+/// pass off a limiter deciding by its fail modes as a fast one.
+pub const DECIDED_WITHOUT_STORE: &str = "tollgate-decided-without-store";
 
 /// The service.
 #[derive(Debug, Clone)]
@@ -221,6 +228,13 @@ impl Rls {
         crate::telemetry::record_decision(&request.domain, descriptors, &verdict);
         let result = ApiResult::of(verdict.allowed);
         metrics.answered(result, started.elapsed().as_secs_f64());
-        Ok(Response::new(response))
+        let mut response = Response::new(response);
+        if let Some(how) = verdict.decided_without_store() {
+            response.metadata_mut().insert(
+                DECIDED_WITHOUT_STORE,
+                tonic::metadata::MetadataValue::from_static(how),
+            );
+        }
+        Ok(response)
     }
 }

@@ -40,12 +40,30 @@ pub struct AdminState {
     pub store: RuleStore,
     /// Who may call.
     pub tokens: Tokens,
-    /// The domain of rules that name none (the seed's example body names none).
-    pub default_domain: String,
+    /// The domain of rules that name none (the seed's example body names none); None: the
+    /// node's only domain, and a rule naming none is refused when it enforces several or none.
+    pub default_domain: Option<String>,
     /// How long a client may take to send a request's headers, and then its body.
     pub client_timeout: Duration,
     /// The node whose most-denied keys `GET /admin/v1/top-denied` serves (set once it runs).
     pub node: Option<tollgate_node::runtime::Node>,
+}
+
+impl AdminState {
+    /// The domain a rule naming none goes in: the configured default, else the node's only
+    /// domain (None when it enforces several or none: such a rule is refused).
+    fn default_domain(&self) -> Option<String> {
+        if let Some(d) = &self.default_domain {
+            return Some(d.clone());
+        }
+        let node = self.node.as_ref()?;
+        let rules = node.rules().load();
+        let mut domains = rules.domain_names();
+        match (domains.next(), domains.next()) {
+            (Some(only), None) => Some(only.to_owned()),
+            _ => None,
+        }
+    }
 }
 
 /// Who is calling (set by the auth layer).
@@ -309,9 +327,11 @@ async fn put_rule(
 ) -> Result<Response, Problem> {
     let condition = precondition(&headers)?;
     let doc: RuleDoc = body_json(body, state.client_timeout).await?;
+    let defaulted = doc.domain.is_none();
+    let default_domain = state.default_domain();
     let (rule, written) = state
         .store
-        .put(&id, doc, condition, &caller, &state.default_domain)
+        .put(&id, doc, condition, &caller, default_domain.as_deref())
         .await?;
     let created = written == Written::Created;
     let mut response = rule_response(
@@ -327,8 +347,18 @@ async fn put_rule(
     {
         response.headers_mut().insert(header::LOCATION, location);
     }
+    if defaulted
+        && let Some(note) = default_domain.and_then(|d| {
+            HeaderValue::from_str(&format!("the rule names no domain: {d:?} was used")).ok()
+        })
+    {
+        response.headers_mut().insert(DOMAIN_NOTE, note);
+    }
     Ok(response)
 }
+
+/// The response header that says which domain a rule naming none was put in.
+pub const DOMAIN_NOTE: &str = "tollgate-domain-defaulted";
 
 async fn patch_rule(
     State(state): State<AdminState>,
@@ -347,7 +377,13 @@ async fn patch_rule(
     }
     let rule = state
         .store
-        .patch(&id, &patch, condition, &caller, &state.default_domain)
+        .patch(
+            &id,
+            &patch,
+            condition,
+            &caller,
+            state.default_domain().as_deref(),
+        )
         .await?;
     Ok(rule_response(StatusCode::OK, &rule))
 }

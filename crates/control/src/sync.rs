@@ -74,7 +74,11 @@ impl RuleSync {
                 tracing::info!(revision, "rules loaded from PostgreSQL");
                 return Ok(RulesSource::Postgres);
             }
-            Err(e) => tracing::warn!(error = %e, "PostgreSQL is unreachable at start"),
+            Err(e) => {
+                self.rules
+                    .set_problem(Some(format!("cannot load the rules from PostgreSQL: {e}")));
+                tracing::warn!(error = %e, "PostgreSQL is unreachable at start");
+            }
         }
         if let Some(snapshot) = self.config.snapshot.as_deref().and_then(read_snapshot) {
             let revision = snapshot.revision;
@@ -109,6 +113,7 @@ impl RuleSync {
         let snapshot = self.store.snapshot().await?;
         self.install(&snapshot)?;
         self.rules.set_source("postgres", true);
+        self.rules.set_problem(None);
         self.rules.metrics().rules_staleness_seconds.set(0);
         if let Some(path) = &self.config.snapshot
             && let Err(e) = write_snapshot(path, &snapshot)
@@ -211,6 +216,9 @@ impl RuleSync {
     fn stale(&self, last_sync: &tokio::time::Instant, error: &ControlError) {
         let stale_for = last_sync.elapsed().as_secs() as i64;
         self.rules.metrics().rules_staleness_seconds.set(stale_for);
+        self.rules.set_problem(Some(format!(
+            "cannot refresh the rules from PostgreSQL (enforcing the last set): {error}"
+        )));
         tracing::warn!(error = %error, stale_for, "cannot refresh rules; enforcing the last set");
     }
 }

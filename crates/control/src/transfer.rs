@@ -113,7 +113,9 @@ pub async fn import(
                     if doc.domain.is_none() {
                         doc.domain = domain.clone();
                     }
-                    let (_, written) = store.put(&id, doc, None, actor, default_domain).await?;
+                    let (_, written) = store
+                        .put(&id, doc, None, actor, Some(default_domain))
+                        .await?;
                     summary.changed += usize::from(written != Written::Unchanged);
                     named.insert(id);
                     summary.rules += 1;

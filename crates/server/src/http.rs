@@ -54,6 +54,11 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
         },
         "breaker": node.breaker_state().as_str(),
     });
+    // Why the rules are not what their source holds: why the node is not ready, or what it
+    // rejected while staying ready on its previous set.
+    if let Some(problem) = rules.problem() {
+        body["rulesProblem"] = serde_json::Value::String(problem);
+    }
     if let Some(region) = node.region() {
         let status = region.status();
         body["region"] = serde_json::json!({

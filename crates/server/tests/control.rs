@@ -229,7 +229,7 @@ async fn hostile_input_gets_problem_details_and_writes_nothing() {
     let pg = postgres().await;
     let mut node = Served::with_database(&pg.url(), "", Settings::default()).await;
     let admin = node.admin_port();
-    let valid = r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#;
+    let valid = r#"{"domain":"api","algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#;
     let long = "a".repeat(10 * 1024);
     let cases: Vec<(&str, String, Vec<u8>, u16, &str)> = vec![
         (
@@ -333,7 +333,7 @@ async fn hostile_input_gets_problem_details_and_writes_nothing() {
         (json!("r1"), json!(1))
     );
     // SQL metacharacters in values are stored as data, verbatim.
-    let sneaky = r#"{"match":{"plan":"gold'); DELETE FROM rate_limit_rules; --"},"algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#;
+    let sneaky = r#"{"domain":"api","match":{"plan":"gold'); DELETE FROM rate_limit_rules; --"},"algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#;
     assert_eq!(
         call(admin, "PUT", &rule_path("sneaky"), &[], Some(sneaky))
             .await
@@ -348,7 +348,7 @@ async fn hostile_input_gets_problem_details_and_writes_nothing() {
     let list = get_json(admin, "/admin/v1/rate-limit-rules").await;
     assert_eq!(list["items"].as_array().map(Vec::len), Some(2), "{list}");
     // A regional policy is stored (in its own column) and read back as written.
-    let regional = r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","regional":{"policy":"HOME_REGION","homeRegion":"eu","fallbackShare":0.2}}"#;
+    let regional = r#"{"domain":"api","algorithm":"FIXED_WINDOW","limit":5,"window":"1m","regional":{"policy":"HOME_REGION","homeRegion":"eu","fallbackShare":0.2}}"#;
     assert_eq!(
         call(admin, "PUT", &rule_path("homed"), &[], Some(regional))
             .await
@@ -493,7 +493,7 @@ async fn versions_guard_every_write_and_concurrent_writers_lose_nothing() {
     let pg = postgres().await;
     let mut node = Served::with_database(&pg.url(), "", Settings::default()).await;
     let admin = node.admin_port();
-    let body = r#"{"algorithm":"FIXED_WINDOW","limit":1,"window":"1m"}"#;
+    let body = r#"{"domain":"api","algorithm":"FIXED_WINDOW","limit":1,"window":"1m"}"#;
     assert_eq!(
         call(
             admin,
@@ -585,6 +585,7 @@ async fn tokens_authenticate_and_read_only_tokens_cannot_write() {
     let settings = Settings {
         admin_tokens: Some(vec!["alice:w-secret".into()]),
         admin_read_tokens: Some(vec!["dash:r-secret".into()]),
+        default_domain: Some("public-api".into()),
         ..Settings::default()
     };
     let mut node = Served::with_database(&pg.url(), "", settings).await;
@@ -860,7 +861,7 @@ async fn polling_alone_propagates_changes() {
         ..Settings::default()
     };
     let mut node = Served::with_database(&pg.url(), "", settings).await;
-    let body = r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#;
+    let body = r#"{"domain":"api","algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#;
     assert_eq!(
         call(
             node.admin_port(),

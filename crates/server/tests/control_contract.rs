@@ -466,6 +466,12 @@ async fn a_node_that_cannot_load_its_rules_is_not_ready_and_says_why() {
     }
     let ready = ready.expect("the node answers /readyz");
     assert_eq!(ready.status, 503, "{ready:?}");
+    assert!(
+        ready.body.contains("rulesProblem")
+            && ready.body.contains("database \\\"nope\\\" does not exist"),
+        "/readyz says why: {}",
+        ready.body
+    );
     let _ = child.kill();
     let _ = child.wait();
     let _ = reader.join();
@@ -503,4 +509,77 @@ async fn a_node_that_cannot_load_its_rules_is_not_ready_and_says_why() {
         stderr.to_lowercase().contains("connection refused"),
         "{stderr}"
     );
+}
+
+/// A rule that names no domain goes in the node's only domain, and the answer says so; a node
+/// enforcing several domains refuses it, naming the field (such a rule used to land in a
+/// domain "default" that no request names, and never matched).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_naming_no_domain_goes_in_the_only_domain_or_is_refused() {
+    const NO_DOMAIN: &str =
+        r#"{"match": {"api_key": "*"}, "algorithm": "FIXED_WINDOW", "limit": 2, "window": "1h"}"#;
+    let json = [("content-type", "application/json")];
+    let pg = postgres().await;
+    let mut one = Served::with_database(
+        &pg.url(),
+        "domain: public-api\nrules:\n  - {id: from-file, match: {plan: '*'}, algorithm: FIXED_WINDOW, limit: 5, window: 1m}\n",
+        Settings::default(),
+    )
+    .await;
+    let created = call(
+        one.admin_port(),
+        "PUT",
+        &rule_path("no-domain"),
+        &json,
+        Some(NO_DOMAIN),
+    )
+    .await;
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(json_of(&created)["domain"], json!("public-api"));
+    assert!(
+        created
+            .header("tollgate-domain-defaulted")
+            .is_some_and(|v| v.contains("public-api")),
+        "{created:?}"
+    );
+    one.stop().await;
+
+    let pg = postgres().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files: Vec<_> = ["public-api", "internal"]
+        .iter()
+        .map(|domain| {
+            let file = dir.path().join(format!("{domain}.yaml"));
+            std::fs::write(
+                &file,
+                format!("domain: {domain}\nrules:\n  - {{id: {domain}-plans, match: {{plan: '*'}}, algorithm: FIXED_WINDOW, limit: 5, window: 1m}}\n"),
+            )
+            .expect("write");
+            file
+        })
+        .collect();
+    let mut two = Served::with_database(
+        &pg.url(),
+        "",
+        Settings {
+            rules: Some(files),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let refused = call(
+        two.admin_port(),
+        "PUT",
+        &rule_path("no-domain"),
+        &json,
+        Some(NO_DOMAIN),
+    )
+    .await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    let problem = json_of(&refused);
+    assert!(
+        problem.to_string().contains("domain") && problem.to_string().contains("is required"),
+        "{problem}"
+    );
+    two.stop().await;
 }

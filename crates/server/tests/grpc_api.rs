@@ -556,5 +556,32 @@ async fn rule_files_reload_when_changed_and_an_invalid_change_is_rejected_whole(
         Some(7),
         "the old set stays"
     );
+    // The node stays ready on its previous set, and /readyz says what it rejected and where.
+    let (status, body) = served.get("/readyz").await;
+    assert_eq!(status, 200, "{body}");
+    let ready: serde_json::Value = serde_json::from_str(&body).expect("json");
+    let problem = ready["rulesProblem"].as_str().unwrap_or_default();
+    assert!(
+        problem.contains("rejected the changed rule files") && problem.contains("fortnight"),
+        "{body}"
+    );
+    std::fs::write(
+        &served.rules_file,
+        ENVOY_RULES.replace("requests_per_unit: 3", "requests_per_unit: 9"),
+    )
+    .expect("write");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = served.get("/readyz").await;
+        let ready: serde_json::Value = serde_json::from_str(&body).expect("json");
+        if ready.get("rulesProblem").is_none() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a good change clears the problem: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     served.stop().await;
 }

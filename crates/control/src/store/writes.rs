@@ -43,7 +43,7 @@ impl RuleStore {
         doc: RuleDoc,
         condition: Option<Precondition>,
         actor: &str,
-        default_domain: &str,
+        default_domain: Option<&str>,
     ) -> Result<(StoredRule, Written), ControlError> {
         let doc = as_written(id, doc, default_domain)?;
         let mut client = self.pool.get().await?;
@@ -67,7 +67,7 @@ impl RuleStore {
         patch: &Value,
         condition: Option<Precondition>,
         actor: &str,
-        default_domain: &str,
+        default_domain: Option<&str>,
     ) -> Result<StoredRule, ControlError> {
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
@@ -182,7 +182,11 @@ impl RuleStore {
 /// out. Nothing is derived here (not `per` from `match`, nor durations rewritten): a later
 /// PATCH of `match` must not leave behind a `per` nobody wrote, and an export gives back what
 /// was written. Derived values are derived when the rule is compiled.
-fn as_written(id: &str, mut doc: RuleDoc, default_domain: &str) -> Result<RuleDoc, ControlError> {
+fn as_written(
+    id: &str,
+    mut doc: RuleDoc,
+    default_domain: Option<&str>,
+) -> Result<RuleDoc, ControlError> {
     match &doc.id {
         Some(given) if given != id => {
             return Err(ControlError::Invalid(FieldError {
@@ -192,9 +196,20 @@ fn as_written(id: &str, mut doc: RuleDoc, default_domain: &str) -> Result<RuleDo
         }
         _ => doc.id = Some(id.to_owned()),
     }
-    doc.validate(Some(default_domain), format!("rule {id}"))
+    // Every other field first (a stand-in where the domain is missing), then the domain.
+    doc.validate(Some(default_domain.unwrap_or("-")), format!("rule {id}"))
         .map_err(ControlError::Invalid)?;
-    doc.domain.get_or_insert_with(|| default_domain.to_owned());
+    if doc.domain.is_none() && default_domain.is_none() {
+        return Err(ControlError::Invalid(FieldError {
+            field: "domain".into(),
+            reason: "is required: name the domain whose requests the rule limits (a node started \
+                     with --default-domain, or enforcing a single domain, fills it in)"
+                .into(),
+        }));
+    }
+    if let Some(domain) = default_domain {
+        doc.domain.get_or_insert_with(|| domain.to_owned());
+    }
     doc.mode.get_or_insert_with(|| "ENFORCE".into());
     doc.fail_mode.get_or_insert_with(|| "OPEN".into());
     Ok(doc)

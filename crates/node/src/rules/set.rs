@@ -244,6 +244,11 @@ impl RuleSet {
         &self.rules
     }
 
+    /// The domains its rules apply to.
+    pub fn domain_names(&self) -> impl Iterator<Item = &str> {
+        self.domains.keys().map(String::as_str)
+    }
+
     /// Whether any rule applies to `domain`.
     pub fn has_domain(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)

@@ -27,6 +27,9 @@ pub struct ActiveRules {
     /// Whether the active set came from where it should (files, or the rule store or its
     /// snapshot); false before any, and while files stand in for a rule store never reached.
     loaded: std::sync::atomic::AtomicBool,
+    /// Why the rules are not what their source holds right now (their source unreachable, a
+    /// change to them rejected), in words for `/readyz`; None when they are.
+    problem: parking_lot::Mutex<Option<String>>,
     /// Bumped by every swap, including recompiles for a new regional view.
     generation: AtomicU64,
     /// The rules last installed and their version, kept to recompile for a new view.
@@ -51,6 +54,7 @@ impl ActiveRules {
             metrics,
             source: parking_lot::Mutex::new("files"),
             loaded: std::sync::atomic::AtomicBool::new(false),
+            problem: parking_lot::Mutex::new(None),
             generation: AtomicU64::new(0),
             installed: parking_lot::Mutex::new(None),
             region: parking_lot::Mutex::new(None),
@@ -113,6 +117,17 @@ impl ActiveRules {
     pub fn set_source(&self, source: &'static str, loaded: bool) {
         *self.source.lock() = source;
         self.loaded.store(loaded, Ordering::Release);
+    }
+
+    /// Records why the rules are not what their source holds (None: they are again).
+    pub fn set_problem(&self, problem: Option<String>) {
+        *self.problem.lock() = problem;
+    }
+
+    /// Why the rules are not what their source holds right now, if they are not: their
+    /// source unreachable, or a change to them rejected (the previous set stays active).
+    pub fn problem(&self) -> Option<String> {
+        self.problem.lock().clone()
     }
 
     /// Whether the node has its rules: loaded from their source, not a stand-in. A node that
@@ -212,9 +227,15 @@ pub async fn watch(
         }
         seen = now;
         match rules.install_files(&paths) {
-            Ok(version) => tracing::info!(version, "rules reloaded"),
+            Ok(version) => {
+                rules.set_problem(None);
+                tracing::info!(version, "rules reloaded");
+            }
             Err(e) => {
                 rules.metrics.rules_reload_errors.inc();
+                rules.set_problem(Some(format!(
+                    "rejected the changed rule files, the previous set stays active: {e}"
+                )));
                 tracing::error!(error = %e, "rejected the changed rules; the previous set stays active");
             }
         }

@@ -21,8 +21,8 @@ pub struct ControlConfig {
     pub admin_read_tokens: Vec<String>,
     /// How long a client may take to send a request's headers, and its body.
     pub admin_client_timeout: Duration,
-    /// Domain of rules that name none.
-    pub default_domain: String,
+    /// Domain of rules that name none (None: the node's only domain).
+    pub default_domain: Option<String>,
     /// Revision poll interval.
     pub poll: Duration,
     /// LISTEN/NOTIFY on.
@@ -53,8 +53,7 @@ pub(super) fn parse(s: &Settings) -> Result<Option<ControlConfig>, ConfigError> 
         Some(d) if d.is_empty() || d.len() > 64 => {
             return Err(bad("default_domain", "must be 1 to 64 characters"));
         }
-        Some(d) => d.clone(),
-        None => defaults::DEFAULT_DOMAIN.into(),
+        other => other.clone(),
     };
     Ok(Some(ControlConfig {
         database_url: database_url.clone(),

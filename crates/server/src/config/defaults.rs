@@ -82,7 +82,8 @@ pub const TOP_DENIED_IDENTITIES: &str = "truncated";
 pub const ADMIN_LISTEN: SocketAddr = any_address(8082);
 /// `admin_client_timeout_ms`.
 pub const ADMIN_CLIENT_TIMEOUT: Duration = Duration::from_millis(10_000);
-/// `default_domain`, and `tollgate rules import --default-domain`.
+/// `tollgate rules import --default-domain` (the node's `default_domain` has none: its only
+/// domain).
 pub const DEFAULT_DOMAIN: &str = "default";
 /// `rules_poll_ms`.
 pub const RULES_POLL: Duration = Duration::from_millis(2000);

@@ -15,6 +15,11 @@ pub async fn migrate(client: &mut Client) -> Result<usize, tokio_postgres::Error
     let tx = client.transaction().await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&LOCK])
         .await?;
+    // `IF NOT EXISTS` on a schema that exists makes PostgreSQL send a NOTICE ("relation …
+    // already exists, skipping"), which the client logs on every import and export: this
+    // transaction hears warnings and worse only.
+    tx.batch_execute("SET LOCAL client_min_messages = warning")
+        .await?;
     tx.batch_execute(
         "CREATE TABLE IF NOT EXISTS tollgate_schema_migrations (
              version INTEGER PRIMARY KEY,

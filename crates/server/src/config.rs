@@ -58,7 +58,7 @@ pub struct Cli {
 /// Commands besides running a node.
 #[derive(Debug, clap::Subcommand)]
 pub enum Command {
-    /// Move rule sets between files and PostgreSQL.
+    /// Validate rule files, and move rule sets between files and PostgreSQL.
     Rules {
         /// What to do.
         #[command(subcommand)]

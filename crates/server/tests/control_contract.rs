@@ -583,3 +583,41 @@ async fn a_rule_naming_no_domain_goes_in_the_only_domain_or_is_refused() {
     );
     two.stop().await;
 }
+
+/// Imports and exports on a database whose schema exists log no PostgreSQL NOTICE ("relation
+/// … already exists, skipping" used to be logged by every one of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn imports_and_exports_log_no_notices() {
+    let pg = postgres().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("rules.yaml");
+    std::fs::write(
+        &rules,
+        "domain: d\nrules:\n  - {id: r, match: {plan: '*'}, algorithm: FIXED_WINDOW, limit: 5, window: 1m}\n",
+    )
+    .expect("write");
+    for round in 0..2 {
+        let mut import = tollgate();
+        import
+            .env("RUST_LOG", "info")
+            .args(["rules", "import", "--database-url", &pg.url()])
+            .arg(&rules);
+        let (code, stderr) = run(import).await;
+        assert_eq!(code, Some(0), "import {round}: {stderr}");
+        assert!(
+            !stderr.contains("already exists") && !stderr.contains("NOTICE"),
+            "import {round}: {stderr}"
+        );
+        let mut export = tollgate();
+        export
+            .env("RUST_LOG", "info")
+            .args(["rules", "export", "--database-url", &pg.url(), "--out"])
+            .arg(dir.path().join(format!("export-{round}")));
+        let (code, stderr) = run(export).await;
+        assert_eq!(code, Some(0), "export {round}: {stderr}");
+        assert!(
+            !stderr.contains("already exists") && !stderr.contains("NOTICE"),
+            "export {round}: {stderr}"
+        );
+    }
+}

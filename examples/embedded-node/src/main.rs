@@ -1,6 +1,7 @@
 //! A gateway linking `tollgate-node` and deciding requests in-process.
 //!
-//! `cargo run -p tollgate-node --example embedded`
+//! `cargo run --release -p embedded-node` (its own package: building it changes no feature of
+//! what the node binary built, so it rebuilds nothing but itself).
 
 use tollgate_node::{Decision, NodeBuilder, Request};
 

@@ -430,7 +430,6 @@ mod tests {
                 "admin-client-timeout-ms",
                 ms(defaults::ADMIN_CLIENT_TIMEOUT),
             ),
-            ("default-domain", defaults::DEFAULT_DOMAIN.to_owned()),
             ("rules-poll-ms", ms(defaults::RULES_POLL)),
             ("rules-listen", defaults::RULES_LISTEN.to_string()),
             ("rules-snapshot", defaults::RULES_SNAPSHOT.to_owned()),

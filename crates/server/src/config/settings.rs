@@ -149,8 +149,8 @@ pub struct Settings {
     /// How long an admin client may take to send a request's headers, and then its body, ms
     #[arg(long, env = "TOLLGATE_ADMIN_CLIENT_TIMEOUT_MS", shown_default = defaults::ADMIN_CLIENT_TIMEOUT.as_millis())]
     pub admin_client_timeout_ms: Option<u64>,
-    /// Domain of admin-API rules that name none [default: the node's only domain; such a rule
-    /// is refused while the node enforces several]
+    /// Domain of admin-API rules that name none (unset: the node's only domain; such a rule is
+    /// refused while the node enforces several)
     #[arg(long, env = "TOLLGATE_DEFAULT_DOMAIN")]
     pub default_domain: Option<String>,
     /// How often the rule store's revision is polled, ms

@@ -2,7 +2,8 @@
 //! load generator counts the answers a Tollgate node made without its store (the node's
 //! `tollgate-decided-without-store` response header), shows them in its table and JSON, and
 //! warns. A node whose Redis nobody listens on fails every decision open; a node on its
-//! in-memory store decides every one on the store.
+//! in-memory store decides every one on the store, from its first request (nothing is
+//! warmed up: the runs measure from the start).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -45,7 +46,7 @@ async fn load(target: SocketAddr, dir: &Path) -> Run {
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tollgate-loadgen"))
         .args(["run", "--target", &format!("http://{target}")])
         .args(["--connections", "1", "--streams", "4", "--threads", "1"])
-        .args(["--duration", "1s", "--warmup", "200ms", "--quiet", "--json"])
+        .args(["--duration", "1s", "--warmup", "0s", "--quiet", "--json"])
         .arg(&json)
         .output()
         .await

@@ -516,24 +516,41 @@ async fn a_node_that_cannot_load_its_rules_is_not_ready_and_says_why() {
 /// domain "default" that no request names, and never matched).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rule_naming_no_domain_goes_in_the_only_domain_or_is_refused() {
-    const NO_DOMAIN: &str =
-        r#"{"match": {"api_key": "*"}, "algorithm": "FIXED_WINDOW", "limit": 2, "window": "1h"}"#;
-    let json = [("content-type", "application/json")];
-    let pg = postgres().await;
-    let mut one = Served::with_database(
-        &pg.url(),
-        "domain: public-api\nrules:\n  - {id: from-file, match: {plan: '*'}, algorithm: FIXED_WINDOW, limit: 5, window: 1m}\n",
-        Settings::default(),
-    )
-    .await;
-    let created = call(
-        one.admin_port(),
-        "PUT",
-        &rule_path("no-domain"),
-        &json,
-        Some(NO_DOMAIN),
-    )
-    .await;
+    /// A node whose rule files enforce `domains`, on a database of its own; then a PUT of a
+    /// rule naming no domain.
+    async fn put_without_domain(domains: &[&str]) -> tollgate_testkit::http::Response {
+        let pg = postgres().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let files = domains
+            .iter()
+            .map(|domain| {
+                let file = dir.path().join(format!("{domain}.yaml"));
+                std::fs::write(
+                    &file,
+                    format!("domain: {domain}\nrules:\n  - {{id: {domain}-plans, match: {{plan: '*'}}, algorithm: FIXED_WINDOW, limit: 5, window: 1m}}\n"),
+                )
+                .expect("write");
+                file
+            })
+            .collect();
+        let settings = Settings {
+            rules: Some(files),
+            ..Settings::default()
+        };
+        let mut node = Served::with_database(&pg.url(), "", settings).await;
+        let answer = call(
+            node.admin_port(),
+            "PUT",
+            &rule_path("no-domain"),
+            &[("content-type", "application/json")],
+            Some(r#"{"match": {"api_key": "*"}, "algorithm": "FIXED_WINDOW", "limit": 2, "window": "1h"}"#),
+        )
+        .await;
+        node.stop().await;
+        answer
+    }
+
+    let created = put_without_domain(&["public-api"]).await;
     assert_eq!(created.status, 201, "{created:?}");
     assert_eq!(json_of(&created)["domain"], json!("public-api"));
     assert!(
@@ -542,46 +559,14 @@ async fn a_rule_naming_no_domain_goes_in_the_only_domain_or_is_refused() {
             .is_some_and(|v| v.contains("public-api")),
         "{created:?}"
     );
-    one.stop().await;
 
-    let pg = postgres().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let files: Vec<_> = ["public-api", "internal"]
-        .iter()
-        .map(|domain| {
-            let file = dir.path().join(format!("{domain}.yaml"));
-            std::fs::write(
-                &file,
-                format!("domain: {domain}\nrules:\n  - {{id: {domain}-plans, match: {{plan: '*'}}, algorithm: FIXED_WINDOW, limit: 5, window: 1m}}\n"),
-            )
-            .expect("write");
-            file
-        })
-        .collect();
-    let mut two = Served::with_database(
-        &pg.url(),
-        "",
-        Settings {
-            rules: Some(files),
-            ..Settings::default()
-        },
-    )
-    .await;
-    let refused = call(
-        two.admin_port(),
-        "PUT",
-        &rule_path("no-domain"),
-        &json,
-        Some(NO_DOMAIN),
-    )
-    .await;
+    let refused = put_without_domain(&["public-api", "internal"]).await;
     assert_eq!(refused.status, 400, "{refused:?}");
     let problem = json_of(&refused);
     assert!(
         problem.to_string().contains("domain") && problem.to_string().contains("is required"),
         "{problem}"
     );
-    two.stop().await;
 }
 
 /// Imports and exports on a database whose schema exists log no PostgreSQL NOTICE ("relation
@@ -596,28 +581,23 @@ async fn imports_and_exports_log_no_notices() {
         "domain: d\nrules:\n  - {id: r, match: {plan: '*'}, algorithm: FIXED_WINDOW, limit: 5, window: 1m}\n",
     )
     .expect("write");
+    let out = dir.path().join("export");
     for round in 0..2 {
-        let mut import = tollgate();
-        import
-            .env("RUST_LOG", "info")
-            .args(["rules", "import", "--database-url", &pg.url()])
-            .arg(&rules);
-        let (code, stderr) = run(import).await;
-        assert_eq!(code, Some(0), "import {round}: {stderr}");
-        assert!(
-            !stderr.contains("already exists") && !stderr.contains("NOTICE"),
-            "import {round}: {stderr}"
-        );
-        let mut export = tollgate();
-        export
-            .env("RUST_LOG", "info")
-            .args(["rules", "export", "--database-url", &pg.url(), "--out"])
-            .arg(dir.path().join(format!("export-{round}")));
-        let (code, stderr) = run(export).await;
-        assert_eq!(code, Some(0), "export {round}: {stderr}");
-        assert!(
-            !stderr.contains("already exists") && !stderr.contains("NOTICE"),
-            "export {round}: {stderr}"
-        );
+        for (command, rest) in [
+            ("import", vec![rules.as_os_str()]),
+            ("export", vec!["--out".as_ref(), out.as_os_str()]),
+        ] {
+            let mut rules_command = tollgate();
+            rules_command
+                .env("RUST_LOG", "info")
+                .args(["rules", command, "--database-url", &pg.url()])
+                .args(&rest);
+            let (code, stderr) = run(rules_command).await;
+            assert_eq!(code, Some(0), "{command:?}, round {round}: {stderr}");
+            assert!(
+                !stderr.contains("already exists") && !stderr.contains("NOTICE"),
+                "{command:?}, round {round}: {stderr}"
+            );
+        }
     }
 }

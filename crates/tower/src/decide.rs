@@ -108,10 +108,7 @@ pub fn decision_of(mut verdict: Verdict) -> Decision {
             name: s.rule.name.clone(),
             quota: policy.as_ref().map_or(0, |p| p.quota),
             window: policy.and_then(|p| p.window),
-            token_bucket: s.limit.and_then(|l| {
-                (l.algorithm() == tollgate_lease::Algorithm::TokenBucket)
-                    .then(|| (l.capacity(), l.refill_per_second().unwrap_or(0.0)))
-            }),
+            token_bucket: s.token_bucket(),
         }
     });
     let denial = verdict.denial();

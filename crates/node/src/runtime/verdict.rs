@@ -59,6 +59,15 @@ impl RuleStatus {
         self.outcome.is_some() && self.rule.mode == Mode::Enforce
     }
 
+    /// A token bucket's burst and refill rate per second (None for any other limit): what a
+    /// denied client hit, where its policy states the sustained rate.
+    pub fn token_bucket(&self) -> Option<(u64, f64)> {
+        let limit = self
+            .limit
+            .filter(|l| l.algorithm() == Algorithm::TokenBucket)?;
+        Some((limit.capacity(), limit.refill_per_second()?))
+    }
+
     /// Whether it denied the request (an ENFORCE rule that did not admit).
     pub fn denies(&self) -> bool {
         self.shown() && !self.allowed
@@ -137,23 +146,17 @@ impl Verdict {
     /// `local-fallback` (a rule's per-node LOCAL share), then `failed-closed`. What a load
     /// test reads to see whether its figures are the limiter's or its fail modes'.
     pub fn decided_without_store(&self) -> Option<&'static str> {
-        let mut rank = 0;
-        for s in &self.statuses {
-            let r = match s.outcome {
-                Some(Outcome::FailedOpen) => 4,
-                _ if s.on_last_answer => 3,
-                Some(Outcome::LocalFallback) => 2,
-                Some(Outcome::FailedClosed) => 1,
-                _ => 0,
-            };
-            rank = rank.max(r);
-        }
-        match rank {
-            4 => Some("failed-open"),
-            3 => Some("last-answer"),
-            2 => Some("local-fallback"),
-            1 => Some("failed-closed"),
-            _ => None,
+        let any = |way: fn(&RuleStatus) -> bool| self.statuses.iter().any(way);
+        if any(|s| s.outcome == Some(Outcome::FailedOpen)) {
+            Some("failed-open")
+        } else if any(|s| s.on_last_answer) {
+            Some("last-answer")
+        } else if any(|s| s.outcome == Some(Outcome::LocalFallback)) {
+            Some("local-fallback")
+        } else if any(|s| s.outcome == Some(Outcome::FailedClosed)) {
+            Some("failed-closed")
+        } else {
+            None
         }
     }
 

@@ -46,14 +46,6 @@ fn reason(denial: Option<Denial>) -> i32 {
     }) as i32
 }
 
-/// A token bucket's refill rate (None for any other limit).
-fn token_bucket_rate(status: &tollgate_node::runtime::RuleStatus) -> Option<f64> {
-    status
-        .limit
-        .filter(|l| l.algorithm() == tollgate_lease::Algorithm::TokenBucket)
-        .and_then(|l| l.refill_per_second())
-}
-
 fn decision(allowed: bool) -> i32 {
     (if allowed {
         Decision::Allow
@@ -168,7 +160,7 @@ impl Check {
                         .unwrap_or_default(),
                     quota: policy.as_ref().map_or(0, |p| p.quota),
                     window_seconds: policy.as_ref().and_then(|p| p.window).unwrap_or(0),
-                    refill_per_second: token_bucket_rate(s).unwrap_or(0.0),
+                    refill_per_second: s.token_bucket().map_or(0.0, |(_, rate)| rate),
                 }
             })
             .collect();

@@ -323,15 +323,17 @@ fn info_field(server: &RedisServer, section: &str, field: &str) -> u64 {
         .unwrap_or_else(|| panic!("{field} in INFO {section}"))
 }
 
-/// Redis as `docs/memory-bounds.md` asks for it (`maxmemory-policy volatile-lru`: every key
+/// Redis as `docs/memory-bounds.md` asks for it (`maxmemory-policy volatile-lfu`: every key
 /// Tollgate writes has a TTL) cannot be filled by a flood of new keys: at its `maxmemory` it
-/// evicts the keys used least recently (the flood's, each used once), every check is still
-/// answered, a key in use keeps its count through the flood, and a new key under another rule
-/// is decided by the store.
+/// evicts the keys used least often (the flood's, each used once), every check is still
+/// answered, a key in use (here once per 100 new keys) keeps its count through the flood, and
+/// a new key under another rule is decided by the store. Under `volatile-lru` the key in use
+/// lost its count in 6 of 8 runs: Redis's LRU clock counts whole seconds, so a key used in
+/// the same second as the flood's is as old as theirs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_at_its_maxmemory_with_volatile_lru_evicts_the_flood_and_keeps_deciding() {
+async fn a_redis_at_its_maxmemory_with_volatile_lfu_evicts_the_flood_and_keeps_deciding() {
     let server = tokio::task::spawn_blocking(|| {
-        RedisServer::start_with(&["--maxmemory-policy", "volatile-lru"])
+        RedisServer::start_with(&["--maxmemory-policy", "volatile-lfu"])
     })
     .await
     .expect("join")
@@ -375,7 +377,7 @@ async fn a_redis_at_its_maxmemory_with_volatile_lru_evicts_the_flood_and_keeps_d
             .check(&check1(&key, hour, 1))
             .await
             .unwrap_or_else(|e| panic!("flood key {i}: {e}"));
-        if i % 1_000 == 0 {
+        if i % 100 == 0 {
             use_steady().await;
         }
     }

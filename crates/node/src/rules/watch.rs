@@ -30,6 +30,9 @@ pub struct ActiveRules {
     /// Why the rules are not what their source holds right now (their source unreachable, a
     /// change to them rejected), in words for `/readyz`; None when they are.
     problem: parking_lot::Mutex<Option<String>>,
+    /// The rule files as they were read for the set last installed from them (what the
+    /// watcher compares against: a change made before it first looks is still a change).
+    files_seen: parking_lot::Mutex<Vec<Seen>>,
     /// Bumped by every swap, including recompiles for a new regional view.
     generation: AtomicU64,
     /// The rules last installed and their version, kept to recompile for a new view.
@@ -55,6 +58,7 @@ impl ActiveRules {
             source: parking_lot::Mutex::new("files"),
             loaded: std::sync::atomic::AtomicBool::new(false),
             problem: parking_lot::Mutex::new(None),
+            files_seen: parking_lot::Mutex::new(vec![]),
             generation: AtomicU64::new(0),
             installed: parking_lot::Mutex::new(None),
             region: parking_lot::Mutex::new(None),
@@ -173,12 +177,16 @@ impl ActiveRules {
 
     /// Loads every file under `paths` and installs the result.
     pub fn install_files(&self, paths: &[PathBuf]) -> Result<u64, RulesError> {
+        // Seen before they are read: a change while they are read shows at the next look.
+        let seen = fingerprint(paths);
         let loaded = source::load(paths)?;
-        self.install(&loaded).map_err(|message| RulesError {
+        let version = self.install(&loaded).map_err(|message| RulesError {
             file: paths.first().cloned().unwrap_or_default(),
             line: None,
             message,
-        })
+        })?;
+        *self.files_seen.lock() = seen;
+        Ok(version)
     }
 }
 
@@ -212,7 +220,9 @@ pub async fn watch(
     interval: Duration,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let mut seen = fingerprint(&paths);
+    // From the files as the active set was read from them, not as they are when this task
+    // first runs: a change made in between would otherwise never be loaded.
+    let mut seen = rules.files_seen.lock().clone();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(stop);
@@ -239,5 +249,51 @@ pub async fn watch(
                 tracing::error!(error = %e, "rejected the changed rules; the previous set stays active");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULES: &str = "domain: d\nrules:\n  - {id: r, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: LIMIT, window: 1m}\n";
+
+    fn limit_of(rules: &ActiveRules) -> Option<u64> {
+        rules.load().rules()[0].limit().map(|l| l.capacity())
+    }
+
+    /// A node installs its rule files, then starts watching them: a change made in between
+    /// (the watcher's task had not run yet) is loaded, not taken for the state already
+    /// installed.
+    #[tokio::test]
+    async fn a_change_before_the_watcher_first_looks_is_loaded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("rules.yaml");
+        std::fs::write(&file, RULES.replace("LIMIT", "3")).expect("write");
+        let rules = ActiveRules::new(Metrics::new());
+        rules
+            .install_files(std::slice::from_ref(&file))
+            .expect("installs");
+        assert_eq!(limit_of(&rules), Some(3));
+        std::fs::write(&file, RULES.replace("LIMIT", "7")).expect("write");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let watcher = tokio::spawn(watch(
+            vec![file],
+            rules.clone(),
+            Duration::from_millis(10),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while limit_of(&rules) != Some(7) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the change was never loaded"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(());
+        watcher.await.expect("watcher");
     }
 }

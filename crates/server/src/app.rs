@@ -371,9 +371,16 @@ impl App {
                 stopped(stop_rx.clone()),
             ))
         });
+        let json_check = self.config.json_check.then(|| {
+            crate::json_check::JsonCheck::new(
+                crate::grpc::rls::Rls::new(self.node.clone()),
+                self.config.json_check_token.clone(),
+            )
+        });
         let http = tokio::spawn(crate::http::serve(
             self.node.clone(),
             self.config.top_denied_token.clone(),
+            json_check,
             self.http,
             self.tls.as_ref().map(|t| t.http.clone()),
             stopped(stop_rx.clone()),

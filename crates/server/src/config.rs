@@ -141,6 +141,10 @@ pub struct Config {
     pub tls: Option<TlsSettings>,
     /// The bearer token `/top-denied` on the HTTP port requires (None: not served there).
     pub top_denied_token: Option<String>,
+    /// Whether the HTTP port serves `POST /json`.
+    pub json_check: bool,
+    /// The bearer token `POST /json` requires (None: anyone who reaches the port).
+    pub json_check_token: Option<String>,
 }
 
 /// The CPUs this process may use: its CPU affinity and its cgroup's CPU quota (a Kubernetes
@@ -201,6 +205,8 @@ impl TryFrom<Settings> for Config {
             region,
             tls,
             top_denied_token: access.top_denied_token,
+            json_check: access.json_check,
+            json_check_token: access.json_check_token,
         })
     }
 }
@@ -425,6 +431,7 @@ mod tests {
                 "descriptor-overrides",
                 defaults::DESCRIPTOR_OVERRIDES.to_owned(),
             ),
+            ("json-check", defaults::JSON_CHECK.to_string()),
             ("admin-listen", defaults::ADMIN_LISTEN.to_string()),
             (
                 "admin-client-timeout-ms",

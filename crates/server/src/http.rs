@@ -1,17 +1,20 @@
 //! The small HTTP port: `/healthz` (the process is up), `/readyz` (the node can answer: rules
 //! loaded; store health is in the body, never a reason to be unready), Prometheus `/metrics`
 //! and, to a bearer token only, `/top-denied` (the 20 most-denied keys, overall and per rule, as
-//! JSON). This port is open to whoever scrapes and probes (the whole monitoring namespace in
+//! JSON), and `POST /json`, a decision you can curl (`json_check.rs`). This port is open to
+//! whoever scrapes and probes (the whole monitoring namespace in
 //! the shipped NetworkPolicy): identities, which may be API keys, are not served on it without
 //! a token.
 
 use std::future::Future;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use tokio::net::TcpListener;
 
 use std::sync::Arc;
@@ -19,6 +22,7 @@ use tollgate_node::runtime::breaker::BreakerState;
 
 use subtle::ConstantTimeEq;
 
+use crate::json_check::JsonCheck;
 use tollgate_control::problem::Problem;
 use tollgate_node::runtime::{Node, WarmUp};
 
@@ -136,10 +140,24 @@ async fn top_denied(
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// The router; `/top-denied` wants `top_denied_token` (None: not served here).
-pub fn router(node: Node, top_denied_token: Option<String>) -> Router {
+/// The router; `/top-denied` wants `top_denied_token` (None: not served here); `POST /json`
+/// is served when `json_check` is given.
+pub fn router(
+    node: Node,
+    top_denied_token: Option<String>,
+    json_check: Option<JsonCheck>,
+) -> Router {
     let token: Option<Arc<str>> = top_denied_token.map(Into::into);
-    Router::new()
+    let router = match json_check {
+        Some(check) => Router::new().route(
+            "/json",
+            post(move |headers: HeaderMap, body: Bytes| async move {
+                check.answer(&headers, body).await
+            }),
+        ),
+        None => Router::new(),
+    };
+    router
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -181,11 +199,12 @@ pub async fn serve_probes(
 pub async fn serve(
     node: Node,
     top_denied_token: Option<String>,
+    json_check: Option<JsonCheck>,
     listener: TcpListener,
     tls: Option<crate::tls::Acceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let router = router(node, top_denied_token);
+    let router = router(node, top_denied_token, json_check);
     match tls {
         None => {
             axum::serve(listener, router)

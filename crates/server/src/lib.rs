@@ -17,5 +17,6 @@ pub mod app;
 pub mod config;
 pub mod grpc;
 pub mod http;
+pub mod json_check;
 pub mod telemetry;
 pub mod tls;

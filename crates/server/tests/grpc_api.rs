@@ -585,3 +585,89 @@ async fn rule_files_reload_when_changed_and_an_invalid_change_is_rejected_whole(
     }
     served.stop().await;
 }
+
+/// `POST /json`: the RLS request as JSON, decided and counted like `ShouldRateLimit`, answered
+/// as JSON (200, then 429 over the limit, with the headers Envoy would add); a body it cannot
+/// read is a 400 naming the body; with `--json-check-token`, only its holders are answered;
+/// `--json-check false` serves nothing there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_you_can_curl() {
+    use support::admin::{call, json_of};
+    const BODY: &str = r#"{"domain": "rl", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.9.9.9"}]}]}"#;
+    let mut served = Served::start(ENVOY_RULES, Settings::default()).await;
+    let port = served.http.port();
+    for remaining in [2, 1, 0] {
+        let answer = call(port, "POST", "/json", &[], Some(BODY)).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        let json = json_of(&answer);
+        assert_eq!(json["overallCode"], "OK", "{json}");
+        assert_eq!(json["statuses"][0]["limitRemaining"], remaining, "{json}");
+        assert_eq!(
+            json["statuses"][0]["currentLimit"]["requestsPerUnit"], 3,
+            "{json}"
+        );
+        assert_eq!(json["statuses"][0]["currentLimit"]["unit"], "MINUTE");
+    }
+    // The same counter as the gRPC API's.
+    let mut rls = served.rls().await;
+    let grpc = rls
+        .should_rate_limit(rls_request("rl", &[&[("remote_address", "10.9.9.9")]]))
+        .await
+        .expect("ok")
+        .into_inner();
+    assert_eq!(grpc.overall_code, Code::OverLimit as i32);
+    let over = call(port, "POST", "/json", &[], Some(BODY)).await;
+    assert_eq!(over.status, 429, "{over:?}");
+    let json = json_of(&over);
+    assert_eq!(json["overallCode"], "OVER_LIMIT", "{json}");
+    assert!(
+        json["responseHeadersToAdd"]
+            .as_array()
+            .is_some_and(|h| h.iter().any(|h| h["key"] == "retry-after")),
+        "{json}"
+    );
+    let bad = call(port, "POST", "/json", &[], Some(r#"{"domain": 7}"#)).await;
+    assert_eq!(bad.status, 400, "{bad:?}");
+    assert_eq!(json_of(&bad)["errors"][0]["field"], "body", "{bad:?}");
+    served.stop().await;
+
+    let mut guarded = Served::start(
+        ENVOY_RULES,
+        Settings {
+            json_check_token: Some("a-token-of-16-chars-or-more".into()),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let port = guarded.http.port();
+    assert_eq!(
+        call(port, "POST", "/json", &[], Some(BODY)).await.status,
+        401
+    );
+    let wrong = [("authorization", "Bearer not-the-token-at-all")];
+    assert_eq!(
+        call(port, "POST", "/json", &wrong, Some(BODY)).await.status,
+        401
+    );
+    let right = [("authorization", "Bearer a-token-of-16-chars-or-more")];
+    assert_eq!(
+        call(port, "POST", "/json", &right, Some(BODY)).await.status,
+        200
+    );
+    guarded.stop().await;
+
+    let mut off = Served::start(
+        ENVOY_RULES,
+        Settings {
+            json_check: Some(false),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let port = off.http.port();
+    assert_eq!(
+        call(port, "POST", "/json", &[], Some(BODY)).await.status,
+        404
+    );
+    off.stop().await;
+}

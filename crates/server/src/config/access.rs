@@ -1,6 +1,6 @@
 //! What readers and callers are trusted with: how `/top-denied` shows identities (personal
-//! data, or API keys) and who may read it on the HTTP port, and whether a request may set
-//! its own limit.
+//! data, or API keys) and who may read it on the HTTP port, who may call `POST /json`, and
+//! whether a request may set its own limit.
 
 use tollgate_node::runtime::top_denied::{IdentityShown, MIN_SECRET};
 
@@ -16,6 +16,10 @@ pub(super) struct Access {
     pub(super) descriptor_overrides: bool,
     /// The bearer token `/top-denied` on the HTTP port requires (None: not served there).
     pub(super) top_denied_token: Option<String>,
+    /// Whether the HTTP port serves `POST /json`.
+    pub(super) json_check: bool,
+    /// The bearer token `POST /json` requires (None: anyone who reaches the port).
+    pub(super) json_check_token: Option<String>,
 }
 
 /// Reads the top-denied and descriptor-override settings.
@@ -41,18 +45,18 @@ pub(super) fn parse(s: &Settings) -> Result<Access, ConfigError> {
             ));
         }
     };
-    let top_denied_token = match &s.top_denied_token {
-        Some(token) if token.len() < MIN_SECRET => {
-            return Err(bad(
-                "top_denied_token",
-                format!("must be at least {MIN_SECRET} characters"),
-            ));
-        }
-        token => token.clone(),
+    let token = |field: &str, value: &Option<String>| match value {
+        Some(token) if token.len() < MIN_SECRET => Err(bad(
+            field,
+            format!("must be at least {MIN_SECRET} characters"),
+        )),
+        token => Ok(token.clone()),
     };
     Ok(Access {
         top_denied,
         descriptor_overrides,
-        top_denied_token,
+        top_denied_token: token("top_denied_token", &s.top_denied_token)?,
+        json_check: s.json_check.unwrap_or(defaults::JSON_CHECK),
+        json_check_token: token("json_check_token", &s.json_check_token)?,
     })
 }

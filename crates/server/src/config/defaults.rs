@@ -89,6 +89,8 @@ pub const DEFAULT_DOMAIN: &str = "default";
 pub const RULES_POLL: Duration = Duration::from_millis(2000);
 /// `rules_listen`.
 pub const RULES_LISTEN: bool = true;
+/// `json_check`.
+pub const JSON_CHECK: bool = true;
 /// `rules_snapshot`.
 pub const RULES_SNAPSHOT: &str = "tollgate-rules-snapshot.json";
 /// `tollgate rules import --actor`.

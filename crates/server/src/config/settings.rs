@@ -130,6 +130,13 @@ pub struct Settings {
     /// serve it (the admin API does, to a read token)
     #[arg(long, env = "TOLLGATE_TOP_DENIED_TOKEN")]
     pub top_denied_token: Option<String>,
+    /// Serve POST /json on the HTTP port: Envoy's rate limit request as JSON, decided and
+    /// counted like any other (a check you can curl)
+    #[arg(long, env = "TOLLGATE_JSON_CHECK", num_args = 0..=1, default_missing_value = "true", shown_default = defaults::JSON_CHECK)]
+    pub json_check: Option<bool>,
+    /// A bearer token POST /json requires; unset, anyone who reaches the HTTP port may call it
+    #[arg(long, env = "TOLLGATE_JSON_CHECK_TOKEN")]
+    pub json_check_token: Option<String>,
     /// Threads that run the node; 0 or unset: one per CPU the process may use (its affinity
     /// and cgroup quota), and a single-threaded runtime when that is one.
     #[arg(long, env = "TOLLGATE_WORKER_THREADS")]
@@ -256,6 +263,8 @@ impl Settings {
             top_denied_identities,
             top_denied_secret,
             top_denied_token,
+            json_check,
+            json_check_token,
             descriptor_overrides,
             otlp_endpoint,
             trace_sample_ratio,

@@ -207,17 +207,20 @@ impl RateLimitService for Rls {
 }
 
 impl Rls {
-    async fn decide(
+    /// Decides one request as Envoy asks it (`ShouldRateLimit` and the HTTP port's `POST
+    /// /json` both answer through here): Envoy's answer, and how it was decided without the
+    /// store if it was ([`Verdict::decided_without_store`]).
+    pub async fn answer(
         &self,
-        request: Request<RateLimitRequest>,
-    ) -> Result<Response<RateLimitResponse>, Status> {
+        request: RateLimitRequest,
+    ) -> Result<(RateLimitResponse, Option<&'static str>), Status> {
         let started = tokio::time::Instant::now();
         let metrics = self.node.metrics().api(Api::Rls);
         let refused = |status: Status| {
             metrics.answered(ApiResult::Invalid, started.elapsed().as_secs_f64());
             status
         };
-        let request = to_request(request.into_inner()).map_err(refused)?;
+        let request = to_request(request).map_err(refused)?;
         let descriptors = request.descriptors.len();
         let verdict = self
             .node
@@ -228,8 +231,16 @@ impl Rls {
         crate::telemetry::record_decision(&request.domain, descriptors, &verdict);
         let result = ApiResult::of(verdict.allowed);
         metrics.answered(result, started.elapsed().as_secs_f64());
-        let mut response = Response::new(response);
-        if let Some(how) = verdict.decided_without_store() {
+        Ok((response, verdict.decided_without_store()))
+    }
+
+    async fn decide(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let (answer, without_store) = self.answer(request.into_inner()).await?;
+        let mut response = Response::new(answer);
+        if let Some(how) = without_store {
             response.metadata_mut().insert(
                 DECIDED_WITHOUT_STORE,
                 tonic::metadata::MetadataValue::from_static(how),

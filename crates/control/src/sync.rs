@@ -291,6 +291,8 @@ fn to_rules(snapshot: &Snapshot, files: &[PathBuf]) -> Result<LoadedRules, Contr
             origin: format!("postgres envoy domain {}", parsed.domain),
             domain: parsed.domain,
             nodes,
+            // The format has none: ActiveRules sets the node's (EnvoyFailModes).
+            fail_mode: tollgate_node::rules::FailMode::Open,
         });
     }
     Ok(loaded)

@@ -52,6 +52,7 @@ pub struct NodeBuilder {
     redis: Option<RedisConfig>,
     runtime: RuntimeConfig,
     clock: Option<SharedClock>,
+    envoy_fail_modes: crate::rules::EnvoyFailModes,
 }
 
 impl NodeBuilder {
@@ -69,6 +70,13 @@ impl NodeBuilder {
     /// Adds rules given as YAML text.
     pub fn rules_text(mut self, yaml: impl Into<String>) -> Self {
         self.texts.push(yaml.into());
+        self
+    }
+
+    /// The fail mode of rules in envoyproxy/ratelimit's format, which has no field for one
+    /// (OPEN unless set): e.g. `EnvoyFailModes::parse("public-api=CLOSED")`.
+    pub fn envoy_fail_modes(mut self, modes: crate::rules::EnvoyFailModes) -> Self {
+        self.envoy_fail_modes = modes;
         self
     }
 
@@ -96,6 +104,7 @@ impl NodeBuilder {
     pub async fn start(self) -> Result<Node, BuildError> {
         let metrics = Metrics::new();
         let rules = ActiveRules::new(metrics.clone());
+        rules.set_envoy_fail_modes(self.envoy_fail_modes.clone());
         let mut loaded = source::load(&self.files)?;
         for (i, text) in self.texts.iter().enumerate() {
             loaded.extend(source::parse(

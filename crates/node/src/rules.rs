@@ -19,5 +19,5 @@ pub mod watch;
 
 pub use model::{FailMode, Identity, Mode, Pattern, Rule};
 pub use native::{RuleDoc, RulesFile};
-pub use set::{CompiledRule, Matched, RuleKind, RuleSet};
+pub use set::{CompiledRule, EnvoyFailModes, Matched, RuleKind, RuleSet};
 pub use source::{LoadedRules, RulesError};

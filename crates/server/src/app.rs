@@ -100,6 +100,7 @@ impl App {
             Metrics::new()
         };
         let rules = ActiveRules::new(metrics.clone());
+        rules.set_envoy_fail_modes(config.envoy_fail_modes.clone());
         let control = match &config.control {
             None => {
                 rules.install_files(&config.rules)?;

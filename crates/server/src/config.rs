@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use tollgate_lease::RedisConfig;
+use tollgate_node::rules::EnvoyFailModes;
 use tollgate_node::runtime::RuntimeConfig;
 
 pub use control::ControlConfig;
@@ -119,6 +120,8 @@ pub struct Config {
     pub rules: Vec<PathBuf>,
     /// Rule file check interval.
     pub rules_reload: Duration,
+    /// The fail mode of envoyproxy/ratelimit-format domains (the format has no field for it).
+    pub envoy_fail_modes: EnvoyFailModes,
     /// Redis, or None for the in-memory store.
     pub redis: Option<RedisConfig>,
     /// The in-memory store's byte budget.
@@ -166,6 +169,12 @@ impl TryFrom<Settings> for Config {
         let control = control::parse(&s)?;
         let tls = tls::parse(&s)?;
         let region = region::parse(&s, tls.as_ref())?;
+        let envoy_fail_modes = EnvoyFailModes::parse(
+            s.envoy_fail_mode
+                .as_deref()
+                .unwrap_or(defaults::ENVOY_FAIL_MODE),
+        )
+        .map_err(|reason| settings::bad("envoy_fail_mode", reason))?;
         let worker_threads = match s.worker_threads {
             None | Some(0) => available_cpus(),
             Some(n) if n > 1024 => {
@@ -182,6 +191,7 @@ impl TryFrom<Settings> for Config {
                 .rules_reload_ms
                 .map_or(defaults::RULES_RELOAD, Duration::from_millis)
                 .max(Duration::from_millis(10)),
+            envoy_fail_modes,
             redis: store.redis,
             memory_max_bytes: store.memory_max_bytes,
             store_timeout: store.timeout,
@@ -392,6 +402,7 @@ mod tests {
             ("grpc-listen", defaults::GRPC_LISTEN.to_string()),
             ("http-listen", defaults::HTTP_LISTEN.to_string()),
             ("rules-reload-ms", ms(defaults::RULES_RELOAD)),
+            ("envoy-fail-mode", defaults::ENVOY_FAIL_MODE.to_owned()),
             ("redis-cluster", defaults::REDIS_CLUSTER.to_string()),
             ("store-timeout-ms", ms(defaults::STORE_TIMEOUT)),
             ("lease-max-units", defaults::LEASE_MAX_UNITS.to_string()),
@@ -520,6 +531,7 @@ mod tests {
             ("--admin-tokens=ops:", "admin_tokens"),
             ("--tls-cert=cert.pem", "tls_key"),
             ("--region=us", "peer_region"),
+            ("--envoy-fail-mode=edge=MAYBE", "envoy_fail_mode"),
             ("--worker-threads=5000", "worker_threads"),
         ];
         for first in 0..bad.len() {

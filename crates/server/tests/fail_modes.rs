@@ -314,3 +314,62 @@ async fn local_fallback_buckets_are_bounded_and_swept_between_outages() {
     );
     node.shutdown().await;
 }
+
+/// Rules in envoyproxy/ratelimit's format have no field for a fail mode (and its own service
+/// refuses unknown keys): the node's `--envoy-fail-mode` gives them one, for every such
+/// domain or per domain; unset, they fail open. Redis is unreachable throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_format_domains_take_the_nodes_fail_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files: Vec<_> = ["edge", "api"]
+        .iter()
+        .map(|domain| {
+            let file = dir.path().join(format!("{domain}.yaml"));
+            std::fs::write(
+                &file,
+                format!("domain: {domain}\ndescriptors:\n  - key: remote_address\n    rate_limit: {{unit: second, requests_per_unit: 10}}\n"),
+            )
+            .expect("write");
+            file
+        })
+        .collect();
+    let closed = tollgate_testkit::process::free_port(false).expect("port");
+    for (setting, edge, api) in [
+        (None, Outcome::FailedOpen, Outcome::FailedOpen),
+        (
+            Some("edge=closed"),
+            Outcome::FailedClosed,
+            Outcome::FailedOpen,
+        ),
+        (
+            Some("LOCAL,edge=CLOSED"),
+            Outcome::FailedClosed,
+            Outcome::LocalFallback,
+        ),
+    ] {
+        let mut served = Served::start(
+            "",
+            Settings {
+                rules: Some(files.clone()),
+                redis_url: Some(vec![format!("redis://127.0.0.1:{closed}/")]),
+                store_startup_patience_ms: Some(100),
+                envoy_fail_mode: setting.map(str::to_owned),
+                ..Settings::default()
+            },
+        )
+        .await;
+        for (domain, expected) in [("edge", edge), ("api", api)] {
+            let verdict = check(
+                &served.node,
+                &Request::new(domain).descriptor([("remote_address", "10.0.0.1")]),
+            )
+            .await;
+            assert_eq!(
+                verdict.statuses[0].outcome,
+                Some(expected),
+                "{domain} with --envoy-fail-mode {setting:?}"
+            );
+        }
+        served.stop().await;
+    }
+}

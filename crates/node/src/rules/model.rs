@@ -48,8 +48,9 @@ macro_rules! named_enum {
         impl FromStr for $ty {
             type Err = String;
 
+            /// Case-insensitive (`closed` is `CLOSED`).
             fn from_str(s: &str) -> Result<Self, String> {
-                match s {
+                match s.to_ascii_uppercase().as_str() {
                     $($name => Ok($ty::$variant),)+
                     other => Err(format!(
                         concat!("unknown ", $what, " {:?}; expected one of ", $($name, " "),+),
@@ -245,6 +246,12 @@ mod tests {
     fn modes_parse_and_unknown_ones_say_what_is_expected() {
         assert_eq!("SHADOW".parse::<Mode>(), Ok(Mode::Shadow));
         assert_eq!("LOCAL".parse::<FailMode>(), Ok(FailMode::Local));
+        assert_eq!(
+            "closed".parse::<FailMode>(),
+            Ok(FailMode::Closed),
+            "any case"
+        );
+        assert_eq!("Disabled".parse::<Mode>(), Ok(Mode::Disabled));
         let err = "MAYBE".parse::<FailMode>().expect_err("unknown");
         assert!(err.contains("OPEN") && err.contains("MAYBE"), "{err}");
     }

@@ -1,7 +1,7 @@
 //! The compiled rule set: every rule of every domain, indexed for matching, swapped atomically
 //! as a whole (a request never sees half of an old set and half of a new one).
 
-use std::collections::HashMap as StdHashMap;
+use std::collections::{BTreeMap, HashMap as StdHashMap};
 
 /// Rule lookups on the decision path hash descriptor keys and values: a fast hasher. (Rule sets
 /// are written by operators, not by clients, so hash flooding is not a concern.)
@@ -87,6 +87,64 @@ pub struct EnvoyDomainConfig {
     pub nodes: Vec<ValidNode>,
     /// Where it was defined.
     pub origin: String,
+    /// What its rules do when the store cannot answer (the format has no field for it: set
+    /// per domain by [`EnvoyFailModes`]).
+    pub fail_mode: FailMode,
+}
+
+/// The fail mode of domains in envoyproxy/ratelimit's format, which has no field for one (and
+/// whose own service refuses unknown keys): per domain, else a default, OPEN unless set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvoyFailModes {
+    default: FailMode,
+    domains: BTreeMap<String, FailMode>,
+}
+
+impl Default for EnvoyFailModes {
+    fn default() -> Self {
+        Self {
+            default: FailMode::Open,
+            domains: BTreeMap::new(),
+        }
+    }
+}
+
+impl EnvoyFailModes {
+    /// Reads `CLOSED` (every domain), `public-api=CLOSED,edge=LOCAL` (those domains, the rest
+    /// OPEN) or both (`LOCAL,edge=OPEN`); modes in any case.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut modes = EnvoyFailModes::default();
+        let mut default_seen = false;
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            match item.split_once('=') {
+                Some((domain, mode)) => {
+                    let domain = domain.trim();
+                    if domain.is_empty() {
+                        return Err(format!("{item:?} names no domain"));
+                    }
+                    let mode = mode.trim().parse()?;
+                    if modes.domains.insert(domain.to_owned(), mode).is_some() {
+                        return Err(format!("domain {domain:?} is named twice"));
+                    }
+                }
+                None if default_seen => {
+                    return Err(format!(
+                        "{item:?}: a second default (name a domain: domain=MODE)"
+                    ));
+                }
+                None => {
+                    modes.default = item.parse()?;
+                    default_seen = true;
+                }
+            }
+        }
+        Ok(modes)
+    }
+
+    /// The fail mode of `domain`'s rules.
+    pub fn of(&self, domain: &str) -> FailMode {
+        self.domains.get(domain).copied().unwrap_or(self.default)
+    }
 }
 
 impl RuleSet {
@@ -192,6 +250,7 @@ impl RuleSet {
                 metrics,
                 // envoyproxy/ratelimit configurations name no regional policy: the default.
                 placement: place(&RegionalPolicy::default(), view),
+                fail_mode: config.fail_mode,
                 nodes: vec![],
                 rules: vec![],
             };
@@ -338,6 +397,7 @@ struct EnvoyCompiler<'a> {
     origin: &'a str,
     metrics: &'a Metrics,
     placement: Placement,
+    fail_mode: FailMode,
     nodes: Vec<EnvoyNode>,
     rules: Vec<Arc<CompiledRule>>,
 }
@@ -451,6 +511,7 @@ impl EnvoyCompiler<'_> {
                 node.shadow,
                 node.share_threshold,
                 format!("{:?}", self.placement),
+                self.fail_mode,
             )),
             placement: self.placement.clone(),
             name: name.clone().unwrap_or_else(|| id.clone()),
@@ -463,7 +524,7 @@ impl EnvoyCompiler<'_> {
             } else {
                 Mode::Enforce
             },
-            fail_mode: FailMode::Open,
+            fail_mode: self.fail_mode,
             replaces,
             replace_name: name,
             counters: self.metrics.rule_counters(&RuleLabels {
@@ -510,6 +571,26 @@ fn identity_of(identity: &Identity, attributes: &[&[(String, String)]]) -> Optio
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn envoy_fail_modes_read_a_default_and_domains() {
+        let modes = EnvoyFailModes::parse("local, edge=closed ,api=OPEN").expect("valid");
+        assert_eq!(
+            (modes.of("edge"), modes.of("api"), modes.of("other")),
+            (FailMode::Closed, FailMode::Open, FailMode::Local)
+        );
+        let unset = EnvoyFailModes::parse("").expect("valid");
+        assert_eq!(unset.of("any"), FailMode::Open);
+        for (bad, says) in [
+            ("edge=MAYBE", "expected one of OPEN CLOSED LOCAL"),
+            ("=CLOSED", "names no domain"),
+            ("edge=CLOSED,edge=OPEN", "named twice"),
+            ("CLOSED,LOCAL", "a second default"),
+        ] {
+            let err = EnvoyFailModes::parse(bad).expect_err(bad);
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
     use super::*;
     use crate::rules::envoy::EnvoyConfig;
     use crate::rules::native::RulesFile;
@@ -531,6 +612,7 @@ mod tests {
             domain: config.domain.clone(),
             nodes: config.validate().expect("valid"),
             origin: "test".into(),
+            fail_mode: FailMode::Open,
         }
     }
 

@@ -135,6 +135,8 @@ pub fn parse(text: &str, file: &Path) -> Result<LoadedRules, RulesError> {
                 domain: config.domain,
                 nodes,
                 origin: file.display().to_string(),
+                // The format has none: ActiveRules sets the node's (EnvoyFailModes).
+                fail_mode: crate::rules::model::FailMode::Open,
             }],
         })
     } else if top.is_null() {

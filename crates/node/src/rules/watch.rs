@@ -10,7 +10,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::metrics::Metrics;
-use crate::rules::set::RuleSet;
+use crate::rules::set::{EnvoyFailModes, RuleSet};
 use crate::rules::source::{self, LoadedRules, RulesError};
 use tollgate_regionsync::policy::RegionView;
 
@@ -33,6 +33,8 @@ pub struct ActiveRules {
     /// The rule files as they were read for the set last installed from them (what the
     /// watcher compares against: a change made before it first looks is still a change).
     files_seen: parking_lot::Mutex<Vec<Seen>>,
+    /// The fail mode of envoyproxy/ratelimit-format domains (the format has no field for it).
+    envoy_fail_modes: parking_lot::Mutex<EnvoyFailModes>,
     /// Bumped by every swap, including recompiles for a new regional view.
     generation: AtomicU64,
     /// The rules last installed and their version, kept to recompile for a new view.
@@ -59,6 +61,7 @@ impl ActiveRules {
             loaded: std::sync::atomic::AtomicBool::new(false),
             problem: parking_lot::Mutex::new(None),
             files_seen: parking_lot::Mutex::new(vec![]),
+            envoy_fail_modes: parking_lot::Mutex::new(EnvoyFailModes::default()),
             generation: AtomicU64::new(0),
             installed: parking_lot::Mutex::new(None),
             region: parking_lot::Mutex::new(None),
@@ -151,9 +154,20 @@ impl ActiveRules {
         self.install_at(rules, version)
     }
 
+    /// Sets the fail mode of envoyproxy/ratelimit-format domains, for the sets installed from
+    /// now on (set it before the first).
+    pub fn set_envoy_fail_modes(&self, modes: EnvoyFailModes) {
+        *self.envoy_fail_modes.lock() = modes;
+    }
+
     /// Like [`ActiveRules::install`], with the version given (a rule store's revision).
     pub fn install_at(&self, rules: &LoadedRules, version: u64) -> Result<u64, String> {
         let _span = tracing::debug_span!("rules_install", version).entered();
+        let mut rules = rules.clone();
+        let modes = self.envoy_fail_modes.lock().clone();
+        for config in &mut rules.envoy {
+            config.fail_mode = modes.of(&config.domain);
+        }
         let mut installed = self.installed.lock();
         self.next_version.fetch_max(version + 1, Ordering::Relaxed);
         let view = self.region.lock().clone();
@@ -166,7 +180,7 @@ impl ActiveRules {
         )?;
         let count = set.rules().len();
         self.swap(set, version);
-        *installed = Some((rules.clone(), version));
+        *installed = Some((rules, version));
         if count == 0 {
             tracing::warn!(version, "the rule set is empty: every request is allowed");
         } else {

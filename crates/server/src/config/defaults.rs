@@ -21,6 +21,8 @@ pub const GRPC_LISTEN: SocketAddr = any_address(8081);
 pub const HTTP_LISTEN: SocketAddr = any_address(8080);
 /// `rules_reload_ms`.
 pub const RULES_RELOAD: Duration = Duration::from_millis(1000);
+/// `envoy_fail_mode`.
+pub const ENVOY_FAIL_MODE: &str = "OPEN";
 
 // The store.
 

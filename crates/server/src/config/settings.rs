@@ -45,6 +45,11 @@ pub struct Settings {
     /// How often rule files are checked for changes, ms
     #[arg(long, env = "TOLLGATE_RULES_RELOAD_MS", shown_default = defaults::RULES_RELOAD.as_millis())]
     pub rules_reload_ms: Option<u64>,
+    /// What rules in envoyproxy/ratelimit's format do when the store cannot answer (the
+    /// format has no field for it): OPEN, CLOSED or LOCAL for every such domain, and/or per
+    /// domain, e.g. `public-api=CLOSED,edge=LOCAL`
+    #[arg(long, env = "TOLLGATE_ENVOY_FAIL_MODE", shown_default = defaults::ENVOY_FAIL_MODE)]
+    pub envoy_fail_mode: Option<String>,
     /// Redis URLs (redis://host:port/); none: the in-memory store. Comma-separated seeds for a cluster.
     #[arg(long = "redis-url", env = "TOLLGATE_REDIS_URL", value_delimiter = ',')]
     pub redis_url: Option<Vec<String>>,
@@ -241,6 +246,7 @@ impl Settings {
             probe_listen,
             rules,
             rules_reload_ms,
+            envoy_fail_mode,
             redis_url,
             redis_cluster,
             store_timeout_ms,

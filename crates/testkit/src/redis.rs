@@ -10,6 +10,15 @@ use tempfile::TempDir;
 
 use crate::process::{free_port, require_binary, signal, wait_for};
 
+/// The server binary tests start: `redis-server`, or the one `TOLLGATE_REDIS_SERVER` names (a
+/// path or a name on `PATH`: `valkey-server` runs the same tests against Valkey).
+pub fn server_binary() -> String {
+    std::env::var("TOLLGATE_REDIS_SERVER")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .unwrap_or_else(|| "redis-server".to_owned())
+}
+
 /// One `redis-server` process on a free port, in its own temporary directory. Nothing is
 /// persisted. Dropping it kills the process.
 #[derive(Debug)]
@@ -29,7 +38,10 @@ impl RedisServer {
 
     /// Starts a server with extra `redis-server` arguments (e.g. `--cluster-enabled yes`).
     pub fn start_with(extra_args: &[&str]) -> Result<Self> {
-        require_binary("redis-server", "redis-server")?;
+        let binary = server_binary();
+        if binary == "redis-server" {
+            require_binary("redis-server", "redis-server")?;
+        }
         let mut last_error = None;
         for _ in 0..5 {
             let mut server = Self {
@@ -52,7 +64,7 @@ impl RedisServer {
 
     fn spawn(&mut self) -> Result<()> {
         let log = self.dir.path().join("redis.log");
-        let child = Command::new("redis-server")
+        let child = Command::new(server_binary())
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .arg("--dir")
@@ -64,7 +76,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .context("spawning redis-server")?;
+            .with_context(|| format!("spawning {}", server_binary()))?;
         let pid = child.id();
         self.child = Some(child);
         let port = self.port;

@@ -89,9 +89,13 @@ pub enum RulesCommand {
         files: Vec<PathBuf>,
     },
     /// Check rule files of either format (as a node would load them, all together) without a
-    /// database or a running node; exit code 0 when valid, 2 with the file, line and field
-    /// at fault otherwise (for CI).
+    /// database or a running node: every error with its file, line and field, exit code 0
+    /// when valid, 2 otherwise (for CI). Empty files and subfolders (which are not read) are
+    /// named; with --strict they fail the check too.
     Validate {
+        /// Empty files and subfolders of the directories given fail the check.
+        #[arg(long)]
+        strict: bool,
         /// Rule files or directories.
         #[arg(required = true)]
         files: Vec<PathBuf>,

@@ -108,6 +108,15 @@ fn main() -> std::process::ExitCode {
 /// `tollgate rules import|export`.
 fn run_command(command: Command) -> std::process::ExitCode {
     let Command::Rules { action } = command;
+    if let RulesCommand::Validate { files, strict } = &action {
+        return match validate(files, *strict) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tollgate: {e}");
+                std::process::ExitCode::from(2)
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -136,29 +145,7 @@ fn run_command(command: Command) -> std::process::ExitCode {
                 );
                 Ok::<(), transfer::TransferError>(())
             }
-            RulesCommand::Validate { files } => {
-                let loaded = tollgate_node::rules::source::load(&files)?;
-                let count = tollgate_node::rules::RuleSet::compile(
-                    &loaded.native,
-                    &loaded.envoy,
-                    1,
-                    &tollgate_node::metrics::Metrics::new(),
-                )
-                .map_err(|message| tollgate_node::rules::RulesError {
-                    file: files.first().cloned().unwrap_or_default(),
-                    line: None,
-                    message,
-                })?
-                .rules()
-                .len();
-                println!(
-                    "valid: {count} rules ({} Tollgate, {} envoyproxy/ratelimit domains) in {} paths",
-                    loaded.native.len(),
-                    loaded.envoy.len(),
-                    files.len()
-                );
-                Ok(())
-            }
+            RulesCommand::Validate { .. } => unreachable!("validated above, without a runtime"),
             RulesCommand::Export { database_url, out } => {
                 let store = open(&database_url)?;
                 let s = transfer::export(&store, &out).await?;
@@ -179,6 +166,54 @@ fn run_command(command: Command) -> std::process::ExitCode {
             std::process::ExitCode::from(2)
         }
     }
+}
+
+/// `tollgate rules validate`: every error of every file (a file with three bad rules names
+/// all three), then what the files hold together (a rule id defined twice across files).
+fn validate(files: &[std::path::PathBuf], strict: bool) -> Result<(), String> {
+    let checked = tollgate_node::rules::source::check(files);
+    let mut errors: Vec<String> = checked.errors.iter().map(ToString::to_string).collect();
+    if errors.is_empty()
+        && let Err(message) = tollgate_node::rules::RuleSet::compile(
+            &checked.loaded.native,
+            &checked.loaded.envoy,
+            1,
+            &tollgate_node::metrics::Metrics::new(),
+        )
+    {
+        errors.push(message);
+    }
+    let mut notes: Vec<String> = checked
+        .empty
+        .iter()
+        .map(|f| format!("{}: empty: no rules in it", f.display()))
+        .collect();
+    notes.extend(checked.skipped.iter().map(|d| {
+        format!(
+            "{}: a subfolder, not read (rules are the directory's own files)",
+            d.display()
+        )
+    }));
+    for line in errors.iter().chain(&notes) {
+        eprintln!("tollgate: {line}");
+    }
+    if !errors.is_empty() {
+        return Err(format!(
+            "{} error{} found",
+            errors.len(),
+            if errors.len() == 1 { "" } else { "s" }
+        ));
+    }
+    if strict && !notes.is_empty() {
+        return Err("--strict: empty files or unread subfolders (above)".into());
+    }
+    println!(
+        "valid: {} Tollgate rules and {} envoyproxy/ratelimit domains in {} paths",
+        checked.loaded.native.len(),
+        checked.loaded.envoy.len(),
+        files.len()
+    );
+    Ok(())
 }
 
 fn init_logging(json: bool) {

@@ -139,6 +139,62 @@ async fn rules_validate_checks_files_of_both_formats_for_ci() {
     assert!(log.contains("duplicate rule id"), "{log}");
 }
 
+/// `tollgate rules validate` says every error at once, each with its file and line, the line
+/// said once; a trailing `---` has its line; `failMode: closed` is CLOSED; an empty file and
+/// an unread subfolder are named, and fail the check only with `--strict`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rules_validate_says_every_error_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rules = dir.path().join("rules");
+    std::fs::create_dir_all(rules.join("old")).expect("mkdir");
+    std::fs::write(
+        rules.join("three.yaml"),
+        "domain: d\nrules:\n  - {id: a, algorithm: TOKEN_BUCKET, capacity: 0, refillPerSecond: 1}\n  - {id: b, algorithm: FIXED_WINDOW, limit: 5, window: 1m, failMode: closed}\n  - id: c\n    algorithm: LEAKY\n    limit: 5\n  - {id: d, algorithm: FIXED_WINDOW, limit: 5, window: soon}\n",
+    )
+    .expect("write");
+    std::fs::write(rules.join("trailing.yaml"), "domain: t\nrules: []\n---\n").expect("write");
+    std::fs::write(
+        rules.join("broken.yaml"),
+        "domain: e\nrules:\n  - id: x\n    algorithm: FIXED_WINDOW\n    limit: [1\n",
+    )
+    .expect("write");
+    std::fs::write(rules.join("empty.yaml"), "# nothing yet\n").expect("write");
+    let mut all = tollgate();
+    all.args(["rules", "validate"]).arg(&rules);
+    let (code, log) = run(all, None).await;
+    assert_eq!(code, Some(2), "{log}");
+    for expected in [
+        "three.yaml:3: rule \"a\"",
+        "three.yaml:6: rule \"c\"",
+        "three.yaml:8: rule \"d\"",
+        "trailing.yaml:3: more than one YAML document",
+        "broken.yaml:6: ",
+        "empty.yaml: empty",
+        "old: a subfolder, not read",
+        "5 errors found",
+    ] {
+        assert!(log.contains(expected), "{expected:?} in {log}");
+    }
+    assert!(
+        !log.contains("rule \"b\""),
+        "failMode: closed is CLOSED: {log}"
+    );
+    assert!(!log.contains("at line 6"), "the line is said once: {log}");
+
+    for bad in ["three.yaml", "trailing.yaml", "broken.yaml"] {
+        std::fs::remove_file(rules.join(bad)).expect("remove");
+    }
+    let mut lenient = tollgate();
+    lenient.args(["rules", "validate"]).arg(&rules);
+    let (code, log) = run(lenient, None).await;
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("empty.yaml: empty"), "still named: {log}");
+    let mut strict = tollgate();
+    strict.args(["rules", "validate", "--strict"]).arg(&rules);
+    let (code, log) = run(strict, None).await;
+    assert_eq!(code, Some(2), "{log}");
+}
+
 /// grpcurl and Python's reflection client ask v1alpha; both versions list the public services
 /// (health included) and never the region link, which has its own port.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

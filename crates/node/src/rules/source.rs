@@ -72,6 +72,71 @@ pub fn rule_files(path: &Path) -> Result<Vec<PathBuf>, RulesError> {
     Ok(files)
 }
 
+/// Subfolders of `path` (a directory), which are not read: rules are only the directory's own
+/// files.
+pub fn skipped_folders(path: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// Every rule file under `paths` read and checked, with every error found (not only the
+/// first), the files that hold no rules, and the subfolders not read: what `tollgate rules
+/// validate` reports.
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// What loads.
+    pub loaded: LoadedRules,
+    /// Every error, in file and line order.
+    pub errors: Vec<RulesError>,
+    /// Files with no rules in them (empty, or only comments).
+    pub empty: Vec<PathBuf>,
+    /// Subfolders of the directories given, which are not read.
+    pub skipped: Vec<PathBuf>,
+}
+
+/// Reads and checks every rule file under `paths`, collecting every error.
+pub fn check(paths: &[PathBuf]) -> Checked {
+    let mut out = Checked::default();
+    for path in paths {
+        if path.is_dir() {
+            out.skipped.extend(skipped_folders(path));
+        }
+        let files = match rule_files(path) {
+            Ok(files) => files,
+            Err(e) => {
+                out.errors.push(e);
+                continue;
+            }
+        };
+        for file in files {
+            let text = match std::fs::read_to_string(&file) {
+                Ok(text) => text,
+                Err(e) => {
+                    out.errors.push(RulesError {
+                        file: file.clone(),
+                        line: None,
+                        message: e.to_string(),
+                    });
+                    continue;
+                }
+            };
+            let (loaded, errors) = parse_all(&text, &file);
+            if errors.is_empty() && loaded.native.is_empty() && loaded.envoy.is_empty() {
+                out.empty.push(file.clone());
+            }
+            out.loaded.extend(loaded);
+            out.errors.extend(errors);
+        }
+    }
+    out
+}
+
 /// Reads and validates every rule file under `paths`.
 pub fn load(paths: &[PathBuf]) -> Result<LoadedRules, RulesError> {
     let mut out = LoadedRules::default();
@@ -88,67 +153,145 @@ pub fn load(paths: &[PathBuf]) -> Result<LoadedRules, RulesError> {
     Ok(out)
 }
 
-/// Parses one file's text.
+/// Parses one file's text: its rules, or the first error ([`parse_all`] finds them all).
 pub fn parse(text: &str, file: &Path) -> Result<LoadedRules, RulesError> {
+    let (loaded, mut errors) = parse_all(text, file);
+    if errors.is_empty() {
+        Ok(loaded)
+    } else {
+        Err(errors.swap_remove(0))
+    }
+}
+
+/// Parses one file's text: what is valid, and every error (each rule of Tollgate's format is
+/// checked on its own, so a file with three bad rules gives three errors).
+pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
     let error = |line, message| RulesError {
         file: file.to_owned(),
         line,
         message,
     };
-    let yaml_error = |e: yaml_serde::Error| error(e.location().map(|l| l.line()), e.to_string());
-    let top: yaml_serde::Value = yaml_serde::from_str(text).map_err(yaml_error)?;
+    let yaml_error = |e: yaml_serde::Error| {
+        let message = e.to_string();
+        match e.location() {
+            // The line goes in front (file:line:), not again at the end of the message.
+            Some(l) => error(Some(l.line()), without_location(&message, l.line())),
+            // Several documents: serde says where none starts; the separator's line does.
+            None if message.contains("more than one document") => error(
+                document_separator(text),
+                "more than one YAML document (`---`): a rule file holds one".into(),
+            ),
+            None => error(None, message),
+        }
+    };
+    let top: yaml_serde::Value = match yaml_serde::from_str(text) {
+        Ok(top) => top,
+        Err(e) => return (LoadedRules::default(), vec![yaml_error(e)]),
+    };
     let has = |key: &str| top.as_mapping().is_some_and(|m| m.contains_key(key));
     if has("rules") {
-        let parsed: RulesFile = yaml_serde::from_str(text).map_err(yaml_error)?;
+        let parsed: RulesFile = match yaml_serde::from_str(text) {
+            Ok(parsed) => parsed,
+            Err(e) => return (LoadedRules::default(), vec![yaml_error(e)]),
+        };
         let items = item_lines(text, "rules");
         let mut native = Vec::with_capacity(parsed.rules.len());
+        let mut errors = vec![];
         for (i, doc) in parsed.rules.iter().enumerate() {
             let block = items.get(i).copied();
             let origin = format!("{}:{}", file.display(), block.map_or(0, |b| b.0));
-            let rule = doc
-                .validate(parsed.domain.as_deref(), origin)
-                .map_err(|e| {
+            match doc.validate(parsed.domain.as_deref(), origin) {
+                Ok(rule) => native.push(rule),
+                Err(e) => {
                     let line = block.map(|b| field_line(text, b, &e.field).unwrap_or(b.0));
                     let named = doc
                         .id
                         .as_deref()
                         .map(|id| format!("rule {id:?} "))
                         .unwrap_or_default();
-                    error(line, format!("{named}(rules[{i}]): {e}"))
-                })?;
-            native.push(rule);
+                    errors.push(error(line, format!("{named}(rules[{i}]): {e}")));
+                }
+            }
         }
-        Ok(LoadedRules {
-            native,
-            envoy: vec![],
-        })
+        (
+            LoadedRules {
+                native,
+                envoy: vec![],
+            },
+            errors,
+        )
     } else if has("descriptors") || has("domain") {
-        let config: EnvoyConfig = yaml_serde::from_str(text).map_err(yaml_error)?;
-        let nodes = config.validate().map_err(|e| {
-            // The message starts with the path at fault (`descriptors[0].rate_limit: ...`).
-            let path = e.split(": ").next().unwrap_or_default();
-            error(path_line(text, path), e.clone())
-        })?;
-        Ok(LoadedRules {
-            native: vec![],
-            envoy: vec![EnvoyDomainConfig {
-                domain: config.domain,
-                nodes,
-                origin: file.display().to_string(),
-                // The format has none: ActiveRules sets the node's (EnvoyFailModes).
-                fail_mode: crate::rules::model::FailMode::Open,
-            }],
-        })
+        let config: EnvoyConfig = match yaml_serde::from_str(text) {
+            Ok(config) => config,
+            Err(e) => return (LoadedRules::default(), vec![yaml_error(e)]),
+        };
+        match config.validate() {
+            Ok(nodes) => (
+                LoadedRules {
+                    native: vec![],
+                    envoy: vec![EnvoyDomainConfig {
+                        domain: config.domain,
+                        nodes,
+                        origin: file.display().to_string(),
+                        // The format has none: ActiveRules sets the node's (EnvoyFailModes).
+                        fail_mode: crate::rules::model::FailMode::Open,
+                    }],
+                },
+                vec![],
+            ),
+            Err(e) => {
+                // The message starts with the path at fault (`descriptors[0].rate_limit: ...`).
+                let path = e.split(": ").next().unwrap_or_default();
+                (
+                    LoadedRules::default(),
+                    vec![error(path_line(text, path), e.clone())],
+                )
+            }
+        }
     } else if top.is_null() {
-        Ok(LoadedRules::default())
+        (LoadedRules::default(), vec![])
     } else {
-        Err(error(
-            None,
-            "neither Tollgate rules (a top-level `rules:` list) nor an envoyproxy/ratelimit config \
-             (`domain:` and `descriptors:`)"
-                .into(),
-        ))
+        (
+            LoadedRules::default(),
+            vec![error(
+                None,
+                "neither Tollgate rules (a top-level `rules:` list) nor an envoyproxy/ratelimit \
+                 config (`domain:` and `descriptors:`)"
+                    .into(),
+            )],
+        )
     }
+}
+
+/// A YAML error's message without `at line L column C` where L is the line already said in
+/// front (`file:L:`); another line it names (where a list began) stays.
+fn without_location(message: &str, line: usize) -> String {
+    let said = format!(" at line {line} column ");
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find(&said) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + said.len()..];
+        rest = after.trim_start_matches(|c: char| c.is_ascii_digit());
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The 1-based line of the first `---` that ends a document with content before it.
+fn document_separator(text: &str) -> Option<usize> {
+    let mut content = false;
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_end();
+        if t == "---" || t.starts_with("--- ") {
+            if content {
+                return Some(i + 1);
+            }
+        } else if !t.trim().is_empty() && !t.trim_start().starts_with('#') {
+            content = true;
+        }
+    }
+    None
 }
 
 fn indent(line: &str) -> usize {
@@ -334,9 +477,10 @@ mod tests {
     #[test]
     fn syntax_and_unknown_field_errors_carry_serdes_location() {
         let e = err("domain: d\nrules:\n  - id: a\n    capacty: 3\n");
+        assert_eq!(e.line, Some(4), "{e}");
         assert!(
-            e.to_string().contains("capacty") && e.to_string().contains("line 4"),
-            "{e}"
+            e.to_string().contains("capacty") && !e.to_string().contains("at line 4"),
+            "the line is said once, in front: {e}"
         );
         let e = err("rules: [ {id: a, algorithm: }\n");
         assert!(e.to_string().contains("rules.yaml"), "{e}");

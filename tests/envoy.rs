@@ -235,13 +235,22 @@ async fn node_on_redis(
     redis: &tollgate_testkit::RedisServer,
     rules: Vec<std::path::PathBuf>,
 ) -> tollgate_server::app::Serving {
-    let config = Config::try_from(Settings {
+    node_on_redis_with(redis, rules, Settings::default()).await
+}
+
+/// The same, with more settings.
+async fn node_on_redis_with(
+    redis: &tollgate_testkit::RedisServer,
+    rules: Vec<std::path::PathBuf>,
+    extra: Settings,
+) -> tollgate_server::app::Serving {
+    let config = Config::try_from(extra.or(Settings {
         grpc_listen: Some("127.0.0.1:0".parse().expect("addr")),
         http_listen: Some("127.0.0.1:0".parse().expect("addr")),
         redis_url: Some(vec![redis.url()]),
         rules: Some(rules),
         ..Settings::default()
-    })
+    }))
     .expect("config");
     App::start(config).await.expect("node").spawn()
 }
@@ -250,23 +259,25 @@ fn deploy(path: &str) -> std::path::PathBuf {
     format!("{}/../deploy/{path}", env!("CARGO_MANIFEST_DIR")).into()
 }
 
-/// The shipped deploy/envoy/envoy.yaml (failure_mode_deny: false, Envoy's default) with Redis
-/// killed: a rule that fails closed denies every request (429 with Retry-After), because
-/// Tollgate answers OVER_LIMIT rather than an RPC error Envoy would let through.
+/// The shipped deploy/envoy/envoy.yaml (failure_mode_deny: false, Envoy's default) with the
+/// node its header names (deploy/rules/envoy/config.yaml, `--envoy-fail-mode CLOSED`) and
+/// Redis killed: every request is denied (429 with Retry-After), because Tollgate answers
+/// OVER_LIMIT rather than an RPC error Envoy would let through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fail_closed_rule_denies_through_envoys_default_config_with_redis_killed() {
     let mut redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
         .await
         .expect("join")
         .expect("redis");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let closed = dir.path().join("closed.yaml");
-    std::fs::write(
-        &closed,
-        "domain: rl\nrules:\n  - {id: per-address-closed, match: {remote_address: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 1m, failMode: CLOSED}\n",
+    let mut node = node_on_redis_with(
+        &redis,
+        vec![deploy("rules/envoy/config.yaml")],
+        Settings {
+            envoy_fail_mode: Some("CLOSED".into()),
+            ..Settings::default()
+        },
     )
-    .expect("rules");
-    let mut node = node_on_redis(&redis, vec![deploy("rules/envoy/config.yaml"), closed]).await;
+    .await;
     let upstream = upstream().await;
     let grpc = node.grpc_addr.port();
     let envoy = tokio::task::spawn_blocking(move || Shipped::start("envoy.yaml", upstream, grpc))
@@ -368,6 +379,43 @@ async fn the_example_rules_through_the_shipped_envoy_config() {
         assert_eq!(r.status, 429, "login-attempts fails closed: {r:?}");
         assert_eq!(r.header("tollgate-reason"), Some("store-unavailable"));
     }
+    node.stop().await;
+}
+
+/// Through the shipped deploy/envoy/envoy-public-api.yaml, anonymous requests (no API key)
+/// reach the example rules' anonymous-ip: 60 a minute per client address, then 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anonymous_requests_are_limited_per_address_through_the_shipped_envoy_config() {
+    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let mut node = node_on_redis(&redis, vec![deploy("rules/example.yaml")]).await;
+    let upstream = upstream().await;
+    let grpc = node.grpc_addr.port();
+    let envoy = tokio::task::spawn_blocking(move || {
+        Shipped::start("envoy-public-api.yaml", upstream, grpc)
+    })
+    .await
+    .expect("join");
+    let envoy = std::sync::Arc::new(envoy);
+    let e = envoy.clone();
+    let anonymous = tokio::task::spawn_blocking(move || {
+        (0..61)
+            .map(|_| e.send("GET", "/catalog", &[]))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    let admitted = anonymous.iter().filter(|r| r.status == 200).count();
+    assert_eq!(admitted, 60, "anonymous-ip admits 60 a minute");
+    let last = anonymous.last().expect("61");
+    assert_eq!(last.status, 429, "{last:?}");
+    assert!(
+        last.header("ratelimit-policy")
+            .is_some_and(|p| p.contains("\"anonymous-ip\"")),
+        "{last:?}"
+    );
     node.stop().await;
 }
 

@@ -1,5 +1,6 @@
 //! The small HTTP port: `/healthz` (the process is up), `/readyz` (the node can answer: rules
-//! loaded; store health is in the body, never a reason to be unready), Prometheus `/metrics`
+//! loaded; store health is in the body, never a reason to be unready), `/rules` (the rules
+//! in effect, with where each came from), Prometheus `/metrics`
 //! and, to a bearer token only, `/top-denied` (the 20 most-denied keys, overall and per rule, as
 //! JSON), and `POST /json`, a decision you can curl (`json_check.rs`). This port is open to
 //! whoever scrapes and probes (the whole monitoring namespace in
@@ -18,6 +19,7 @@ use axum::routing::{get, post};
 use tokio::net::TcpListener;
 
 use std::sync::Arc;
+use tollgate_node::rules::RuleKind;
 use tollgate_node::runtime::breaker::BreakerState;
 
 use subtle::ConstantTimeEq;
@@ -111,6 +113,62 @@ async fn metrics(State(node): State<Node>) -> impl IntoResponse {
     )
 }
 
+/// The node's effective rule set, as `/rlconfig` is envoyproxy/ratelimit's: every rule the node
+/// enforces right now (rule files and stored rules together), each with where it came from,
+/// its mode and fail mode, and its limit in this region. DISABLED rules are not in it.
+async fn rules(State(node): State<Node>) -> impl IntoResponse {
+    let active = node.rules();
+    let set = active.load();
+    let rules: Vec<serde_json::Value> = set
+        .rules()
+        .iter()
+        .map(|r| {
+            let limit = match &r.kind {
+                RuleKind::Unlimited => serde_json::json!({"unlimited": true}),
+                RuleKind::Block(window) => {
+                    serde_json::json!({"blocked": true, "windowSeconds": window.as_secs_f64()})
+                }
+                RuleKind::Limited(l) => {
+                    let mut limit = serde_json::json!({
+                        "algorithm": l.algorithm().as_str(),
+                        "capacity": l.capacity(),
+                    });
+                    if let Some(w) = l.window() {
+                        limit["windowSeconds"] = w.as_secs_f64().into();
+                    }
+                    if let Some(rate) = l.refill_per_second() {
+                        limit["refillPerSecond"] = rate.into();
+                    }
+                    if let Some(ttl) = l.slot_ttl() {
+                        limit["slotTtlSeconds"] = ttl.as_secs_f64().into();
+                    }
+                    limit
+                }
+            };
+            serde_json::json!({
+                "id": r.id,
+                "domain": r.domain,
+                "name": r.name,
+                "origin": r.origin,
+                "mode": r.mode.as_str(),
+                "failMode": r.fail_mode.as_str(),
+                "regionShare": r.placement.share,
+                "limit": limit,
+            })
+        })
+        .collect();
+    let body = serde_json::json!({
+        "version": set.version(),
+        "source": active.source(),
+        "problem": active.problem(),
+        "rules": rules,
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+}
+
 /// The 20 most-denied keys, overall and per rule (identities shown as configured), to a caller
 /// presenting `token` as a bearer token; not served without one configured.
 async fn top_denied(
@@ -161,6 +219,7 @@ pub fn router(
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/rules", get(rules))
         .route(
             "/top-denied",
             get(

@@ -601,3 +601,80 @@ async fn imports_and_exports_log_no_notices() {
         }
     }
 }
+
+/// `GET /rules` on the HTTP port shows the rules the node enforces, from its files and from
+/// PostgreSQL together, each with where it came from and its mode; a rule turned off with the
+/// kill switch leaves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_effective_rules_show_files_and_stored_rules_with_their_origin() {
+    let pg = postgres().await;
+    let mut node = Served::with_database(
+        &pg.url(),
+        "domain: api\nrules:\n  - {id: from-file, match: {plan: '*'}, algorithm: FIXED_WINDOW, limit: 5, window: 1m}\n",
+        Settings::default(),
+    )
+    .await;
+    let stored = call(
+        node.admin_port(),
+        "PUT",
+        &rule_path("stored"),
+        &[],
+        Some(BODY),
+    )
+    .await;
+    assert_eq!(stored.status, 201, "{stored:?}");
+    let rules_now = async |node: &Served| -> Value {
+        let (status, body) = node.get("/rules").await;
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str(&body).expect("json")
+    };
+    let rule = |rules: &Value, id: &str| {
+        rules["rules"]
+            .as_array()
+            .and_then(|r| r.iter().find(|r| r["id"] == id).cloned())
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let rules = loop {
+        let rules = rules_now(&node).await;
+        if rule(&rules, "stored").is_some() {
+            break rules;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{rules}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let file = rule(&rules, "from-file").expect("the file's rule");
+    assert!(
+        file["origin"]
+            .as_str()
+            .is_some_and(|o| o.contains("rules.yaml:3")),
+        "{file}"
+    );
+    let stored = rule(&rules, "stored").expect("the stored rule");
+    assert!(
+        stored["origin"]
+            .as_str()
+            .is_some_and(|o| o.contains("postgres")),
+        "{stored}"
+    );
+    assert_eq!(
+        (stored["mode"].clone(), stored["limit"]["capacity"].clone()),
+        (json!("ENFORCE"), json!(2))
+    );
+    assert_eq!(rules["source"], "postgres", "{rules}");
+
+    let off = call(
+        node.admin_port(),
+        "PATCH",
+        &rule_path("stored"),
+        &[],
+        Some(r#"{"mode": "DISABLED"}"#),
+    )
+    .await;
+    assert_eq!(off.status, 200, "{off:?}");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while rule(&rules_now(&node).await, "stored").is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "still in effect");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    node.stop().await;
+}

@@ -74,6 +74,9 @@ impl From<ControlError> for Problem {
     fn from(e: ControlError) -> Self {
         match e {
             ControlError::Invalid(f) => Problem::invalid(f.field, f.reason),
+            ControlError::InvalidFields(fields) => {
+                Problem::invalid_all(fields.into_iter().map(|f| (f.field, f.reason)))
+            }
             ControlError::NotFound(id) => Problem::not_found(format!("there is no rule {id:?}")),
             ControlError::Stale {
                 id,

@@ -72,6 +72,33 @@ impl Problem {
         p
     }
 
+    /// 400: the rule is invalid in each of `fields` (field, reason), all of them listed in
+    /// `errors` (the detail names the first, and how many more).
+    pub fn invalid_all(fields: impl IntoIterator<Item = (String, String)>) -> Self {
+        let errors: Vec<FieldProblem> = fields
+            .into_iter()
+            .map(|(field, reason)| FieldProblem { field, reason })
+            .collect();
+        let detail = match errors.as_slice() {
+            [] => "the rule is invalid".to_owned(),
+            [one] => format!("field `{}`: {}", one.field, one.reason),
+            [first, rest @ ..] => format!(
+                "field `{}`: {} (and {} more in errors)",
+                first.field,
+                first.reason,
+                rest.len()
+            ),
+        };
+        let mut p = Self::new(
+            StatusCode::BAD_REQUEST,
+            "urn:tollgate:problem:invalid-rule",
+            "The rule is invalid",
+            detail,
+        );
+        p.errors = errors;
+        p
+    }
+
     /// 400: a header or the query string is malformed (not the rule).
     pub fn bad_request(
         title: &'static str,

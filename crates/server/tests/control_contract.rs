@@ -678,3 +678,29 @@ async fn the_effective_rules_show_files_and_stored_rules_with_their_origin() {
     }
     node.stop().await;
 }
+
+/// A rule wrong in three fields is refused with all three in `errors[]`, each naming its
+/// field, not only the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_wrong_in_three_fields_names_all_three() {
+    let pg = postgres().await;
+    let mut node = Served::with_database(&pg.url(), "", Settings::default()).await;
+    let refused = call(
+        node.admin_port(),
+        "PUT",
+        &rule_path("wrong"),
+        &[],
+        Some(r#"{"domain": "api", "algorithm": "TOKEN_BUCKET", "capacity": 0, "refillPerSecond": 1, "mode": "OFF", "failMode": "SOMETIMES"}"#),
+    )
+    .await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    let problem = json_of(&refused);
+    let fields: Vec<&str> = problem["errors"]
+        .as_array()
+        .expect("errors")
+        .iter()
+        .filter_map(|e| e["field"].as_str())
+        .collect();
+    assert_eq!(fields, ["capacity", "mode", "failMode"], "{problem}");
+    node.stop().await;
+}

@@ -139,8 +139,8 @@ async fn rules_validate_checks_files_of_both_formats_for_ci() {
     assert!(log.contains("duplicate rule id"), "{log}");
 }
 
-/// `tollgate rules validate` says every error at once, each with its file and line, the line
-/// said once; a trailing `---` has its line; `failMode: closed` is CLOSED; an empty file and
+/// `tollgate rules validate` says every error at once (every field at fault of every rule of
+/// every file), each with its file and line, the line said once; a trailing `---` has its line; `failMode: closed` is CLOSED; an empty file and
 /// an unread subfolder are named, and fail the check only with `--strict`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rules_validate_says_every_error_at_once() {
@@ -149,7 +149,7 @@ async fn rules_validate_says_every_error_at_once() {
     std::fs::create_dir_all(rules.join("old")).expect("mkdir");
     std::fs::write(
         rules.join("three.yaml"),
-        "domain: d\nrules:\n  - {id: a, algorithm: TOKEN_BUCKET, capacity: 0, refillPerSecond: 1}\n  - {id: b, algorithm: FIXED_WINDOW, limit: 5, window: 1m, failMode: closed}\n  - id: c\n    algorithm: LEAKY\n    limit: 5\n  - {id: d, algorithm: FIXED_WINDOW, limit: 5, window: soon}\n",
+        "domain: d\nrules:\n  - {id: a, algorithm: TOKEN_BUCKET, capacity: 0, refillPerSecond: 1}\n  - {id: b, algorithm: FIXED_WINDOW, limit: 5, window: 1m, failMode: closed}\n  - id: c\n    algorithm: LEAKY\n    limit: 5\n  - {id: d, algorithm: FIXED_WINDOW, limit: 5, window: soon, mode: OFF}\n",
     )
     .expect("write");
     std::fs::write(rules.join("trailing.yaml"), "domain: t\nrules: []\n---\n").expect("write");
@@ -171,7 +171,8 @@ async fn rules_validate_says_every_error_at_once() {
         "broken.yaml:6: ",
         "empty.yaml: empty",
         "old: a subfolder, not read",
-        "5 errors found",
+        "field `mode`: unknown mode \"OFF\"",
+        "6 errors found",
     ] {
         assert!(log.contains(expected), "{expected:?} in {log}");
     }

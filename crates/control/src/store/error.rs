@@ -8,6 +8,9 @@ pub enum ControlError {
     /// The rule is invalid.
     #[error("{0}")]
     Invalid(FieldError),
+    /// The rule is invalid, in each of these fields (at least one).
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    InvalidFields(Vec<FieldError>),
     /// No such rule.
     #[error("no rule {0:?}")]
     NotFound(String),

@@ -197,8 +197,8 @@ fn as_written(
         _ => doc.id = Some(id.to_owned()),
     }
     // Every other field first (a stand-in where the domain is missing), then the domain.
-    doc.validate(Some(default_domain.unwrap_or("-")), format!("rule {id}"))
-        .map_err(ControlError::Invalid)?;
+    doc.validate_all(Some(default_domain.unwrap_or("-")), format!("rule {id}"))
+        .map_err(ControlError::InvalidFields)?;
     if doc.domain.is_none() && default_domain.is_none() {
         return Err(ControlError::Invalid(FieldError {
             field: "domain".into(),

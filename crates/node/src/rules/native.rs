@@ -187,116 +187,194 @@ pub fn validate_id(id: &str) -> Result<(), FieldError> {
 }
 
 impl RuleDoc {
-    /// Validates the document into a rule. `default_domain` applies when it names none.
+    /// Validates the document into a rule. `default_domain` applies when it names none. The
+    /// first error ([`RuleDoc::validate_all`] gives every one).
     pub fn validate(
         &self,
         default_domain: Option<&str>,
         origin: String,
     ) -> Result<Rule, FieldError> {
+        self.validate_all(default_domain, origin)
+            .map_err(|mut errors| errors.swap_remove(0))
+    }
+
+    /// Validates the document into a rule, or says every field at fault (each field on its
+    /// own: a bad `capacity` and a bad `mode` are two errors, in the order of the fields).
+    pub fn validate_all(
+        &self,
+        default_domain: Option<&str>,
+        origin: String,
+    ) -> Result<Rule, Vec<FieldError>> {
         // PostgreSQL stores no NUL in text or JSONB: refuse it here, naming the field, rather
         // than as a database error.
         if let Some(field) = serde_json::to_value(self)
             .ok()
             .and_then(|v| nul_field(&v, String::new()))
         {
-            return Err(field_error(field, "must not contain a NUL character"));
+            return Err(vec![field_error(field, "must not contain a NUL character")]);
         }
-        let id = self
-            .id
-            .clone()
-            .ok_or_else(|| field_error("id", "is required"))?;
-        validate_id(&id)?;
-        let domain = self
-            .domain
-            .clone()
-            .or_else(|| default_domain.map(str::to_owned))
-            .ok_or_else(|| {
-                field_error(
-                    "domain",
-                    "is required (on the rule or at the top of the file)",
-                )
-            })?;
-        if domain.is_empty() || domain.len() > 64 {
-            return Err(field_error("domain", "must be 1 to 64 characters"));
+        let mut errors = vec![];
+        fn keep<T>(errors: &mut Vec<FieldError>, result: Result<T, FieldError>) -> Option<T> {
+            result.map_err(|e| errors.push(e)).ok()
         }
-        let mut matches = Vec::with_capacity(self.matches.len());
-        for (key, value) in &self.matches {
-            if key.is_empty() {
-                return Err(field_error("match", "keys must not be empty"));
-            }
-            matches.push((key.clone(), Pattern::parse(value)));
-        }
-        let identity = match &self.per {
-            Some(keys) => {
-                if let Some(bad) = keys.iter().find(|k| k.is_empty()) {
-                    return Err(field_error(
+        let id = keep(
+            &mut errors,
+            self.id
+                .clone()
+                .ok_or_else(|| field_error("id", "is required"))
+                .and_then(|id| validate_id(&id).map(|()| id)),
+        );
+        let domain = keep(
+            &mut errors,
+            self.domain
+                .clone()
+                .or_else(|| default_domain.map(str::to_owned))
+                .ok_or_else(|| {
+                    field_error(
+                        "domain",
+                        "is required (on the rule or at the top of the file)",
+                    )
+                })
+                .and_then(|domain| {
+                    if domain.is_empty() || domain.len() > 64 {
+                        Err(field_error("domain", "must be 1 to 64 characters"))
+                    } else {
+                        Ok(domain)
+                    }
+                }),
+        );
+        let matches = keep(
+            &mut errors,
+            self.matches
+                .iter()
+                .map(|(key, value)| {
+                    if key.is_empty() {
+                        Err(field_error("match", "keys must not be empty"))
+                    } else {
+                        Ok((key.clone(), Pattern::parse(value)))
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>(),
+        );
+        let identity = keep(
+            &mut errors,
+            match &self.per {
+                Some(keys) => match keys.iter().find(|k| k.is_empty()) {
+                    Some(bad) => Err(field_error(
                         "per",
                         format!("keys must not be empty, got {bad:?}"),
-                    ));
+                    )),
+                    None => Ok(Identity::Keys(keys.clone())),
+                },
+                None => {
+                    let keyed: Vec<String> = matches
+                        .iter()
+                        .flatten()
+                        .filter(|(_, p)| p.keys_counter())
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    Ok(if keyed.is_empty() {
+                        Identity::Default
+                    } else {
+                        Identity::Keys(keyed)
+                    })
                 }
-                Identity::Keys(keys.clone())
-            }
-            None => {
-                let keyed: Vec<String> = matches
-                    .iter()
-                    .filter(|(_, p)| p.keys_counter())
-                    .map(|(k, _)| k.clone())
-                    .collect();
-                if keyed.is_empty() {
-                    Identity::Default
+            },
+        );
+        let algorithm: Option<Algorithm> = keep(
+            &mut errors,
+            if self.algorithm.is_empty() {
+                Err(field_error("algorithm", "is required"))
+            } else {
+                self.algorithm
+                    .parse()
+                    .map_err(|e: tollgate_lease::LimitError| field_error("algorithm", e.reason))
+            },
+        );
+        // The limit's fields and the regional policy are read for an algorithm.
+        let limit = algorithm.and_then(|algorithm| {
+            keep(
+                &mut errors,
+                self.limit_spec(algorithm)
+                    .and_then(|spec| spec.validate().map_err(|e| field_error(e.field, e.reason))),
+            )
+        });
+        let mode = keep(
+            &mut errors,
+            match &self.mode {
+                Some(m) => m.parse().map_err(|e| field_error("mode", e)),
+                None => Ok(Mode::Enforce),
+            },
+        );
+        let fail_mode = keep(
+            &mut errors,
+            match &self.fail_mode {
+                Some(m) => m.parse().map_err(|e| field_error("failMode", e)),
+                None => Ok(FailMode::Open),
+            },
+        );
+        let regional = algorithm.and_then(|algorithm| {
+            keep(
+                &mut errors,
+                match &self.regional {
+                    Some(doc) => doc
+                        .validate(algorithm)
+                        .map_err(|e| field_error(e.field, e.reason)),
+                    None => Ok(Default::default()),
+                },
+            )
+        });
+        let name = keep(&mut errors, {
+            let name = self
+                .name
+                .clone()
+                .or_else(|| self.id.clone())
+                .unwrap_or_default();
+            if name.is_empty()
+                || name.len() > 128
+                || name.contains(['"', '\\'])
+                || name.chars().any(char::is_control)
+            {
+                // A missing id is said once, as the id's.
+                if self.name.is_none() && self.id.is_none() {
+                    Ok(name)
                 } else {
-                    Identity::Keys(keyed)
+                    Err(field_error(
+                        "name",
+                        "must be 1 to 128 printable characters without quotes or backslashes",
+                    ))
                 }
+            } else {
+                Ok(name)
             }
-        };
-        let algorithm: Algorithm = if self.algorithm.is_empty() {
-            return Err(field_error("algorithm", "is required"));
-        } else {
-            self.algorithm
-                .parse()
-                .map_err(|e: tollgate_lease::LimitError| field_error("algorithm", e.reason))?
-        };
-        let limit = self
-            .limit_spec(algorithm)?
-            .validate()
-            .map_err(|e| field_error(e.field, e.reason))?;
-        let mode = match &self.mode {
-            Some(m) => m.parse().map_err(|e| field_error("mode", e))?,
-            None => Mode::Enforce,
-        };
-        let fail_mode = match &self.fail_mode {
-            Some(m) => m.parse().map_err(|e| field_error("failMode", e))?,
-            None => FailMode::Open,
-        };
-        let regional = match &self.regional {
-            Some(doc) => doc
-                .validate(algorithm)
-                .map_err(|e| field_error(e.field, e.reason))?,
-            None => Default::default(),
-        };
-        let name = self.name.clone().unwrap_or_else(|| id.clone());
-        if name.is_empty()
-            || name.len() > 128
-            || name.contains(['"', '\\'])
-            || name.chars().any(char::is_control)
-        {
-            return Err(field_error(
-                "name",
-                "must be 1 to 128 printable characters without quotes or backslashes",
-            ));
+        });
+        match (
+            id, domain, matches, identity, limit, mode, fail_mode, regional, name,
+        ) {
+            (
+                Some(id),
+                Some(domain),
+                Some(matches),
+                Some(identity),
+                Some(limit),
+                Some(mode),
+                Some(fail_mode),
+                Some(regional),
+                Some(name),
+            ) if errors.is_empty() => Ok(Rule {
+                id,
+                domain,
+                name,
+                matches,
+                identity,
+                limit,
+                mode,
+                fail_mode,
+                regional,
+                origin,
+            }),
+            _ => Err(errors),
         }
-        Ok(Rule {
-            id,
-            domain,
-            name,
-            matches,
-            identity,
-            limit,
-            mode,
-            fail_mode,
-            regional,
-            origin,
-        })
     }
 
     fn limit_spec(&self, algorithm: Algorithm) -> Result<LimitSpec, FieldError> {

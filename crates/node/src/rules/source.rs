@@ -200,16 +200,18 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
         for (i, doc) in parsed.rules.iter().enumerate() {
             let block = items.get(i).copied();
             let origin = format!("{}:{}", file.display(), block.map_or(0, |b| b.0));
-            match doc.validate(parsed.domain.as_deref(), origin) {
+            match doc.validate_all(parsed.domain.as_deref(), origin) {
                 Ok(rule) => native.push(rule),
-                Err(e) => {
-                    let line = block.map(|b| field_line(text, b, &e.field).unwrap_or(b.0));
+                Err(fields) => {
                     let named = doc
                         .id
                         .as_deref()
                         .map(|id| format!("rule {id:?} "))
                         .unwrap_or_default();
-                    errors.push(error(line, format!("{named}(rules[{i}]): {e}")));
+                    for e in fields {
+                        let line = block.map(|b| field_line(text, b, &e.field).unwrap_or(b.0));
+                        errors.push(error(line, format!("{named}(rules[{i}]): {e}")));
+                    }
                 }
             }
         }

@@ -4,8 +4,12 @@
 //!
 //! Writes are optimistic: every rule has a version, sent as `ETag`; `If-Match` with another
 //! version gets 412. Errors are `application/problem+json` naming the field. Bodies are limited
-//! to [`MAX_BODY_BYTES`]; unknown fields are refused. The kill switch is
-//! `PATCH {"mode": "DISABLED"}`: nodes stop enforcing the rule within a second, no deploy.
+//! to [`MAX_BODY_BYTES`]; unknown fields are refused.
+//!
+//! The kill switch is a mode override, `PUT /admin/v1/mode-overrides/{id} {"mode":
+//! "DISABLED"}`, for any rule the nodes enforce (from a file or stored): nodes stop enforcing
+//! it within a second, no deploy, and `rules import` leaves it standing. `PATCH {"mode": ...}`
+//! on a stored rule changes the rule itself; on a rule from a file it sets the override.
 
 use std::time::Duration;
 
@@ -23,7 +27,8 @@ use serde_json::{Value, json};
 use crate::auth::{Access, Tokens};
 use crate::problem::Problem;
 use crate::store::{
-    ControlError, ListFilter, Precondition, RuleStore, StoredRule, Written, from_json,
+    ControlError, ListFilter, OverrideBody, Precondition, RuleStore, StoredOverride, StoredRule,
+    Written, from_json,
 };
 use tollgate_node::rules::native::{RuleDoc, validate_id};
 
@@ -124,6 +129,17 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/admin/v1/rate-limit-rules/{id}/history",
             get(history).fallback(only("GET")),
+        )
+        .route(
+            "/admin/v1/mode-overrides",
+            get(list_overrides).fallback(only("GET")),
+        )
+        .route(
+            "/admin/v1/mode-overrides/{id}",
+            get(get_override)
+                .put(put_override)
+                .delete(delete_override)
+                .fallback(only("GET, PUT, DELETE")),
         )
         .route(
             "/admin/v1/top-denied",
@@ -378,17 +394,154 @@ async fn patch_rule(
             "a JSON merge patch must be an object",
         ));
     }
-    let rule = state
+    let result = state
         .store
         .patch(
             &id,
             &patch,
-            condition,
+            condition.clone(),
             &caller,
             state.default_domain().as_deref(),
         )
+        .await;
+    match result {
+        Ok(rule) => Ok(rule_response(StatusCode::OK, &rule)),
+        // Not stored: a rule from a file, whose mode the API can override (nothing else).
+        Err(ControlError::NotFound(_)) => {
+            let Some((origin, _)) = state
+                .node
+                .as_ref()
+                .and_then(|n| n.rules().installed_rule(&id))
+            else {
+                return Err(Problem::not_found(format!(
+                    "there is no rule {id:?}, neither stored nor in this node's rule files"
+                )));
+            };
+            let fields: Vec<&String> = patch
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, _)| k)
+                .collect();
+            let Some(mode) = patch.get("mode").filter(|_| fields == ["mode"]) else {
+                return Err(Problem::conflict(format!(
+                    "rule {id:?} comes from a file ({origin}), not from the rule store: change it \
+                     there; the API can set only its mode (PATCH {{\"mode\": \"DISABLED\"}} or \
+                     PUT /admin/v1/mode-overrides/{id})"
+                )));
+            };
+            let body = OverrideBody {
+                mode: mode.as_str().unwrap_or_default().to_owned(),
+                reason: Some(format!("PATCH of the rule from {origin}")),
+            };
+            let (stored, _) = state
+                .store
+                .set_override(&id, body, condition, &caller)
+                .await?;
+            let mut response = override_response(StatusCode::OK, &stored);
+            if let Ok(note) = HeaderValue::from_str(&format!(
+                "rule {id:?} comes from {origin}: its mode is overridden on every node; lift it \
+                 with DELETE /admin/v1/mode-overrides/{id}"
+            )) {
+                response.headers_mut().insert(OVERRIDE_NOTE, note);
+            }
+            Ok(response)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The response header that says a PATCH of a file's rule set a mode override.
+pub const OVERRIDE_NOTE: &str = "tollgate-mode-override";
+
+fn override_response(status: StatusCode, stored: &StoredOverride) -> Response {
+    let mut response = (status, axum::Json(stored)).into_response();
+    response
+        .headers_mut()
+        .insert(header::ETAG, etag(stored.version));
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    response
+}
+
+/// An override's id from the path: a Tollgate rule's id or an envoyproxy/ratelimit path.
+struct OverrideId(String);
+
+impl<S: Send + Sync> FromRequestParts<S> for OverrideId {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| Problem::invalid("id", e.body_text()))?;
+        if id.is_empty() || id.len() > 512 || id.chars().any(char::is_control) {
+            return Err(Problem::invalid(
+                "id",
+                "must be 1 to 512 bytes long, without control characters",
+            ));
+        }
+        Ok(Self(id))
+    }
+}
+
+async fn list_overrides(State(state): State<AdminState>) -> Result<Response, Problem> {
+    let items = state.store.mode_overrides().await?;
+    Ok((StatusCode::OK, axum::Json(json!({ "items": items }))).into_response())
+}
+
+async fn get_override(
+    State(state): State<AdminState>,
+    OverrideId(id): OverrideId,
+) -> Result<Response, Problem> {
+    let stored = state
+        .store
+        .mode_override(&id)
+        .await?
+        .ok_or_else(|| Problem::not_found(format!("rule {id:?} has no mode override")))?;
+    Ok(override_response(StatusCode::OK, &stored))
+}
+
+async fn put_override(
+    State(state): State<AdminState>,
+    OverrideId(id): OverrideId,
+    axum::Extension(Caller(caller)): axum::Extension<Caller>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let condition = precondition(&headers)?;
+    let body: OverrideBody = body_json(body, state.client_timeout).await?;
+    let (stored, created) = state
+        .store
+        .set_override(&id, body, condition, &caller)
         .await?;
-    Ok(rule_response(StatusCode::OK, &rule))
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let mut response = override_response(status, &stored);
+    // Set ahead of its rule is allowed (it applies once a rule has the id), but said.
+    if let Some(node) = &state.node
+        && node.rules().installed_rule(&id).is_none()
+        && let Ok(note) = HeaderValue::from_str(&format!(
+            "no rule {id:?} is enforced by this node: the override applies once one has this id"
+        ))
+    {
+        response.headers_mut().insert(OVERRIDE_NOTE, note);
+    }
+    Ok(response)
+}
+
+async fn delete_override(
+    State(state): State<AdminState>,
+    OverrideId(id): OverrideId,
+    axum::Extension(Caller(caller)): axum::Extension<Caller>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    let condition = precondition(&headers)?;
+    state.store.lift_override(&id, condition, &caller).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn delete_rule(

@@ -178,6 +178,16 @@ impl Problem {
         )
     }
 
+    /// 409: the rule exists, but not where this write could change it (a rule from a file).
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::CONFLICT,
+            "urn:tollgate:problem:rule-from-file",
+            "The rule comes from a file",
+            detail,
+        )
+    }
+
     /// 412: `If-Match` names a version that is not the current one.
     pub fn stale(detail: impl Into<String>) -> Self {
         Self::new(

@@ -4,8 +4,14 @@
 use tokio_postgres::Client;
 
 /// Every migration, in order.
-pub const MIGRATIONS: &[(i32, &str, &str)] =
-    &[(1, "rules", include_str!("../migrations/0001_rules.sql"))];
+pub const MIGRATIONS: &[(i32, &str, &str)] = &[
+    (1, "rules", include_str!("../migrations/0001_rules.sql")),
+    (
+        2,
+        "mode_overrides",
+        include_str!("../migrations/0002_mode_overrides.sql"),
+    ),
+];
 
 /// An arbitrary constant: the advisory lock that serialises migrations.
 const LOCK: i64 = 0x746f_6c6c_6761_7465; // "tollgate"

@@ -6,6 +6,7 @@
 //! - `pool`: the [`RuleStore`] handle, its connections and migrations.
 //! - `reads`: one rule, a page, a [`Snapshot`] of them all.
 //! - `writes`: create, replace, patch and delete under a [`Precondition`].
+//! - `overrides`: mode overrides, the kill switch for rules from any source.
 //! - `history`: what each write appends and the revision it bumps ([`CHANNEL`]).
 //! - `rows`: a rule as a row, both ways.
 //! - `json`: rule documents as JSON (merge patches, field errors).
@@ -14,6 +15,7 @@
 mod error;
 mod history;
 mod json;
+mod overrides;
 mod pool;
 mod reads;
 mod rows;
@@ -22,6 +24,7 @@ mod writes;
 pub use error::{ControlError, describe};
 pub use history::{CHANNEL, HistoryEntry};
 pub use json::{doc_json, from_json, merge_patch, serde_field_error};
+pub use overrides::{OverrideBody, StoredOverride};
 pub use pool::RuleStore;
 pub use reads::{ListFilter, Snapshot};
 pub use rows::StoredRule;

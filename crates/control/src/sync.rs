@@ -248,12 +248,17 @@ async fn listen(
     Ok((client, rx))
 }
 
-/// The rules of a snapshot, plus rule files.
 /// The rule files' rules and the store's, as one set. A rule or envoyproxy/ratelimit domain in
 /// PostgreSQL replaces the file's of the same id or domain: an admin write can never make the
 /// combined set fail to compile.
 fn to_rules(snapshot: &Snapshot, files: &[PathBuf]) -> Result<LoadedRules, ControlError> {
     let mut loaded = source::load(files).map_err(|e| ControlError::Database(e.to_string()))?;
+    // PostgreSQL's overrides first: an override file's (later) wins where both name a rule.
+    let from_files = std::mem::take(&mut loaded.overrides);
+    for stored in &snapshot.overrides {
+        loaded.overrides.push(stored.to_override()?);
+    }
+    loaded.overrides.extend(from_files);
     let stored_ids: std::collections::HashSet<&str> = snapshot
         .rules
         .iter()

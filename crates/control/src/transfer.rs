@@ -21,6 +21,14 @@ pub struct Summary {
     /// Of those imported, the rules and domains that changed (the rest were already exactly
     /// as written: no new version, history entry or revision).
     pub changed: usize,
+    /// Stored rules whose mode the import changed: id, mode before, mode after.
+    pub modes_changed: Vec<(String, String, String)>,
+    /// Imported rules a mode override holds in another mode than the file's: id, the
+    /// override's mode, the file's. The override stands (import never lifts one).
+    pub held_by_override: Vec<(String, String, String)>,
+    /// Override files among those given, which import does not write (overrides are set
+    /// through the admin API, or read by nodes from their rule files).
+    pub override_files: Vec<PathBuf>,
 }
 
 /// Why a transfer failed.
@@ -43,6 +51,7 @@ pub enum TransferError {
 }
 
 enum Document {
+    Overrides(PathBuf),
     Rules {
         docs: Vec<RuleDoc>,
         domain: Option<String>,
@@ -62,6 +71,9 @@ fn read(file: &Path) -> Result<Document, TransferError> {
     let text = std::fs::read_to_string(file).map_err(io)?;
     // Validate first, with errors naming the file, line and field.
     let loaded = source::parse(&text, file)?;
+    if !loaded.overrides.is_empty() {
+        return Ok(Document::Overrides(file.to_owned()));
+    }
     let yaml_error = |e: yaml_serde::Error| RulesError {
         file: file.to_owned(),
         line: None,
@@ -88,7 +100,9 @@ fn read(file: &Path) -> Result<Document, TransferError> {
 
 /// Imports every file under `paths`: rules are created or replaced (their history names
 /// `actor`); envoyproxy/ratelimit domains likewise. With `prune`, rules the files do not name
-/// are deleted.
+/// are deleted. A rule's mode is the file's, but a mode override (the kill switch) stands: the
+/// summary names every stored rule whose mode the import changed, and every rule an override
+/// still holds in another mode.
 pub async fn import(
     store: &RuleStore,
     paths: &[PathBuf],
@@ -105,17 +119,40 @@ pub async fn import(
     store.migrate().await?;
     let mut summary = Summary::default();
     let mut named = BTreeSet::new();
+    let overrides: std::collections::HashMap<String, String> = store
+        .mode_overrides()
+        .await?
+        .into_iter()
+        .map(|o| (o.rule_id, o.mode))
+        .collect();
     for document in documents {
         match document {
+            Document::Overrides(file) => summary.override_files.push(file),
             Document::Rules { docs, domain } => {
                 for mut doc in docs {
                     let id = doc.id.clone().unwrap_or_default();
                     if doc.domain.is_none() {
                         doc.domain = domain.clone();
                     }
-                    let (_, written) = store
+                    let before = store.get(&id).await?.and_then(|r| r.doc.mode);
+                    let (after, written) = store
                         .put(&id, doc, None, actor, Some(default_domain))
                         .await?;
+                    let after = after.doc.mode.unwrap_or_default();
+                    if let Some(before) = before
+                        && before != after
+                    {
+                        summary
+                            .modes_changed
+                            .push((id.clone(), before, after.clone()));
+                    }
+                    if let Some(held) = overrides.get(&id)
+                        && *held != after
+                    {
+                        summary
+                            .held_by_override
+                            .push((id.clone(), held.clone(), after));
+                    }
                     summary.changed += usize::from(written != Written::Unchanged);
                     named.insert(id);
                     summary.rules += 1;
@@ -190,7 +227,6 @@ pub async fn export(store: &RuleStore, out: &Path) -> Result<Summary, TransferEr
     Ok(Summary {
         rules: snapshot.rules.len(),
         envoy_domains: snapshot.envoy.len(),
-        pruned: 0,
-        changed: 0,
+        ..Summary::default()
     })
 }

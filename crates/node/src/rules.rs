@@ -6,6 +6,7 @@
 //! - [`native`]: Tollgate's rule document and file format (also the admin API's body).
 //! - [`envoy`]: envoyproxy/ratelimit's YAML configuration.
 //! - [`source`]: loading files, with errors that name the file, line and field.
+//! - [`overrides`]: mode overrides, the kill switch for rules from any source.
 //! - [`compiled`]: one compiled rule; [`set`]: the compiled, indexed rule set.
 //! - [`watch`]: reloading when files change; an invalid file is rejected whole.
 
@@ -13,6 +14,7 @@ pub mod compiled;
 pub mod envoy;
 pub mod model;
 pub mod native;
+pub mod overrides;
 pub mod set;
 pub mod source;
 pub mod watch;

@@ -115,7 +115,8 @@ async fn metrics(State(node): State<Node>) -> impl IntoResponse {
 
 /// The node's effective rule set, as `/rlconfig` is envoyproxy/ratelimit's: every rule the node
 /// enforces right now (rule files and stored rules together), each with where it came from,
-/// its mode and fail mode, and its limit in this region. DISABLED rules are not in it.
+/// its mode and fail mode, and its limit in this region. DISABLED rules are not in it; every
+/// mode override is, under `overrides`, with the mode and origin of the rule it overrides.
 async fn rules(State(node): State<Node>) -> impl IntoResponse {
     let active = node.rules();
     let set = active.load();
@@ -157,11 +158,28 @@ async fn rules(State(node): State<Node>) -> impl IntoResponse {
             })
         })
         .collect();
+    // Every mode override, applied or waiting for its rule: a DISABLED rule is not enforced
+    // and so is not among the rules above, but shows here with where it came from.
+    let overrides: Vec<serde_json::Value> = active
+        .overrides()
+        .iter()
+        .map(|o| {
+            serde_json::json!({
+                "id": o.by.id,
+                "mode": o.by.mode.as_str(),
+                "reason": o.by.reason,
+                "origin": o.by.origin,
+                "ruleMode": o.rule_mode.map(|m| m.as_str()),
+                "ruleOrigin": o.rule_origin,
+            })
+        })
+        .collect();
     let body = serde_json::json!({
         "version": set.version(),
         "source": active.source(),
         "problem": active.problem(),
         "rules": rules,
+        "overrides": overrides,
     });
     (
         [(header::CONTENT_TYPE, "application/json")],

@@ -143,6 +143,22 @@ fn run_command(command: Command) -> std::process::ExitCode {
                     "imported {} rules and {} envoyproxy/ratelimit domains ({} changed); pruned {}",
                     s.rules, s.envoy_domains, s.changed, s.pruned
                 );
+                for (id, before, after) in &s.modes_changed {
+                    println!("rule {id}: mode {before} -> {after} (as its file says)");
+                }
+                for (id, held, file) in &s.held_by_override {
+                    println!(
+                        "rule {id}: a mode override holds it {held} (the file says {file}); \
+                         the override stands until lifted: DELETE /admin/v1/mode-overrides/{id}"
+                    );
+                }
+                for file in &s.override_files {
+                    println!(
+                        "{}: mode overrides, not imported (set them with PUT \
+                         /admin/v1/mode-overrides/ID, or give the file to the nodes with --rules)",
+                        file.display()
+                    );
+                }
                 Ok::<(), transfer::TransferError>(())
             }
             RulesCommand::Validate { .. } => unreachable!("validated above, without a runtime"),
@@ -173,10 +189,18 @@ fn run_command(command: Command) -> std::process::ExitCode {
 fn validate(files: &[std::path::PathBuf], strict: bool) -> Result<(), String> {
     let checked = tollgate_node::rules::source::check(files);
     let mut errors: Vec<String> = checked.errors.iter().map(ToString::to_string).collect();
+    let mut loaded = checked.loaded.clone();
+    let applied = match tollgate_node::rules::overrides::apply(&mut loaded) {
+        Ok(applied) => applied,
+        Err(message) => {
+            errors.push(message);
+            vec![]
+        }
+    };
     if errors.is_empty()
         && let Err(message) = tollgate_node::rules::RuleSet::compile(
-            &checked.loaded.native,
-            &checked.loaded.envoy,
+            &loaded.native,
+            &loaded.envoy,
             1,
             &tollgate_node::metrics::Metrics::new(),
         )
@@ -188,6 +212,12 @@ fn validate(files: &[std::path::PathBuf], strict: bool) -> Result<(), String> {
         .iter()
         .map(|f| format!("{}: empty: no rules in it", f.display()))
         .collect();
+    notes.extend(applied.iter().filter(|o| o.rule_mode.is_none()).map(|o| {
+        format!(
+            "{}: a mode override of {:?}, which no rule here has",
+            o.by.origin, o.by.id
+        )
+    }));
     notes.extend(checked.skipped.iter().map(|d| {
         format!(
             "{}: a subfolder, not read (rules are the directory's own files)",
@@ -205,12 +235,16 @@ fn validate(files: &[std::path::PathBuf], strict: bool) -> Result<(), String> {
         ));
     }
     if strict && !notes.is_empty() {
-        return Err("--strict: empty files or unread subfolders (above)".into());
+        return Err(
+            "--strict: empty files, unread subfolders or overrides of no rule (above)".into(),
+        );
     }
     println!(
-        "valid: {} Tollgate rules and {} envoyproxy/ratelimit domains in {} paths",
+        "valid: {} Tollgate rules, {} envoyproxy/ratelimit domains and {} mode overrides in {} \
+         paths",
         checked.loaded.native.len(),
         checked.loaded.envoy.len(),
+        checked.loaded.overrides.len(),
         files.len()
     );
     Ok(())

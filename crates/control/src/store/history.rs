@@ -16,7 +16,8 @@ pub const CHANNEL: &str = "tollgate_rules";
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HistoryEntry {
-    /// created, updated or deleted.
+    /// created, updated or deleted; overridden or override-lifted (a mode override's, whose
+    /// version, old and new are the override's).
     pub change: String,
     /// The rule's version after the change.
     pub version: i64,
@@ -66,11 +67,14 @@ impl RuleStore {
     }
 }
 
-/// The last version rule `id` ever had (0 if none), deleted ones included.
+/// The last version rule `id` ever had (0 if none), deleted ones included (its mode
+/// overrides' entries have versions of their own).
 pub(super) async fn last_version(tx: &impl GenericClient, id: &str) -> Result<i64, ControlError> {
     Ok(tx
         .query_opt(
-            "SELECT version FROM rate_limit_rule_history WHERE rule_id = $1 ORDER BY seq DESC LIMIT 1",
+            "SELECT version FROM rate_limit_rule_history
+             WHERE rule_id = $1 AND change IN ('created', 'updated', 'deleted')
+             ORDER BY seq DESC LIMIT 1",
             &[&id],
         )
         .await?

@@ -6,6 +6,7 @@ use serde_json::Value;
 use tollgate_node::rules::native::RuleDoc;
 
 use super::error::ControlError;
+use super::overrides::{StoredOverride, all_overrides};
 use super::pool::RuleStore;
 use super::rows::{RULE_COLUMNS, StoredRule, get_rule, stored, time};
 
@@ -18,6 +19,9 @@ pub struct Snapshot {
     pub rules: Vec<RuleDoc>,
     /// envoyproxy/ratelimit configurations, one document per domain.
     pub envoy: Vec<Value>,
+    /// Mode overrides (absent from snapshots written before there were any).
+    #[serde(default)]
+    pub overrides: Vec<StoredOverride>,
 }
 
 /// A list query.
@@ -90,11 +94,13 @@ impl RuleStore {
             .iter()
             .map(|r| r.get(0))
             .collect();
+        let overrides = all_overrides(&tx).await?;
         tx.commit().await?;
         Ok(Snapshot {
             revision,
             rules,
             envoy,
+            overrides,
         })
     }
 

@@ -217,7 +217,7 @@ fn as_written(
 
 /// Serialises writers of one id (creations included, which no row lock can: the row does not
 /// exist yet), for the rest of the transaction.
-async fn lock_id(tx: &impl GenericClient, id: &str) -> Result<(), ControlError> {
+pub(super) async fn lock_id(tx: &impl GenericClient, id: &str) -> Result<(), ControlError> {
     tx.execute(
         "SELECT pg_advisory_xact_lock(hashtextextended($1, 7026))",
         &[&id],
@@ -226,7 +226,7 @@ async fn lock_id(tx: &impl GenericClient, id: &str) -> Result<(), ControlError> 
     Ok(())
 }
 
-fn check(
+pub(super) fn check(
     id: &str,
     condition: &Option<Precondition>,
     current: Option<i64>,

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::rules::envoy::EnvoyConfig;
 use crate::rules::model::Rule;
 use crate::rules::native::RulesFile;
+use crate::rules::overrides::{ModeOverride, OverridesFile};
 use crate::rules::set::EnvoyDomainConfig;
 
 /// Rules read from files, validated but not compiled.
@@ -17,6 +18,8 @@ pub struct LoadedRules {
     pub native: Vec<Rule>,
     /// envoyproxy/ratelimit domains.
     pub envoy: Vec<EnvoyDomainConfig>,
+    /// Mode overrides (the kill switch), applied when the set is installed.
+    pub overrides: Vec<ModeOverride>,
 }
 
 impl LoadedRules {
@@ -24,6 +27,12 @@ impl LoadedRules {
     pub fn extend(&mut self, other: LoadedRules) {
         self.native.extend(other.native);
         self.envoy.extend(other.envoy);
+        self.overrides.extend(other.overrides);
+    }
+
+    /// Whether nothing was loaded (no rule, domain or override).
+    pub fn is_empty(&self) -> bool {
+        self.native.is_empty() && self.envoy.is_empty() && self.overrides.is_empty()
     }
 }
 
@@ -127,7 +136,7 @@ pub fn check(paths: &[PathBuf]) -> Checked {
                 }
             };
             let (loaded, errors) = parse_all(&text, &file);
-            if errors.is_empty() && loaded.native.is_empty() && loaded.envoy.is_empty() {
+            if errors.is_empty() && loaded.is_empty() {
                 out.empty.push(file.clone());
             }
             out.loaded.extend(loaded);
@@ -218,7 +227,39 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
         (
             LoadedRules {
                 native,
-                envoy: vec![],
+                ..LoadedRules::default()
+            },
+            errors,
+        )
+    } else if has("overrides") {
+        let parsed: OverridesFile = match yaml_serde::from_str(text) {
+            Ok(parsed) => parsed,
+            Err(e) => return (LoadedRules::default(), vec![yaml_error(e)]),
+        };
+        let items = item_lines(text, "overrides");
+        let mut overrides = Vec::with_capacity(parsed.overrides.len());
+        let mut errors = vec![];
+        for (i, doc) in parsed.overrides.iter().enumerate() {
+            let block = items.get(i).copied();
+            let origin = format!("{}:{}", file.display(), block.map_or(0, |b| b.0));
+            match doc.validate(origin) {
+                Ok(o) => overrides.push(o),
+                Err((field, reason)) => {
+                    let line = block.map(|b| field_line(text, b, field).unwrap_or(b.0));
+                    errors.push(error(
+                        line,
+                        format!(
+                            "mode override of {:?} (overrides[{i}]): {field}: {reason}",
+                            doc.id
+                        ),
+                    ));
+                }
+            }
+        }
+        (
+            LoadedRules {
+                overrides,
+                ..LoadedRules::default()
             },
             errors,
         )
@@ -230,7 +271,6 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
         match config.validate() {
             Ok(nodes) => (
                 LoadedRules {
-                    native: vec![],
                     envoy: vec![EnvoyDomainConfig {
                         domain: config.domain,
                         nodes,
@@ -238,6 +278,7 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
                         // The format has none: ActiveRules sets the node's (EnvoyFailModes).
                         fail_mode: crate::rules::model::FailMode::Open,
                     }],
+                    ..LoadedRules::default()
                 },
                 vec![],
             ),
@@ -257,8 +298,8 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
             LoadedRules::default(),
             vec![error(
                 None,
-                "neither Tollgate rules (a top-level `rules:` list) nor an envoyproxy/ratelimit \
-                 config (`domain:` and `descriptors:`)"
+                "neither Tollgate rules (a top-level `rules:` list), mode overrides (`overrides:`) \
+                 nor an envoyproxy/ratelimit config (`domain:` and `descriptors:`)"
                     .into(),
             )],
         )

@@ -10,6 +10,8 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::metrics::Metrics;
+use crate::rules::model::Mode;
+use crate::rules::overrides::{self, AppliedOverride};
 use crate::rules::set::{EnvoyFailModes, RuleSet};
 use crate::rules::source::{self, LoadedRules, RulesError};
 use tollgate_regionsync::policy::RegionView;
@@ -41,6 +43,8 @@ pub struct ActiveRules {
     installed: parking_lot::Mutex<Option<(LoadedRules, u64)>>,
     /// How this node sees the regions (None: a single region).
     region: parking_lot::Mutex<Option<RegionView>>,
+    /// The mode overrides of the set last installed, and what each did.
+    overrides: parking_lot::Mutex<Vec<AppliedOverride>>,
 }
 
 impl ActiveRules {
@@ -65,6 +69,7 @@ impl ActiveRules {
             generation: AtomicU64::new(0),
             installed: parking_lot::Mutex::new(None),
             region: parking_lot::Mutex::new(None),
+            overrides: parking_lot::Mutex::new(vec![]),
         })
     }
 
@@ -168,6 +173,7 @@ impl ActiveRules {
         for config in &mut rules.envoy {
             config.fail_mode = modes.of(&config.domain);
         }
+        let applied = overrides::apply(&mut rules)?;
         let mut installed = self.installed.lock();
         self.next_version.fetch_max(version + 1, Ordering::Relaxed);
         let view = self.region.lock().clone();
@@ -181,12 +187,69 @@ impl ActiveRules {
         let count = set.rules().len();
         self.swap(set, version);
         *installed = Some((rules, version));
+        for o in &applied {
+            match (&o.rule_origin, o.rule_mode) {
+                (Some(rule), Some(own)) if own != o.by.mode => tracing::warn!(
+                    rule = %o.by.id, mode = %o.by.mode, own = %own, %rule, by = %o.by.origin,
+                    "a mode override sets the rule's mode"
+                ),
+                (None, _) => tracing::info!(
+                    rule = %o.by.id, mode = %o.by.mode, by = %o.by.origin,
+                    "a mode override names no rule this node has; it waits for one"
+                ),
+                _ => {}
+            }
+        }
+        *self.overrides.lock() = applied;
         if count == 0 {
             tracing::warn!(version, "the rule set is empty: every request is allowed");
         } else {
             tracing::info!(version, rules = count, "rule set installed");
         }
         Ok(version)
+    }
+
+    /// The mode overrides in effect, each with the mode and origin of the rule it overrides
+    /// (none when no installed rule has its id), in id order.
+    pub fn overrides(&self) -> Vec<AppliedOverride> {
+        self.overrides.lock().clone()
+    }
+
+    /// Where the installed rule `id` (a Tollgate rule's id or an envoyproxy/ratelimit
+    /// descriptor's path) was defined and the mode it runs in, disabled ones included; None
+    /// when no installed rule has that id.
+    pub fn installed_rule(&self, id: &str) -> Option<(String, Mode)> {
+        if let Some(o) = self.overrides.lock().iter().find(|o| o.by.id == id)
+            && let Some(origin) = &o.rule_origin
+        {
+            return Some((origin.clone(), o.by.mode));
+        }
+        let installed = self.installed.lock();
+        let (rules, _) = installed.as_ref()?;
+        if let Some(rule) = rules.native.iter().find(|r| r.id == id) {
+            return Some((rule.origin.clone(), rule.mode));
+        }
+        fn find<'a>(
+            nodes: &'a [crate::rules::envoy::ValidNode],
+            id: &str,
+        ) -> Option<&'a crate::rules::envoy::ValidNode> {
+            nodes.iter().find_map(|n| {
+                if n.path == id && n.limit.is_some() {
+                    Some(n)
+                } else {
+                    find(&n.children, id)
+                }
+            })
+        }
+        rules.envoy.iter().find_map(|config| {
+            let node = find(&config.nodes, id)?;
+            let mode = if node.shadow {
+                Mode::Shadow
+            } else {
+                Mode::Enforce
+            };
+            Some((config.origin.clone(), mode))
+        })
     }
 
     /// Loads every file under `paths` and installs the result.

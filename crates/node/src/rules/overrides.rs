@@ -1,0 +1,274 @@
+//! Mode overrides: the kill switch for every rule, wherever it came from. An override names a
+//! rule by id (a Tollgate rule's id, or an envoyproxy/ratelimit descriptor's path as
+//! `GET /rules` shows it) and sets its mode (ENFORCE, SHADOW or DISABLED) over what its file
+//! or stored document says. Overrides come from PostgreSQL (the admin API's
+//! `/admin/v1/mode-overrides`) and from override files among the rule files (a top-level
+//! `overrides:` list), for nodes without a database:
+//!
+//! ```yaml
+//! overrides:
+//!   - id: api-key-default
+//!     mode: DISABLED
+//!     reason: "cut off a customer by mistake (INC-1234)"
+//! ```
+//!
+//! An override outlives changes to its rule (an edited file, a `rules import`): it is lifted
+//! only by removing it. Where both name a rule, a file's override wins over PostgreSQL's (the
+//! file is the node's own hatch); two files naming the same rule are an error.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::rules::envoy::ValidNode;
+use crate::rules::model::Mode;
+use crate::rules::native::validate_id;
+use crate::rules::set::EnvoyDomainConfig;
+use crate::rules::source::LoadedRules;
+
+/// One rule's mode, set over the rule's own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModeOverride {
+    /// The rule's id (an envoyproxy/ratelimit descriptor: its path).
+    pub id: String,
+    /// The mode it runs in while the override stands.
+    pub mode: Mode,
+    /// Why, in the words of whoever set it.
+    pub reason: Option<String>,
+    /// Where it was set: `file:line`, or `postgres (by alice at 2026-12-02T10:00:00Z)`.
+    pub origin: String,
+}
+
+/// An override as written in an override file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideDoc {
+    /// The rule's id.
+    pub id: String,
+    /// ENFORCE, SHADOW or DISABLED (any case).
+    pub mode: String,
+    /// Why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// An override file: a top-level `overrides:` list.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverridesFile {
+    /// The overrides.
+    #[serde(default)]
+    pub overrides: Vec<OverrideDoc>,
+}
+
+impl OverrideDoc {
+    /// Checks the id and mode; the field at fault and why otherwise.
+    pub fn validate(&self, origin: String) -> Result<ModeOverride, (&'static str, String)> {
+        // An envoyproxy/ratelimit path may hold characters a Tollgate id may not.
+        if self.id.is_empty() || self.id.len() > 512 {
+            return Err(("id", "must be 1 to 512 bytes long".into()));
+        }
+        if self.id.chars().any(char::is_control) {
+            return Err(("id", "must not hold control characters".into()));
+        }
+        let mode = self.mode.parse::<Mode>().map_err(|e| ("mode", e))?;
+        Ok(ModeOverride {
+            id: self.id.clone(),
+            mode,
+            reason: self.reason.clone(),
+            origin,
+        })
+    }
+}
+
+/// Whether `id` could name a Tollgate rule (the admin API's ids).
+pub fn is_rule_id(id: &str) -> bool {
+    validate_id(id).is_ok()
+}
+
+/// What became of one override when a rule set was installed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AppliedOverride {
+    /// The override.
+    pub by: ModeOverride,
+    /// The mode the rule itself has (None: no rule has this id; the override waits for one).
+    pub rule_mode: Option<Mode>,
+    /// Where that rule was defined.
+    pub rule_origin: Option<String>,
+}
+
+/// Sets each overridden rule's mode in `rules`; what became of each override, in id order. An
+/// override of a rule no source defines is kept, and applies once a rule has its id.
+pub fn apply(rules: &mut LoadedRules) -> Result<Vec<AppliedOverride>, String> {
+    let mut by_id: HashMap<&str, &ModeOverride> = HashMap::new();
+    let mut from_files: HashMap<&str, &str> = HashMap::new();
+    for o in &rules.overrides {
+        let from_file = !o.origin.starts_with("postgres");
+        if from_file && let Some(first) = from_files.insert(&o.id, &o.origin) {
+            return Err(format!(
+                "{}: a second mode override of rule {:?} (the first is at {first})",
+                o.origin, o.id
+            ));
+        }
+        // Later entries win: PostgreSQL's come first, files' after them.
+        by_id.insert(&o.id, o);
+    }
+    let mut applied: HashMap<&str, AppliedOverride> = by_id
+        .iter()
+        .map(|(id, o)| {
+            let entry = AppliedOverride {
+                by: (*o).clone(),
+                rule_mode: None,
+                rule_origin: None,
+            };
+            (*id, entry)
+        })
+        .collect();
+    for rule in &mut rules.native {
+        if let Some(o) = by_id.get(rule.id.as_str())
+            && let Some(entry) = applied.get_mut(rule.id.as_str())
+        {
+            entry.rule_mode = Some(rule.mode);
+            entry.rule_origin = Some(rule.origin.clone());
+            rule.mode = o.mode;
+        }
+    }
+    for config in &mut rules.envoy {
+        apply_envoy(config, &by_id, &mut applied);
+    }
+    let mut out: Vec<AppliedOverride> = applied.into_values().collect();
+    out.sort_by(|a, b| a.by.id.cmp(&b.by.id));
+    Ok(out)
+}
+
+fn apply_envoy(
+    config: &mut EnvoyDomainConfig,
+    by_id: &HashMap<&str, &ModeOverride>,
+    applied: &mut HashMap<&str, AppliedOverride>,
+) {
+    fn walk(
+        nodes: &mut [ValidNode],
+        origin: &str,
+        by_id: &HashMap<&str, &ModeOverride>,
+        applied: &mut HashMap<&str, AppliedOverride>,
+    ) {
+        for node in nodes {
+            if node.limit.is_some()
+                && let Some(o) = by_id.get(node.path.as_str())
+                && let Some(entry) = applied.get_mut(node.path.as_str())
+            {
+                entry.rule_mode = Some(if node.shadow {
+                    Mode::Shadow
+                } else {
+                    Mode::Enforce
+                });
+                entry.rule_origin = Some(origin.to_owned());
+                match o.mode {
+                    Mode::Enforce => node.shadow = false,
+                    Mode::Shadow => node.shadow = true,
+                    // No limit at this depth: what envoyproxy/ratelimit does for a descriptor
+                    // without `rate_limit` (its children keep theirs).
+                    Mode::Disabled => node.limit = None,
+                }
+            }
+            walk(&mut node.children, origin, by_id, applied);
+        }
+    }
+    walk(&mut config.nodes, &config.origin, by_id, applied);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::source::parse;
+    use std::path::Path;
+
+    fn loaded(text: &str) -> LoadedRules {
+        parse(text, Path::new("t.yaml")).expect("parses")
+    }
+
+    #[test]
+    fn an_override_sets_the_mode_of_a_file_rule_and_says_what_it_was() {
+        let mut rules = loaded(
+            "domain: d\nrules:\n  - {id: a, algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n  - {id: b, algorithm: FIXED_WINDOW, limit: 1, window: 1s, mode: SHADOW}\n",
+        );
+        rules.extend(loaded(
+            "overrides:\n  - id: a\n    mode: disabled\n    reason: INC-1\n  - {id: c, mode: SHADOW}\n",
+        ));
+        let applied = apply(&mut rules).expect("applies");
+        assert_eq!(rules.native[0].mode, Mode::Disabled);
+        assert_eq!(rules.native[1].mode, Mode::Shadow);
+        assert_eq!(applied.len(), 2);
+        assert_eq!(applied[0].by.id, "a");
+        assert_eq!(applied[0].by.reason.as_deref(), Some("INC-1"));
+        assert_eq!(applied[0].by.origin, "t.yaml:2");
+        assert_eq!(applied[0].rule_mode, Some(Mode::Enforce));
+        assert_eq!(applied[0].rule_origin.as_deref(), Some("t.yaml:3"));
+        assert_eq!(applied[1].by.id, "c");
+        assert_eq!(applied[1].rule_mode, None, "no rule c: the override waits");
+    }
+
+    #[test]
+    fn a_file_override_wins_over_postgres_and_two_files_are_an_error() {
+        let mut rules = loaded(
+            "domain: d\nrules:\n  - {id: a, algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n",
+        );
+        rules.overrides.push(ModeOverride {
+            id: "a".into(),
+            mode: Mode::Shadow,
+            reason: None,
+            origin: "postgres (by ops)".into(),
+        });
+        rules.extend(loaded("overrides:\n  - {id: a, mode: DISABLED}\n"));
+        apply(&mut rules.clone()).expect("applies");
+        let mut applied = rules.clone();
+        apply(&mut applied).expect("applies");
+        assert_eq!(applied.native[0].mode, Mode::Disabled);
+        rules.extend(
+            parse(
+                "overrides:\n  - {id: a, mode: ENFORCE}\n",
+                Path::new("u.yaml"),
+            )
+            .expect("parses"),
+        );
+        let e = apply(&mut rules).expect_err("two files override a");
+        assert!(e.contains("u.yaml:2") && e.contains("t.yaml:2"), "{e}");
+    }
+
+    #[test]
+    fn an_envoy_descriptor_is_overridden_by_its_path() {
+        let mut rules = loaded(
+            "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: second, requests_per_unit: 5}\n    descriptors:\n      - key: path\n        rate_limit: {unit: second, requests_per_unit: 1}\n",
+        );
+        let path = rules.envoy[0].nodes[0].path.clone();
+        let child = rules.envoy[0].nodes[0].children[0].path.clone();
+        rules.overrides.push(ModeOverride {
+            id: path.clone(),
+            mode: Mode::Disabled,
+            reason: None,
+            origin: "postgres".into(),
+        });
+        rules.overrides.push(ModeOverride {
+            id: child,
+            mode: Mode::Shadow,
+            reason: None,
+            origin: "postgres".into(),
+        });
+        let applied = apply(&mut rules).expect("applies");
+        let node = &rules.envoy[0].nodes[0];
+        assert!(node.limit.is_none(), "disabled: no limit at {path}");
+        assert!(node.children[0].limit.is_some() && node.children[0].shadow);
+        assert!(applied.iter().all(|a| a.rule_mode == Some(Mode::Enforce)));
+    }
+
+    #[test]
+    fn a_bad_override_names_its_field_and_line() {
+        let e = parse(
+            "overrides:\n  - id: a\n    mode: OFF\n",
+            Path::new("o.yaml"),
+        )
+        .expect_err("OFF is no mode");
+        assert_eq!(e.line, Some(3), "{e}");
+        assert!(e.message.contains("mode"), "{e}");
+    }
+}

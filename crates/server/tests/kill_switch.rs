@@ -324,3 +324,49 @@ async fn an_override_file_is_the_kill_switch_without_a_database() {
     );
     node.stop().await;
 }
+
+/// A stored rule turned off by a PATCH of the rule itself (not an override) is turned back on
+/// by an import of its file, as before, but never silently: the import names the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_names_every_mode_it_changes() {
+    let pg = postgres().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("rules.yaml");
+    std::fs::write(&file, FILE_RULE).expect("write");
+    let import = {
+        let (url, file) = (pg.url(), file.clone());
+        move || {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+                .args(["rules", "import", "--database-url", &url])
+                .arg(&file)
+                .output()
+                .expect("run tollgate");
+            assert!(out.status.success(), "{out:?}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        }
+    };
+    let first = tokio::task::spawn_blocking(import.clone())
+        .await
+        .expect("join");
+    assert!(!first.contains("mode "), "{first}");
+    let mut node = Served::with_database(&pg.url(), "", Settings::default()).await;
+    let off = call(
+        node.admin_port(),
+        "PATCH",
+        &rule_path("api-key-default"),
+        &[],
+        Some(r#"{"mode": "DISABLED"}"#),
+    )
+    .await;
+    assert_eq!(
+        (off.status, json_of(&off)["version"].clone()),
+        (200, json!(2)),
+        "{off:?}"
+    );
+    let second = tokio::task::spawn_blocking(import).await.expect("join");
+    assert!(
+        second.contains("rule api-key-default: mode DISABLED -> ENFORCE (as its file says)"),
+        "{second}"
+    );
+    node.stop().await;
+}

@@ -3,13 +3,19 @@
 //! with no limiter) beside Tollgate on the in-memory store and on Redis, all driven by h2load
 //! with a real request body (one hot key, a limit never reached).
 //!
+//! - **The ceiling is the best build of the bare server.** The bench builds run with the
+//!   shipped release profile (fat LTO, one codegen unit); the bare server is measured built so,
+//!   and also built with `panic = "abort"` on top (`target/profiles/shipped+abort`, built here
+//!   if missing: the fastest build of the stack found, see `scripts/bench-profiles`), which
+//!   Tollgate does not ship (its key actors' supervisor contains a panic).
 //! - **One core**: each server pinned to core 0, h2load (and Redis) on core 1. The bare server
 //!   runs with a current-thread runtime and with two workers on the one core; Tollgate picks
 //!   its runtime for the one CPU it is given (single-threaded).
 //! - **Both cores**: nothing pinned, h2load (two threads) sharing the machine. The bare server
 //!   again both ways; Tollgate with its default (one worker per CPU) and with one worker.
 //!
-//! Every Tollgate figure is a ratio to the best bare figure of its section, measured in the
+//! Every Tollgate figure is a ratio to the best bare figure of its section (of any build, and of
+//! the shipped profile), measured in the
 //! same round. Rounds alternate the servers so a noisy minute hits all of them; the median
 //! round is reported.
 //!
@@ -70,6 +76,8 @@ fn grpc_body() -> Vec<u8> {
 enum Kind {
     Bare {
         runtime: &'static str,
+        /// Built with `panic = "abort"` (else: as the bench, the shipped profile).
+        abort: bool,
     },
     Tollgate {
         redis: Option<String>,
@@ -88,19 +96,48 @@ fn loadgen() -> PathBuf {
         .expect("tollgate-loadgen")
 }
 
+/// `tollgate-loadgen` built with the shipped release profile and `panic = "abort"`: the
+/// fastest bare server (built once; later runs find it, or rebuild what changed).
+fn abort_loadgen() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = root.join("target/profiles/shipped+abort");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .current_dir(&root)
+        .env("CARGO_PROFILE_RELEASE_PANIC", "abort")
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-q",
+            "-p",
+            "tollgate-loadgen",
+        ])
+        .arg("--target-dir")
+        .arg(&target)
+        .status()
+        .expect("cargo build");
+    assert!(
+        status.success(),
+        "building the panic=abort bare server failed"
+    );
+    target.join("release/tollgate-loadgen")
+}
+
 fn start(setup: &Setup, pin: bool, rules: &Path) -> Server {
     let grpc = free_port(false).expect("port");
     let mut cmd = Command::new("taskset");
     cmd.args(["-c", if pin { "0" } else { "0,1" }]);
     let http = match &setup.kind {
-        Kind::Bare { runtime } => {
-            cmd.arg(loadgen()).args([
-                "bare",
-                "--listen",
-                &format!("127.0.0.1:{grpc}"),
-                "--runtime",
-                runtime,
-            ]);
+        Kind::Bare { runtime, abort } => {
+            cmd.arg(if *abort { abort_loadgen() } else { loadgen() })
+                .args([
+                    "bare",
+                    "--listen",
+                    &format!("127.0.0.1:{grpc}"),
+                    "--runtime",
+                    runtime,
+                ]);
             None
         }
         Kind::Tollgate { redis, threads } => {
@@ -227,25 +264,32 @@ fn section(title: &str, pin: bool, setups: &[Setup], rounds: usize, body: &Path,
         }
     }
     let medians: Vec<f64> = figures.iter().cloned().map(median).collect();
-    let best_bare = setups
-        .iter()
-        .zip(&medians)
-        .filter(|(s, _)| matches!(s.kind, Kind::Bare { .. }))
-        .map(|(_, m)| *m)
-        .fold(0.0, f64::max);
+    let best_of = |abort_too: bool| {
+        setups
+            .iter()
+            .zip(&medians)
+            .filter(|(s, _)| match s.kind {
+                Kind::Bare { abort, .. } => abort_too || !abort,
+                Kind::Tollgate { .. } => false,
+            })
+            .map(|(_, m)| *m)
+            .fold(0.0, f64::max)
+    };
+    let (best_bare, best_shipped) = (best_of(true), best_of(false));
     println!("\n{title}\n");
     println!(
-        "| server | req/s (median of {rounds}) | rounds | vs best bare | h2load status codes | node counters |"
+        "| server | req/s (median of {rounds}) | rounds | vs best bare (any build) | vs best bare (shipped profile) | h2load status codes | node counters |"
     );
-    println!("|---|---:|---|---:|---|---|");
+    println!("|---|---:|---|---:|---:|---|---|");
     for (i, setup) in setups.iter().enumerate() {
         let rounds: Vec<String> = figures[i].iter().map(|f| format!("{f:.0}")).collect();
         println!(
-            "| {} | {:.0} | {} | {:.2} | {} | {} |",
+            "| {} | {:.0} | {} | {:.2} | {:.2} | {} | {} |",
             setup.name,
             medians[i],
             rounds.join(", "),
             medians[i] / best_bare,
+            medians[i] / best_shipped,
             codes[i],
             counters(&servers[i]),
         );
@@ -278,8 +322,19 @@ fn main() {
     };
     let bare = |name, runtime| Setup {
         name,
-        kind: Kind::Bare { runtime },
+        kind: Kind::Bare {
+            runtime,
+            abort: false,
+        },
     };
+    let bare_abort = |name, runtime| Setup {
+        name,
+        kind: Kind::Bare {
+            runtime,
+            abort: true,
+        },
+    };
+    abort_loadgen();
     let tollgate = |name, redis: Option<&str>, threads| Setup {
         name,
         kind: Kind::Tollgate {
@@ -294,6 +349,7 @@ fn main() {
         &[
             bare("bare tonic, current-thread runtime", "current"),
             bare("bare tonic, 2 workers", "multi:2"),
+            bare_abort("bare tonic, panic=abort, current-thread", "current"),
             tollgate("Tollgate, in-memory store (runtime for 1 CPU)", None, None),
             tollgate(
                 "Tollgate, Redis store (runtime for 1 CPU)",
@@ -312,6 +368,8 @@ fn main() {
         &[
             bare("bare tonic, current-thread runtime", "current"),
             bare("bare tonic, 2 workers", "multi:2"),
+            bare_abort("bare tonic, panic=abort, current-thread", "current"),
+            bare_abort("bare tonic, panic=abort, 2 workers", "multi:2"),
             tollgate("Tollgate, in-memory store (default: 2 workers)", None, None),
             tollgate(
                 "Tollgate, Redis store (default: 2 workers)",

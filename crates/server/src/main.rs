@@ -190,7 +190,11 @@ fn validate(files: &[std::path::PathBuf], strict: bool) -> Result<(), String> {
     let checked = tollgate_node::rules::source::check(files);
     let mut errors: Vec<String> = checked.errors.iter().map(ToString::to_string).collect();
     let mut loaded = checked.loaded.clone();
-    let applied = match tollgate_node::rules::overrides::apply(&mut loaded) {
+    let applied = match tollgate_node::rules::overrides::apply(
+        &mut loaded.native,
+        &mut loaded.envoy,
+        &loaded.overrides,
+    ) {
         Ok(applied) => applied,
         Err(message) => {
             errors.push(message);

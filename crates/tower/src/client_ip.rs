@@ -15,7 +15,9 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use http::{HeaderMap, Request};
 use ipnet::{IpNet, Ipv6Net};
 
-use crate::extract::PeerAddr;
+/// The address the connection came from, for servers other than axum's `ConnectInfo`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
 
 /// The header a trusted proxy writes the client's address to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,6 @@
 //! write, only as far as they vouch for it (see [`ClientIp`]), so a client cannot pick its own.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 
 use http::{HeaderMap, HeaderName, Request};
 
@@ -29,10 +28,6 @@ pub struct VerifiedIdentity {
 /// `MatchedPath` is read directly).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteTemplate(pub String);
-
-/// The address the connection came from, for servers other than axum's `ConnectInfo`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PeerAddr(pub SocketAddr);
 
 /// Where a request's cost comes from.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

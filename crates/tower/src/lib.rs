@@ -54,8 +54,8 @@ pub mod extract;
 pub mod layer;
 pub mod response;
 
-pub use client_ip::{ClientIp, ForwardedHeader};
+pub use client_ip::{ClientIp, ForwardedHeader, PeerAddr};
 pub use decide::{Decide, DecideError, Decision, Remote};
-pub use extract::{Cost, Extractor, PeerAddr, RouteTemplate, VerifiedIdentity};
+pub use extract::{Cost, Extractor, RouteTemplate, VerifiedIdentity};
 pub use layer::{FailMode, RateLimitLayer, RateLimitService};
 pub use response::{Answers, Problem};

@@ -173,7 +173,7 @@ impl ActiveRules {
         for config in &mut rules.envoy {
             config.fail_mode = modes.of(&config.domain);
         }
-        let applied = overrides::apply(&mut rules)?;
+        let applied = overrides::apply(&mut rules.native, &mut rules.envoy, &rules.overrides)?;
         let mut installed = self.installed.lock();
         self.next_version.fetch_max(version + 1, Ordering::Relaxed);
         let view = self.region.lock().clone();

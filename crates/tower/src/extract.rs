@@ -227,6 +227,7 @@ impl Extractor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client_ip::PeerAddr;
 
     fn request(peer: &str, headers: &[(&str, &str)]) -> Request<()> {
         let mut builder = Request::builder().uri("/orders/17?x=1");

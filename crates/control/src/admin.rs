@@ -27,8 +27,8 @@ use serde_json::{Value, json};
 use crate::auth::{Access, Tokens};
 use crate::problem::Problem;
 use crate::store::{
-    ControlError, ListFilter, OverrideBody, Precondition, RuleStore, StoredOverride, StoredRule,
-    Written, from_json,
+    ControlError, ListFilter, OverrideBody, Precondition, Put, RuleStore, StoredOverride,
+    StoredRule, Written, from_json,
 };
 use tollgate_node::rules::native::{RuleDoc, validate_id};
 
@@ -348,7 +348,7 @@ async fn put_rule(
     let doc: RuleDoc = body_json(body, state.client_timeout).await?;
     let defaulted = doc.domain.is_none();
     let default_domain = state.default_domain();
-    let (rule, written) = state
+    let Put { rule, written, .. } = state
         .store
         .put(&id, doc, condition, &caller, default_domain.as_deref())
         .await?;
@@ -408,11 +408,7 @@ async fn patch_rule(
         Ok(rule) => Ok(rule_response(StatusCode::OK, &rule)),
         // Not stored: a rule from a file, whose mode the API can override (nothing else).
         Err(ControlError::NotFound(_)) => {
-            let Some((origin, _)) = state
-                .node
-                .as_ref()
-                .and_then(|n| n.rules().installed_rule(&id))
-            else {
+            let Some(origin) = state.node.as_ref().and_then(|n| n.rules().rule_origin(&id)) else {
                 return Err(Problem::not_found(format!(
                     "there is no rule {id:?}, neither stored nor in this node's rule files"
                 )));
@@ -475,12 +471,7 @@ impl<S: Send + Sync> FromRequestParts<S> for OverrideId {
         let Path(id) = Path::<String>::from_request_parts(parts, state)
             .await
             .map_err(|e| Problem::invalid("id", e.body_text()))?;
-        if id.is_empty() || id.len() > 512 || id.chars().any(char::is_control) {
-            return Err(Problem::invalid(
-                "id",
-                "must be 1 to 512 bytes long, without control characters",
-            ));
-        }
+        tollgate_node::rules::overrides::check_id(&id).map_err(|e| Problem::invalid("id", e))?;
         Ok(Self(id))
     }
 }
@@ -523,7 +514,7 @@ async fn put_override(
     let mut response = override_response(status, &stored);
     // Set ahead of its rule is allowed (it applies once a rule has the id), but said.
     if let Some(node) = &state.node
-        && node.rules().installed_rule(&id).is_none()
+        && node.rules().rule_origin(&id).is_none()
         && let Ok(note) = HeaderValue::from_str(&format!(
             "no rule {id:?} is enforced by this node: the override applies once one has this id"
         ))

@@ -28,4 +28,4 @@ pub use overrides::{OverrideBody, StoredOverride};
 pub use pool::RuleStore;
 pub use reads::{ListFilter, Snapshot};
 pub use rows::StoredRule;
-pub use writes::{Precondition, Written};
+pub use writes::{Precondition, Put, Written};

@@ -134,12 +134,11 @@ pub async fn import(
                     if doc.domain.is_none() {
                         doc.domain = domain.clone();
                     }
-                    let before = store.get(&id).await?.and_then(|r| r.doc.mode);
-                    let (after, written) = store
+                    let put = store
                         .put(&id, doc, None, actor, Some(default_domain))
                         .await?;
-                    let after = after.doc.mode.unwrap_or_default();
-                    if let Some(before) = before
+                    let after = put.rule.doc.mode.unwrap_or_default();
+                    if let Some(before) = put.previous_mode
                         && before != after
                     {
                         summary
@@ -153,7 +152,7 @@ pub async fn import(
                             .held_by_override
                             .push((id.clone(), held.clone(), after));
                     }
-                    summary.changed += usize::from(written != Written::Unchanged);
+                    summary.changed += usize::from(put.written != Written::Unchanged);
                     named.insert(id);
                     summary.rules += 1;
                 }

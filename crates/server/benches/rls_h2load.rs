@@ -97,8 +97,13 @@ fn loadgen() -> PathBuf {
 }
 
 /// `tollgate-loadgen` built with the shipped release profile and `panic = "abort"`: the
-/// fastest bare server (built once; later runs find it, or rebuild what changed).
+/// fastest bare server (built once per run; later runs find it, or rebuild what changed).
 fn abort_loadgen() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(build_abort_loadgen).clone()
+}
+
+fn build_abort_loadgen() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let target = root.join("target/profiles/shipped+abort");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());

@@ -38,6 +38,30 @@ async fn rules_of(node: &Served) -> Value {
     serde_json::from_str(&body).expect("json")
 }
 
+/// `tollgate rules import` of `FILE_RULE` into the database at `url`: what it printed (it must
+/// succeed).
+async fn import_file_rule(url: String) -> String {
+    tokio::task::spawn_blocking(move || {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("rules.yaml");
+        std::fs::write(&file, FILE_RULE).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["rules", "import", "--database-url", &url])
+            .arg(&file)
+            .output()
+            .expect("run tollgate");
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        said
+    })
+    .await
+    .expect("join")
+}
+
 fn override_path(id: &str) -> String {
     format!("/admin/v1/mode-overrides/{id}")
 }
@@ -145,21 +169,7 @@ async fn the_kill_switch_turns_off_a_file_rule_on_every_node_and_outlives_an_imp
     assert_eq!(history["items"][0]["newRule"]["modeOverride"], "DISABLED");
 
     // An import of the rule (ENFORCE in its file) stores it, and says the override holds it.
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("rules.yaml");
-    std::fs::write(&file, FILE_RULE).expect("write");
-    let url = pg.url();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-            .args(["rules", "import", "--database-url", &url])
-            .arg(&file)
-            .output()
-            .expect("run tollgate")
-    })
-    .await
-    .expect("join");
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "{said}");
+    let said = import_file_rule(pg.url()).await;
     assert!(
         said.contains(
             "rule api-key-default: a mode override holds it DISABLED (the file says ENFORCE)"
@@ -330,24 +340,7 @@ async fn an_override_file_is_the_kill_switch_without_a_database() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_import_names_every_mode_it_changes() {
     let pg = postgres().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("rules.yaml");
-    std::fs::write(&file, FILE_RULE).expect("write");
-    let import = {
-        let (url, file) = (pg.url(), file.clone());
-        move || {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
-                .args(["rules", "import", "--database-url", &url])
-                .arg(&file)
-                .output()
-                .expect("run tollgate");
-            assert!(out.status.success(), "{out:?}");
-            String::from_utf8_lossy(&out.stdout).into_owned()
-        }
-    };
-    let first = tokio::task::spawn_blocking(import.clone())
-        .await
-        .expect("join");
+    let first = import_file_rule(pg.url()).await;
     assert!(!first.contains("mode "), "{first}");
     let mut node = Served::with_database(&pg.url(), "", Settings::default()).await;
     let off = call(
@@ -363,7 +356,7 @@ async fn an_import_names_every_mode_it_changes() {
         (200, json!(2)),
         "{off:?}"
     );
-    let second = tokio::task::spawn_blocking(import).await.expect("join");
+    let second = import_file_rule(pg.url()).await;
     assert!(
         second.contains("rule api-key-default: mode DISABLED -> ENFORCE (as its file says)"),
         "{second}"

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use tollgate_node::rules::Mode;
 use tollgate_node::rules::native::FieldError;
-use tollgate_node::rules::overrides::ModeOverride;
+use tollgate_node::rules::overrides::{self, ModeOverride};
 
 use super::error::ControlError;
 use super::history::record;
@@ -117,7 +117,12 @@ impl RuleStore {
         condition: Option<Precondition>,
         actor: &str,
     ) -> Result<(StoredOverride, bool), ControlError> {
-        check_id(id)?;
+        overrides::check_id(id).map_err(|reason| {
+            ControlError::Invalid(FieldError {
+                field: "id".into(),
+                reason: reason.into(),
+            })
+        })?;
         let mode = body.mode.parse::<Mode>().map_err(|reason| {
             ControlError::Invalid(FieldError {
                 field: "mode".into(),
@@ -203,20 +208,4 @@ impl RuleStore {
         let client = self.pool.get().await?;
         all_overrides(&client).await
     }
-}
-
-fn check_id(id: &str) -> Result<(), ControlError> {
-    let invalid = |reason: &str| {
-        Err(ControlError::Invalid(FieldError {
-            field: "id".into(),
-            reason: reason.into(),
-        }))
-    };
-    if id.is_empty() || id.len() > 512 {
-        return invalid("must be 1 to 512 bytes long");
-    }
-    if id.chars().any(char::is_control) {
-        return invalid("must not hold control characters");
-    }
-    Ok(())
 }

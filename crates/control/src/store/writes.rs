@@ -35,8 +35,19 @@ pub enum Written {
     Unchanged,
 }
 
+/// What [`RuleStore::put`] stored, and what it replaced.
+#[derive(Debug, Clone)]
+pub struct Put {
+    /// The rule as stored now.
+    pub rule: StoredRule,
+    /// What the write did.
+    pub written: Written,
+    /// The mode of the rule it replaced (None: it created the rule).
+    pub previous_mode: Option<String>,
+}
+
 impl RuleStore {
-    /// Creates or replaces a rule with the document as written. Returns it and what was done.
+    /// Creates or replaces a rule with the document as written.
     pub async fn put(
         &self,
         id: &str,
@@ -44,12 +55,15 @@ impl RuleStore {
         condition: Option<Precondition>,
         actor: &str,
         default_domain: Option<&str>,
-    ) -> Result<(StoredRule, Written), ControlError> {
+    ) -> Result<Put, ControlError> {
         let doc = as_written(id, doc, default_domain)?;
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
         let current = lock_rule(&tx, id).await?;
         check(id, &condition, current.as_ref().map(|(v, _)| *v))?;
+        let previous_mode = current
+            .as_ref()
+            .and_then(|(_, old)| old.get("mode")?.as_str().map(str::to_owned));
         let written = self.write(&tx, id, current, doc, actor).await?;
         // Read inside the transaction, under its lock: what this write stored, not what a
         // writer that follows it has stored since.
@@ -57,7 +71,11 @@ impl RuleStore {
             .await?
             .ok_or_else(|| ControlError::NotFound(id.into()))?;
         tx.commit().await?;
-        Ok((rule, written))
+        Ok(Put {
+            rule,
+            written,
+            previous_mode,
+        })
     }
 
     /// Applies a JSON merge patch (RFC 7396) to a rule, e.g. `{"mode": "DISABLED"}`.

@@ -22,7 +22,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::rules::envoy::ValidNode;
 use crate::rules::model::{Mode, Rule};
-use crate::rules::native::validate_id;
 use crate::rules::set::EnvoyDomainConfig;
 
 /// One rule's mode, set over the rule's own.
@@ -63,13 +62,7 @@ pub struct OverridesFile {
 impl OverrideDoc {
     /// Checks the id and mode; the field at fault and why otherwise.
     pub fn validate(&self, origin: String) -> Result<ModeOverride, (&'static str, String)> {
-        // An envoyproxy/ratelimit path may hold characters a Tollgate id may not.
-        if self.id.is_empty() || self.id.len() > 512 {
-            return Err(("id", "must be 1 to 512 bytes long".into()));
-        }
-        if self.id.chars().any(char::is_control) {
-            return Err(("id", "must not hold control characters".into()));
-        }
+        check_id(&self.id).map_err(|e| ("id", e.to_owned()))?;
         let mode = self.mode.parse::<Mode>().map_err(|e| ("mode", e))?;
         Ok(ModeOverride {
             id: self.id.clone(),
@@ -80,9 +73,16 @@ impl OverrideDoc {
     }
 }
 
-/// Whether `id` could name a Tollgate rule (the admin API's ids).
-pub fn is_rule_id(id: &str) -> bool {
-    validate_id(id).is_ok()
+/// Checks the id an override names: 1 to 512 bytes without control characters (an
+/// envoyproxy/ratelimit path may hold characters a Tollgate rule id may not); why not otherwise.
+pub fn check_id(id: &str) -> Result<(), &'static str> {
+    if id.is_empty() || id.len() > 512 {
+        return Err("must be 1 to 512 bytes long");
+    }
+    if id.chars().any(char::is_control) {
+        return Err("must not hold control characters");
+    }
+    Ok(())
 }
 
 /// What became of one override when a rule set was installed.
@@ -105,7 +105,7 @@ pub fn apply(
     envoy: &mut [EnvoyDomainConfig],
     overrides: &[ModeOverride],
 ) -> Result<Vec<AppliedOverride>, String> {
-    let mut by_id: HashMap<&str, &ModeOverride> = HashMap::new();
+    let mut applied: HashMap<&str, AppliedOverride> = HashMap::new();
     let mut from_files: HashMap<&str, &str> = HashMap::new();
     for o in overrides {
         let from_file = !o.origin.starts_with("postgres");
@@ -115,51 +115,32 @@ pub fn apply(
                 o.origin, o.id
             ));
         }
-        // Later entries win: PostgreSQL's come first, files' after them.
-        by_id.insert(&o.id, o);
+        let entry = AppliedOverride {
+            by: o.clone(),
+            rule_mode: None,
+            rule_origin: None,
+        };
+        applied.insert(&o.id, entry);
     }
-    let mut applied: HashMap<&str, AppliedOverride> = by_id
-        .iter()
-        .map(|(id, o)| {
-            let entry = AppliedOverride {
-                by: (*o).clone(),
-                rule_mode: None,
-                rule_origin: None,
-            };
-            (*id, entry)
-        })
-        .collect();
     for rule in native.iter_mut() {
-        if let Some(o) = by_id.get(rule.id.as_str())
-            && let Some(entry) = applied.get_mut(rule.id.as_str())
-        {
+        if let Some(entry) = applied.get_mut(rule.id.as_str()) {
             entry.rule_mode = Some(rule.mode);
             entry.rule_origin = Some(rule.origin.clone());
-            rule.mode = o.mode;
+            rule.mode = entry.by.mode;
         }
     }
     for config in envoy.iter_mut() {
-        apply_envoy(config, &by_id, &mut applied);
+        apply_envoy(config, &mut applied);
     }
     let mut out: Vec<AppliedOverride> = applied.into_values().collect();
     out.sort_by(|a, b| a.by.id.cmp(&b.by.id));
     Ok(out)
 }
 
-fn apply_envoy(
-    config: &mut EnvoyDomainConfig,
-    by_id: &HashMap<&str, &ModeOverride>,
-    applied: &mut HashMap<&str, AppliedOverride>,
-) {
-    fn walk(
-        nodes: &mut [ValidNode],
-        origin: &str,
-        by_id: &HashMap<&str, &ModeOverride>,
-        applied: &mut HashMap<&str, AppliedOverride>,
-    ) {
+fn apply_envoy(config: &mut EnvoyDomainConfig, applied: &mut HashMap<&str, AppliedOverride>) {
+    fn walk(nodes: &mut [ValidNode], origin: &str, applied: &mut HashMap<&str, AppliedOverride>) {
         for node in nodes {
             if node.limit.is_some()
-                && let Some(o) = by_id.get(node.path.as_str())
                 && let Some(entry) = applied.get_mut(node.path.as_str())
             {
                 entry.rule_mode = Some(if node.shadow {
@@ -168,7 +149,7 @@ fn apply_envoy(
                     Mode::Enforce
                 });
                 entry.rule_origin = Some(origin.to_owned());
-                match o.mode {
+                match entry.by.mode {
                     Mode::Enforce => node.shadow = false,
                     Mode::Shadow => node.shadow = true,
                     // No limit at this depth: what envoyproxy/ratelimit does for a descriptor
@@ -176,10 +157,10 @@ fn apply_envoy(
                     Mode::Disabled => node.limit = None,
                 }
             }
-            walk(&mut node.children, origin, by_id, applied);
+            walk(&mut node.children, origin, applied);
         }
     }
-    walk(&mut config.nodes, &config.origin, by_id, applied);
+    walk(&mut config.nodes, &config.origin, applied);
 }
 
 #[cfg(test)]

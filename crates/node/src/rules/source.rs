@@ -203,27 +203,20 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
             Ok(parsed) => parsed,
             Err(e) => return (LoadedRules::default(), vec![yaml_error(e)]),
         };
-        let items = item_lines(text, "rules");
-        let mut native = Vec::with_capacity(parsed.rules.len());
-        let mut errors = vec![];
-        for (i, doc) in parsed.rules.iter().enumerate() {
-            let block = items.get(i).copied();
-            let origin = format!("{}:{}", file.display(), block.map_or(0, |b| b.0));
-            match doc.validate_all(parsed.domain.as_deref(), origin) {
-                Ok(rule) => native.push(rule),
-                Err(fields) => {
+        let (native, errors) = each_item(text, file, "rules", &parsed.rules, |i, doc, origin| {
+            doc.validate_all(parsed.domain.as_deref(), origin)
+                .map_err(|fields| {
                     let named = doc
                         .id
                         .as_deref()
                         .map(|id| format!("rule {id:?} "))
                         .unwrap_or_default();
-                    for e in fields {
-                        let line = block.map(|b| field_line(text, b, &e.field).unwrap_or(b.0));
-                        errors.push(error(line, format!("{named}(rules[{i}]): {e}")));
-                    }
-                }
-            }
-        }
+                    fields
+                        .into_iter()
+                        .map(|e| (e.field.clone(), format!("{named}(rules[{i}]): {e}")))
+                        .collect()
+                })
+        });
         (
             LoadedRules {
                 native,
@@ -236,26 +229,21 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
             Ok(parsed) => parsed,
             Err(e) => return (LoadedRules::default(), vec![yaml_error(e)]),
         };
-        let items = item_lines(text, "overrides");
-        let mut overrides = Vec::with_capacity(parsed.overrides.len());
-        let mut errors = vec![];
-        for (i, doc) in parsed.overrides.iter().enumerate() {
-            let block = items.get(i).copied();
-            let origin = format!("{}:{}", file.display(), block.map_or(0, |b| b.0));
-            match doc.validate(origin) {
-                Ok(o) => overrides.push(o),
-                Err((field, reason)) => {
-                    let line = block.map(|b| field_line(text, b, field).unwrap_or(b.0));
-                    errors.push(error(
-                        line,
-                        format!(
-                            "mode override of {:?} (overrides[{i}]): {field}: {reason}",
-                            doc.id
-                        ),
-                    ));
-                }
-            }
-        }
+        let (overrides, errors) = each_item(
+            text,
+            file,
+            "overrides",
+            &parsed.overrides,
+            |i, doc, origin| {
+                doc.validate(origin).map_err(|(field, reason)| {
+                    let message = format!(
+                        "mode override of {:?} (overrides[{i}]): {field}: {reason}",
+                        doc.id
+                    );
+                    vec![(field.to_owned(), message)]
+                })
+            },
+        );
         (
             LoadedRules {
                 overrides,
@@ -304,6 +292,34 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
             )],
         )
     }
+}
+
+/// Validates each item of the block list under top-level `key` on its own: what is valid, and
+/// every error at the line of the field it names (`validate` gets the item's index, the item
+/// and its origin, `file:line`, and gives the fields at fault with their messages).
+fn each_item<D, T>(
+    text: &str,
+    file: &Path,
+    key: &str,
+    docs: &[D],
+    mut validate: impl FnMut(usize, &D, String) -> Result<T, Vec<(String, String)>>,
+) -> (Vec<T>, Vec<RulesError>) {
+    let items = item_lines(text, key);
+    let mut valid = Vec::with_capacity(docs.len());
+    let mut errors = vec![];
+    for (i, doc) in docs.iter().enumerate() {
+        let block = items.get(i).copied();
+        let origin = format!("{}:{}", file.display(), block.map_or(0, |b| b.0));
+        match validate(i, doc, origin) {
+            Ok(item) => valid.push(item),
+            Err(fields) => errors.extend(fields.into_iter().map(|(field, message)| RulesError {
+                file: file.to_owned(),
+                line: block.map(|b| field_line(text, b, &field).unwrap_or(b.0)),
+                message,
+            })),
+        }
+    }
+    (valid, errors)
 }
 
 /// A YAML error's message without `at line L column C` where L is the line already said in

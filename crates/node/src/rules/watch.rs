@@ -10,7 +10,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::metrics::Metrics;
-use crate::rules::model::Mode;
 use crate::rules::overrides::{self, AppliedOverride};
 use crate::rules::set::{EnvoyFailModes, RuleSet};
 use crate::rules::source::{self, LoadedRules, RulesError};
@@ -216,40 +215,30 @@ impl ActiveRules {
     }
 
     /// Where the installed rule `id` (a Tollgate rule's id or an envoyproxy/ratelimit
-    /// descriptor's path) was defined and the mode it runs in, disabled ones included; None
-    /// when no installed rule has that id.
-    pub fn installed_rule(&self, id: &str) -> Option<(String, Mode)> {
+    /// descriptor's path) was defined, disabled ones included; None when no installed rule has
+    /// that id.
+    pub fn rule_origin(&self, id: &str) -> Option<String> {
+        // A descriptor disabled by an override has no limit left: its override remembers it.
         if let Some(o) = self.overrides.lock().iter().find(|o| o.by.id == id)
             && let Some(origin) = &o.rule_origin
         {
-            return Some((origin.clone(), o.by.mode));
+            return Some(origin.clone());
         }
         let installed = self.installed.lock();
         let (rules, _) = installed.as_ref()?;
         if let Some(rule) = rules.native.iter().find(|r| r.id == id) {
-            return Some((rule.origin.clone(), rule.mode));
+            return Some(rule.origin.clone());
         }
-        fn find<'a>(
-            nodes: &'a [crate::rules::envoy::ValidNode],
-            id: &str,
-        ) -> Option<&'a crate::rules::envoy::ValidNode> {
-            nodes.iter().find_map(|n| {
-                if n.path == id && n.limit.is_some() {
-                    Some(n)
-                } else {
-                    find(&n.children, id)
-                }
-            })
+        fn has(nodes: &[crate::rules::envoy::ValidNode], id: &str) -> bool {
+            nodes
+                .iter()
+                .any(|n| (n.path == id && n.limit.is_some()) || has(&n.children, id))
         }
-        rules.envoy.iter().find_map(|config| {
-            let node = find(&config.nodes, id)?;
-            let mode = if node.shadow {
-                Mode::Shadow
-            } else {
-                Mode::Enforce
-            };
-            Some((config.origin.clone(), mode))
-        })
+        rules
+            .envoy
+            .iter()
+            .find(|config| has(&config.nodes, id))
+            .map(|config| config.origin.clone())
     }
 
     /// Loads every file under `paths` and installs the result.

@@ -8,7 +8,9 @@
 //! - [`connection`]: single and cluster connections, lazily connected, with limiter timeouts.
 //! - `scripts`: the `.lua` sources and their SHA1s.
 //! - `reply`: script replies parsed into typed outcomes.
+//! - [`batch`]: checks and lease asks for keys of one shard sent together under load.
 
+pub mod batch;
 pub mod connection;
 mod reply;
 mod scripts;
@@ -30,9 +32,10 @@ use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::nonce;
 use crate::ops::slot::{SlotRelease, SlotRenew};
+use batch::{Answer, BatchCounts, Batcher, Entered};
 use connection::Connection;
 pub use connection::RedisConfig;
-use scripts::{SCRIPTS, Script};
+use scripts::{BatchOp, SCRIPTS, Script};
 
 /// The Redis-backed lease store. Cloning shares the connection.
 #[derive(Debug, Clone)]
@@ -41,6 +44,8 @@ pub struct RedisStore {
     budget: Duration,
     /// A cluster's slot ranges (None for a single Redis: one shard).
     shards: Option<Arc<ShardMap>>,
+    /// The batching of checks and lease asks (None: every call goes alone).
+    batcher: Option<Arc<Batcher>>,
 }
 
 /// Which slot range of a Redis Cluster each slot belongs to, refreshed from `CLUSTER SLOTS`:
@@ -67,11 +72,21 @@ impl RedisStore {
             tokio::spawn(refresh_shards(Arc::downgrade(&map), conn.clone()));
             map
         });
+        let batcher = (config.batch.max_batch > 1).then(|| {
+            let patience = config.response_timeout.max(config.call_timeout);
+            Arc::new(Batcher::new(config.batch, conn.clone(), patience))
+        });
         Ok(Self {
             conn,
             budget: config.call_timeout,
             shards,
+            batcher,
         })
+    }
+
+    /// How batching went so far (None when it is off).
+    pub fn batch_counts(&self) -> Option<BatchCounts> {
+        self.batcher.as_ref().map(|b| b.counts())
     }
 
     /// The budget of one call.
@@ -96,7 +111,24 @@ impl RedisStore {
             return 0;
         };
         let table = shards.first_slot.load();
-        table.get(usize::from(slot_of(key))).copied().unwrap_or(0)
+        table
+            .get(usize::from(slot_of(key.as_str())))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// The shard whose batches a call on `key` (a Redis key) may join: the single server's, or
+    /// in a cluster the slot range `key` is on; None while a cluster's ranges are unknown (a
+    /// batch must not mix keys of several nodes, so such calls go alone).
+    fn batch_shard(&self, key: &str) -> Option<u16> {
+        let Some(shards) = &self.shards else {
+            return Some(0);
+        };
+        shards
+            .first_slot
+            .load()
+            .get(usize::from(slot_of(key)))
+            .copied()
     }
 
     /// Makes the next call cost one round trip: connects (to every node of a cluster), loads
@@ -150,41 +182,88 @@ impl RedisStore {
         &self,
         call: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.budget, call).await {
-            Ok(result) => result.map_err(|e| classify(e, self.budget)),
-            Err(_) => Err(StoreError::Timeout {
-                budget: self.budget,
-            }),
-        }
+        within(self.budget, call).await
     }
 
-    /// Runs `script` by SHA, falling back to sending its source once on `NOSCRIPT`.
-    async fn eval(
+    /// Runs `op` for one request: alone, or in its shard's next batch when calls are in flight
+    /// there (see [`batch`]). The budget counts from now, wherever the request waits.
+    async fn run(
         &self,
-        script: &Script,
-        keys: &[String],
-        args: &[String],
+        op: BatchOp,
+        keys: Vec<String>,
+        args: Vec<String>,
     ) -> Result<Value, StoreError> {
-        self.within_budget(async {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
-            match self.conn.run(&cmd).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    tracing::debug!(script = script.name, "NOSCRIPT: sending the script source");
-                    let mut cmd = redis::cmd("EVAL");
-                    cmd.arg(&script.source).arg(keys.len()).arg(keys).arg(args);
-                    self.conn.run(&cmd).await
-                }
-                other => other,
+        let script = op.script();
+        let Some(batcher) = &self.batcher else {
+            return eval(&self.conn, script, &keys, &args, self.budget).await;
+        };
+        let Some(shard) = self.batch_shard(&keys[0]) else {
+            batcher.count_alone();
+            return eval(&self.conn, script, &keys, &args, self.budget).await;
+        };
+        let deadline = tokio::time::Instant::now() + self.budget;
+        match batcher.enter(shard, op, keys, args) {
+            Entered::Alone(in_flight, keys, args) => {
+                let result = eval(&self.conn, script, &keys, &args, self.budget).await;
+                drop(in_flight);
+                result
             }
-        })
-        .await
+            Entered::Queued(answer) => match tokio::time::timeout_at(deadline, answer).await {
+                Err(_) => Err(StoreError::Timeout {
+                    budget: self.budget,
+                }),
+                Ok(Err(_)) => Err(StoreError::Unavailable(
+                    "the batch carrying the call was dropped".into(),
+                )),
+                Ok(Ok(Answer::Replied(result))) => result,
+                Ok(Ok(Answer::Alone { keys, args })) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    eval(&self.conn, script, &keys, &args, left).await
+                }
+            },
+        }
     }
 }
 
+/// `call` within `budget`, its error sorted (see [`classify`]).
+async fn within<T>(
+    budget: Duration,
+    call: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(budget, call).await {
+        Ok(result) => result.map_err(|e| classify(e, budget)),
+        Err(_) => Err(StoreError::Timeout { budget }),
+    }
+}
+
+/// Runs `script` by SHA within `budget`, falling back to sending its source once on
+/// `NOSCRIPT`.
+async fn eval(
+    conn: &Connection,
+    script: &Script,
+    keys: &[String],
+    args: &[String],
+    budget: Duration,
+) -> Result<Value, StoreError> {
+    within(budget, async {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
+        match conn.run(&cmd).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                tracing::debug!(script = script.name, "NOSCRIPT: sending the script source");
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(&script.source).arg(keys.len()).arg(keys).arg(args);
+                conn.run(&cmd).await
+            }
+            other => other,
+        }
+    })
+    .await
+}
+
 /// The cluster slot of `key`: CRC16 (XMODEM) of its hash tag, as Redis computes it.
-fn slot_of(key: &BucketKey) -> u16 {
-    let key = key.as_str().as_bytes();
+fn slot_of(key: &str) -> u16 {
+    let key = key.as_bytes();
     let tag = key
         .iter()
         .position(|b| *b == b'{')
@@ -322,7 +401,7 @@ impl LeaseStore for RedisStore {
             allowance_args(&item.key, a.as_ref(), &mut extra, &mut args, items.len());
         }
         keys.extend(extra);
-        let reply = self.eval(&SCRIPTS.check, &keys, &args).await?;
+        let reply = self.run(BatchOp::Check, keys, args).await?;
         reply::check(reply, items.len())
     }
 
@@ -343,7 +422,7 @@ impl LeaseStore for RedisStore {
             allowance_args(&ask.key, a.as_ref(), &mut extra, &mut args, 2 * asks.len());
         }
         keys.extend(extra);
-        let reply = self.eval(&SCRIPTS.lease_acquire, &keys, &args).await?;
+        let reply = self.run(BatchOp::LeaseAcquire, keys, args).await?;
         reply::grants(reply, asks.len())
     }
 
@@ -367,7 +446,7 @@ impl LeaseStore for RedisStore {
             );
         }
         keys.extend(extra);
-        let reply = self.eval(&SCRIPTS.lease_return, &keys, &args).await?;
+        let reply = eval(&self.conn, &SCRIPTS.lease_return, &keys, &args, self.budget).await?;
         reply::counts(reply, items.len(), "lease return reply")
     }
 
@@ -375,7 +454,7 @@ impl LeaseStore for RedisStore {
         let items = req.items();
         let keys: Vec<String> = items.iter().map(|(k, _)| format!("{k}:slots")).collect();
         let args: Vec<String> = items.iter().map(|(_, s)| s.as_str().to_owned()).collect();
-        let reply = self.eval(&SCRIPTS.slot_release, &keys, &args).await?;
+        let reply = eval(&self.conn, &SCRIPTS.slot_release, &keys, &args, self.budget).await?;
         Ok(reply::counts(reply, items.len(), "slot release reply")?
             .into_iter()
             .map(|n| n == 1)
@@ -390,7 +469,7 @@ impl LeaseStore for RedisStore {
             .zip(req.ttls())
             .flat_map(|((_, s), ttl)| [s.as_str().to_owned(), ttl.as_micros().to_string()])
             .collect();
-        let reply = self.eval(&SCRIPTS.slot_renew, &keys, &args).await?;
+        let reply = eval(&self.conn, &SCRIPTS.slot_renew, &keys, &args, self.budget).await?;
         Ok(reply::counts(reply, items.len(), "slot renew reply")?
             .into_iter()
             .map(|n| n == 1)
@@ -407,7 +486,7 @@ impl LeaseStore for RedisStore {
             args.push(r.units.to_string());
             args.push(r.interval_us.to_string());
         }
-        self.eval(&SCRIPTS.demand_report, &keys, &args).await?;
+        eval(&self.conn, &SCRIPTS.demand_report, &keys, &args, self.budget).await?;
         Ok(())
     }
 
@@ -430,7 +509,7 @@ impl LeaseStore for RedisStore {
                 None => args.extend([String::new(), String::new()]),
             }
         }
-        let reply = self.eval(&SCRIPTS.debit, &keys, &args).await?;
+        let reply = eval(&self.conn, &SCRIPTS.debit, &keys, &args, self.budget).await?;
         reply::counts(reply, items.len(), "debit reply")
     }
 }

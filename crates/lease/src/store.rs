@@ -54,6 +54,15 @@ impl Store {
         }
     }
 
+    /// How the batching of store calls went so far (None when the store does not batch:
+    /// batching off, or an in-memory store, which has no round trip to share).
+    pub fn batch_counts(&self) -> Option<crate::BatchCounts> {
+        match self {
+            Store::Redis(s) => s.batch_counts(),
+            Store::Memory(_) | Store::Linked(_) => None,
+        }
+    }
+
     /// Every shard, as [`Store::shard_of`] names them.
     pub fn shards(&self) -> Vec<u16> {
         match self {

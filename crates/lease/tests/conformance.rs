@@ -987,6 +987,11 @@ async fn an_idle_peer_leaves_nearly_everything(b: &Backend) {
     assert!((279..=284).contains(&rest.units), "{rest:?}");
 }
 
+/// Calls the busy single Redis keeps in flight beside a case's.
+const BUSY_LOOPS: usize = 2;
+/// The busy cluster's: enough identities that every one of its 3 shards is busy.
+const CLUSTER_BUSY_LOOPS: usize = 32;
+
 macro_rules! conformance {
     ($($case:ident),* $(,)?) => {
         mod memory {
@@ -1001,6 +1006,13 @@ macro_rules! conformance {
             $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                async fn $case() { super::$case(&super::Backend::redis().await).await } )*
         }
+        /// Every case again on a busy Redis: its checks and lease asks go in batches.
+        mod redis_busy {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $case() {
+                   super::$case(&super::Backend::redis().await.busy(super::BUSY_LOOPS)).await
+               } )*
+        }
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn redis_cluster_passes_every_case() {
             let backend = Backend::cluster().await;
@@ -1008,6 +1020,20 @@ macro_rules! conformance {
                 eprintln!("cluster case: {}", stringify!($case));
                 $case(&backend).await;
             )*
+        }
+        /// Every case again on a busy cluster: batches of several slots of one node.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn busy_redis_cluster_passes_every_case() {
+            let backend = Backend::cluster().await;
+            backend.store.warm_up(Duration::from_secs(10)).await.expect("warm up");
+            let backend = backend.busy(CLUSTER_BUSY_LOOPS);
+            $(
+                eprintln!("busy cluster case: {}", stringify!($case));
+                $case(&backend).await;
+            )*
+            let counts = backend.store.batch_counts().expect("batching on");
+            eprintln!("busy cluster: {counts:?}");
+            assert!(counts.batches > 0, "{counts:?}");
         }
     };
 }

@@ -60,6 +60,10 @@ pub struct Metrics {
     store_failures: Family<FailureLabels, Counter>,
     /// Store calls made (whatever their outcome; not those the open breaker refused).
     pub store_calls: Counter,
+    /// Batches of two checks or lease asks or more sent to Redis in one call.
+    pub store_batches: Counter,
+    /// Checks and lease asks those batches carried.
+    pub store_batched_requests: Counter,
     /// Breaker state: 0 closed, 1 half-open, 2 open.
     pub breaker_state: Gauge,
     /// Times the breaker opened.
@@ -263,6 +267,8 @@ impl Metrics {
             store_latency,
             store_failures,
             store_calls: Counter::default(),
+            store_batches: Counter::default(),
+            store_batched_requests: Counter::default(),
             breaker_state: Gauge::default(),
             breaker_opened: Counter::default(),
             breakers_open: Gauge::default(),
@@ -310,6 +316,16 @@ impl Metrics {
             m.requests_unmatched.clone(),
         );
         registry.register("store_calls", "Store calls made", m.store_calls.clone());
+        registry.register(
+            "store_batches",
+            "Batches of two or more checks or lease asks sent to Redis as one call",
+            m.store_batches.clone(),
+        );
+        registry.register(
+            "store_batched_requests",
+            "Checks and lease asks sent to Redis in batches",
+            m.store_batched_requests.clone(),
+        );
         registry.register(
             "breaker_state",
             "Store circuit breaker: 0 closed, 1 half-open, 2 open",

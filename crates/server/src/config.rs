@@ -339,6 +339,8 @@ mod tests {
         };
         assert_eq!(err(&["--lease-max-share", "1.5"]), "lease_max_share");
         assert_eq!(err(&["--store-timeout-ms", "0"]), "store_timeout_ms");
+        assert_eq!(err(&["--redis-batch-max", "0"]), "redis_batch_max");
+        assert_eq!(err(&["--redis-batch-max", "5000"]), "redis_batch_max");
         assert_eq!(err(&["--log-format", "xml"]), "log_format");
         assert_eq!(err(&["--prelimit-factor=-1"]), "prelimit_factor");
         assert_eq!(err(&["--region", "us"]), "peer_region");
@@ -408,6 +410,7 @@ mod tests {
             ("rules-reload-ms", ms(defaults::RULES_RELOAD)),
             ("envoy-fail-mode", defaults::ENVOY_FAIL_MODE.to_owned()),
             ("redis-cluster", defaults::REDIS_CLUSTER.to_string()),
+            ("redis-batch-max", defaults::REDIS_BATCH_MAX.to_string()),
             ("store-timeout-ms", ms(defaults::STORE_TIMEOUT)),
             ("lease-max-units", defaults::LEASE_MAX_UNITS.to_string()),
             ("lease-ttl-ms", ms(defaults::LEASE_TTL)),
@@ -516,6 +519,7 @@ mod tests {
         // One bad value for each, in the order they are checked.
         let bad = [
             ("--store-timeout-ms=0", "store_timeout_ms"),
+            ("--redis-batch-max=0", "redis_batch_max"),
             ("--lease-max-share=2", "lease_max_share"),
             ("--lease-max-units=0", "lease_max_units"),
             ("--lease-ttl-ms=1", "lease_ttl_ms"),

@@ -103,7 +103,7 @@ fn startup(node: &Node) -> serde_json::Value {
 }
 
 async fn metrics(State(node): State<Node>) -> impl IntoResponse {
-    node.refresh_memory_figures();
+    node.refresh_figures();
     (
         [(
             header::CONTENT_TYPE,

@@ -213,13 +213,13 @@ async fn a_flood_of_new_long_identities_stays_within_the_key_state_budget() {
             );
         }
         if i % 500 == 0 {
-            node.refresh_memory_figures();
+            node.refresh_figures();
             most_bytes = most_bytes.max(node.metrics().key_state_bytes.get());
             most_actors = most_actors.max(node.held().0);
         }
     }
     let grown = rss_bytes().saturating_sub(before);
-    node.refresh_memory_figures();
+    node.refresh_figures();
     let metrics = node.metrics();
     most_bytes = most_bytes.max(metrics.key_state_bytes.get());
     assert!(

@@ -216,7 +216,7 @@ async fn a_flood_of_new_keys_under_one_rule_does_not_fill_the_store_for_others()
     for i in 0..20_000 {
         check(node, &request("open", &format!("flood-{i}"))).await;
     }
-    node.refresh_memory_figures();
+    node.refresh_figures();
     let metrics = node.metrics();
     assert!(
         metrics.memory_store_evictions.get() > 10_000,

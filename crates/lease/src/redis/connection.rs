@@ -28,6 +28,8 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// The longest pause between reconnect attempts (backoff is exponential and jittered).
     pub reconnect_max_delay: Duration,
+    /// How checks and lease asks of one shard are batched under load.
+    pub batch: super::batch::BatchConfig,
 }
 
 impl Default for RedisConfig {
@@ -39,6 +41,7 @@ impl Default for RedisConfig {
             response_timeout: Duration::from_secs(1),
             connect_timeout: Duration::from_millis(250),
             reconnect_max_delay: Duration::from_millis(500),
+            batch: super::batch::BatchConfig::default(),
         }
     }
 }

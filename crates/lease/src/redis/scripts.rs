@@ -9,10 +9,17 @@
 //! write command flagged deny-oom, and a script whose first write is `ZREMRANGEBYSCORE` (not
 //! flagged) kept writing past `maxmemory`. Scripts that can only give memory back (returns,
 //! slot releases) say `flags=allow-oom`: a full Redis still takes back what nodes hold.
+//!
+//! The batch script (`batch.lua`) runs several checks and lease asks in one call: it holds the
+//! bodies of `check.lua` and `lease_acquire.lua` as functions, so their arithmetic exists once.
+//! It says `flags=allow-cross-slot-keys`: in a cluster its requests are of several slots, all
+//! served by the node it is sent to.
 
 use std::sync::LazyLock;
 
 const LIB: &str = include_str!("scripts/lib.lua");
+const CHECK: &str = include_str!("scripts/check.lua");
+const LEASE_ACQUIRE: &str = include_str!("scripts/lease_acquire.lua");
 
 /// One operation's script.
 #[derive(Debug)]
@@ -37,9 +44,42 @@ impl Script {
             Oom::Refused => "#!lua",
             Oom::Allowed => "#!lua flags=allow-oom",
         };
-        let source = format!("{shebang}\n{LIB}\n{body}");
+        Self::from_source(name, format!("{shebang}\n{LIB}\n{body}"))
+    }
+
+    /// The batch script: `operations` (each a script body, by its operation code) become
+    /// functions of their own KEYS and ARGV, which `batch.lua` calls once per request.
+    fn batch(operations: &[(u8, &str)]) -> Self {
+        let mut source = String::from("#!lua flags=allow-cross-slot-keys\nlocal OPERATIONS = {}\n");
+        for (code, body) in operations {
+            source.push_str(&format!(
+                "OPERATIONS[{code}] = function(KEYS, ARGV)\n{LIB}\n{body}\nend\n"
+            ));
+        }
+        source.push_str(include_str!("scripts/batch.lua"));
+        Self::from_source("batch", source)
+    }
+
+    fn from_source(name: &'static str, source: String) -> Self {
         let sha = redis::Script::new(&source).get_hash().to_owned();
         Self { name, source, sha }
+    }
+}
+
+/// The operations a batch can carry, by the code `batch.lua` knows them by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BatchOp {
+    Check = 1,
+    LeaseAcquire = 2,
+}
+
+impl BatchOp {
+    /// The script that runs this operation alone.
+    pub(crate) fn script(self) -> &'static Script {
+        match self {
+            BatchOp::Check => &SCRIPTS.check,
+            BatchOp::LeaseAcquire => &SCRIPTS.lease_acquire,
+        }
     }
 }
 
@@ -53,11 +93,12 @@ pub(crate) struct Scripts {
     pub(crate) slot_renew: Script,
     pub(crate) debit: Script,
     pub(crate) demand_report: Script,
+    pub(crate) batch: Script,
 }
 
 impl Scripts {
     /// Every script.
-    pub(crate) fn all(&self) -> [&Script; 7] {
+    pub(crate) fn all(&self) -> [&Script; 8] {
         [
             &self.check,
             &self.lease_acquire,
@@ -66,17 +107,14 @@ impl Scripts {
             &self.slot_renew,
             &self.debit,
             &self.demand_report,
+            &self.batch,
         ]
     }
 }
 
 pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    check: Script::new("check", include_str!("scripts/check.lua"), Oom::Refused),
-    lease_acquire: Script::new(
-        "lease_acquire",
-        include_str!("scripts/lease_acquire.lua"),
-        Oom::Refused,
-    ),
+    check: Script::new("check", CHECK, Oom::Refused),
+    lease_acquire: Script::new("lease_acquire", LEASE_ACQUIRE, Oom::Refused),
     lease_return: Script::new(
         "lease_return",
         include_str!("scripts/lease_return.lua"),
@@ -98,6 +136,10 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("scripts/demand_report.lua"),
         Oom::Refused,
     ),
+    batch: Script::batch(&[
+        (BatchOp::Check as u8, CHECK),
+        (BatchOp::LeaseAcquire as u8, LEASE_ACQUIRE),
+    ]),
 });
 
 #[cfg(test)]

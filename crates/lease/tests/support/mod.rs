@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tollgate_lease::{
-    BucketKey, CheckRequest, Clock, Limit, ManualClock, MemoryConfig, MemoryStore, Micros,
-    RedisConfig, RedisStore, Store, SystemClock,
+    BucketKey, CheckRequest, Clock, LeaseStore, Limit, ManualClock, MemoryConfig, MemoryStore,
+    Micros, RedisConfig, RedisStore, Store, SystemClock,
 };
 use tollgate_testkit::{RedisCluster, RedisServer};
 
@@ -27,6 +27,16 @@ pub struct Backend {
     pub cluster: Option<RedisCluster>,
     prefix: String,
     counter: AtomicU64,
+    /// Calls kept in flight beside the test's own (see [`Backend::busy`]), stopped on drop.
+    noise: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        for task in &self.noise {
+            task.abort();
+        }
+    }
 }
 
 impl Backend {
@@ -39,7 +49,34 @@ impl Backend {
             cluster: None,
             prefix: format!("t{:x}", rand_u32()),
             counter: AtomicU64::new(0),
+            noise: Vec::new(),
         }
+    }
+
+    /// The same store kept busy: `loops` tasks each keep a check of their own identity in
+    /// flight, one after another, so the test's calls find calls in flight on their shard and
+    /// go in batches with them (a Redis store batches only under load). Identities are spread
+    /// over the hash slots, so every shard of a cluster is busy.
+    pub fn busy(mut self, loops: usize) -> Self {
+        self.name = match self.name {
+            "redis" => "redis-busy",
+            "redis-cluster" => "redis-cluster-busy",
+            other => other,
+        };
+        for n in 0..loops {
+            let store = self.store.clone();
+            let key = self.key(&format!("noise{n}"), "noise");
+            let limit = Limit::token_bucket(1_000_000_000, 1_000_000_000.0).expect("limit");
+            let request = check1(&key, limit, 1);
+            self.noise.push(tokio::spawn(async move {
+                loop {
+                    if store.check(&request).await.is_err() {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                }
+            }));
+        }
+        self
     }
 
     /// The in-memory store on a manual clock: time moves only in [`Backend::advance`].

@@ -213,9 +213,9 @@ impl Node {
         self.inner.top_denied.report(n)
     }
 
-    /// Brings the memory figures of the metrics up to date (they are read from their owners:
-    /// the registry, the fallbacks, the in-memory store).
-    pub fn refresh_memory_figures(&self) {
+    /// Brings the metrics read from their owners up to date: the memory figures (the registry,
+    /// the fallbacks, the in-memory store) and the store's batching.
+    pub fn refresh_figures(&self) {
         let shared = &self.inner.shared;
         let metrics = &shared.metrics;
         let _one_at_a_time = metrics.refreshing.lock();
@@ -229,6 +229,13 @@ impl Node {
             metrics
                 .memory_store_evictions
                 .inc_by(evicted.saturating_sub(counted));
+        }
+        if let Some(counts) = shared.store.inner().batch_counts() {
+            let catch_up = |counter: &prometheus_client::metrics::counter::Counter, to: u64| {
+                counter.inc_by(to.saturating_sub(counter.get()));
+            };
+            catch_up(&metrics.store_batches, counts.batches);
+            catch_up(&metrics.store_batched_requests, counts.batched_requests);
         }
     }
 

@@ -28,6 +28,8 @@ pub const ENVOY_FAIL_MODE: &str = "OPEN";
 
 /// `redis_cluster`.
 pub const REDIS_CLUSTER: bool = false;
+/// `redis_batch_max`.
+pub const REDIS_BATCH_MAX: usize = 64;
 /// `store_timeout_ms`.
 pub const STORE_TIMEOUT: Duration = Duration::from_millis(5);
 /// `store_patience_ms` (the runtime's).

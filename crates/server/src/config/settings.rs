@@ -56,6 +56,11 @@ pub struct Settings {
     /// The Redis URLs are Redis Cluster seeds
     #[arg(long, env = "TOLLGATE_REDIS_CLUSTER", num_args = 0..=1, default_missing_value = "true", shown_default = defaults::REDIS_CLUSTER)]
     pub redis_cluster: Option<bool>,
+    /// Most checks and lease asks one Redis call carries: under load, calls for keys of one
+    /// shard made while another is in flight go together (one round trip, one script run);
+    /// 1 sends every call alone
+    #[arg(long, env = "TOLLGATE_REDIS_BATCH_MAX", shown_default = defaults::REDIS_BATCH_MAX)]
+    pub redis_batch_max: Option<usize>,
     /// Budget of one store call, ms
     #[arg(long, env = "TOLLGATE_STORE_TIMEOUT_MS", shown_default = defaults::STORE_TIMEOUT.as_millis())]
     pub store_timeout_ms: Option<u64>,
@@ -249,6 +254,7 @@ impl Settings {
             envoy_fail_mode,
             redis_url,
             redis_cluster,
+            redis_batch_max,
             store_timeout_ms,
             lease_max_units,
             lease_ttl_ms,

@@ -2,13 +2,17 @@
 
 use std::time::Duration;
 
-use tollgate_lease::RedisConfig;
+use tollgate_lease::{BatchConfig, RedisConfig};
 
 use super::defaults;
 use super::settings::{ConfigError, Settings, bad};
 
 /// A Redis connection waits at least this long for an answer, however short the patience.
 const REDIS_RESPONSE_FLOOR: Duration = Duration::from_secs(1);
+
+/// The most requests one batch may carry (a batch's arguments stay well within what Redis
+/// and Lua take in one call).
+const MAX_BATCH: usize = 1024;
 
 /// The store, as read.
 #[derive(Debug)]
@@ -28,6 +32,13 @@ pub(super) fn parse(s: &Settings) -> Result<Store, ConfigError> {
     if timeout.is_zero() {
         return Err(bad("store_timeout_ms", "must be at least 1"));
     }
+    let max_batch = s.redis_batch_max.unwrap_or(defaults::REDIS_BATCH_MAX);
+    if !(1..=MAX_BATCH).contains(&max_batch) {
+        return Err(bad(
+            "redis_batch_max",
+            format!("must be between 1 (no batching) and {MAX_BATCH}"),
+        ));
+    }
     let redis = s
         .redis_url
         .as_ref()
@@ -43,6 +54,10 @@ pub(super) fn parse(s: &Settings) -> Result<Store, ConfigError> {
                 .map_or(defaults::STORE_PATIENCE, ms)
                 .max(timeout)
                 .max(REDIS_RESPONSE_FLOOR),
+            batch: BatchConfig {
+                max_batch,
+                ..BatchConfig::default()
+            },
             ..RedisConfig::default()
         });
     Ok(Store {

@@ -1,0 +1,379 @@
+//! Store calls batched per shard, under load only (the design: `docs/store-call-batching.md`).
+//!
+//! Checks and lease asks for different keys on the same shard share one round trip and one
+//! script invocation (`batch.lua`), each request still atomic within itself. Per shard:
+//!
+//! - a call that finds nothing in flight goes at once, alone, with its own script: at low load
+//!   nothing changes;
+//! - a call that finds a call in flight queues; when the calls in flight answer, everything
+//!   queued meanwhile goes as one batch (at most `max_batch` requests), so a batch is about the
+//!   arrival rate times one round trip, with no timer and no added wait;
+//! - a queue that holds a full batch sends it at once, on another call in flight (at most
+//!   `max_in_flight` per shard).
+//!
+//! Each request keeps its own budget, counted from when it was made: it stops waiting at its
+//! end wherever it is, and a request that stopped waiting before its batch left is not sent.
+//! A batch that fails for want of the store (a lost connection, a timeout) fails each of its
+//! requests with that error, as separate calls would have failed; a batch Redis refuses as a
+//! whole, and a request whose keys the node no longer serves, goes again alone.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use redis::Value;
+use tokio::sync::oneshot;
+
+use super::connection::Connection;
+use super::scripts::{BatchOp, SCRIPTS};
+use crate::error::StoreError;
+
+/// How calls are batched on one Redis or Redis Cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchConfig {
+    /// The most requests in one batch; 1 sends every call alone (no batching).
+    pub max_batch: usize,
+    /// The most calls in flight per shard once calls queue (a full batch starts one more).
+    pub max_in_flight: usize,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        Self {
+            max_batch: 64,
+            max_in_flight: 4,
+        }
+    }
+}
+
+/// How the batching went so far (counters since the store was opened).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchCounts {
+    /// Batches of two requests or more sent.
+    pub batches: u64,
+    /// Requests those batches carried.
+    pub batched_requests: u64,
+    /// Checks and lease asks sent alone (nothing was in flight, or batching does not apply).
+    pub alone: u64,
+}
+
+/// A request waiting for a batch.
+struct Pending {
+    op: BatchOp,
+    keys: Vec<String>,
+    args: Vec<String>,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// What a queued request is told.
+pub(super) enum Answer {
+    /// Its slot of the batch's reply: the reply its own script would give, or its error.
+    Replied(Result<Value, StoreError>),
+    /// It is to go again alone (the batch was refused as a whole, or its keys moved).
+    Alone { keys: Vec<String>, args: Vec<String> },
+}
+
+/// One shard's calls in flight and requests waiting.
+#[derive(Default)]
+struct Queue {
+    in_flight: usize,
+    waiting: VecDeque<Pending>,
+}
+
+#[derive(Default)]
+struct Group {
+    queue: Mutex<Queue>,
+}
+
+/// The batching of one store (shared by its clones).
+pub(super) struct Batcher {
+    config: BatchConfig,
+    conn: Connection,
+    /// How long a batch is waited for (its requests stop waiting at their own budgets).
+    patience: Duration,
+    groups: Mutex<HashMap<u16, Arc<Group>>>,
+    batches: AtomicU64,
+    batched_requests: AtomicU64,
+    alone: AtomicU64,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("config", &self.config)
+            .field("counts", &self.counts())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a request entered its shard's queue.
+pub(super) enum Entered {
+    /// Nothing was in flight: it goes now, alone, and holds the shard's call in flight until
+    /// the guard drops.
+    Alone(InFlight, Vec<String>, Vec<String>),
+    /// It waits for a batch.
+    Queued(oneshot::Receiver<Answer>),
+}
+
+/// A call in flight that went alone; dropping it hands the queue to a batch, if any waits.
+pub(super) struct InFlight {
+    batcher: Arc<Batcher>,
+    group: Arc<Group>,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.batcher.call_ended(&self.group);
+    }
+}
+
+impl Batcher {
+    pub(super) fn new(config: BatchConfig, conn: Connection, patience: Duration) -> Self {
+        Self {
+            config,
+            conn,
+            patience,
+            groups: Mutex::new(HashMap::new()),
+            batches: AtomicU64::new(0),
+            batched_requests: AtomicU64::new(0),
+            alone: AtomicU64::new(0),
+        }
+    }
+
+    pub(super) fn counts(&self) -> BatchCounts {
+        BatchCounts {
+            batches: self.batches.load(Ordering::Relaxed),
+            batched_requests: self.batched_requests.load(Ordering::Relaxed),
+            alone: self.alone.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Counts a call sent alone without entering a queue (batching did not apply).
+    pub(super) fn count_alone(&self) {
+        self.alone.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn group(&self, shard: u16) -> Arc<Group> {
+        self.groups.lock().entry(shard).or_default().clone()
+    }
+
+    /// Enters a request for `shard`: it goes alone at once, or waits for a batch.
+    pub(super) fn enter(
+        self: &Arc<Self>,
+        shard: u16,
+        op: BatchOp,
+        keys: Vec<String>,
+        args: Vec<String>,
+    ) -> Entered {
+        let group = self.group(shard);
+        let mut queue = group.queue.lock();
+        if queue.in_flight == 0 {
+            queue.in_flight = 1;
+            drop(queue);
+            self.count_alone();
+            let guard = InFlight {
+                batcher: self.clone(),
+                group,
+            };
+            return Entered::Alone(guard, keys, args);
+        }
+        let (answer, receiver) = oneshot::channel();
+        queue.waiting.push_back(Pending {
+            op,
+            keys,
+            args,
+            answer,
+        });
+        let another =
+            queue.waiting.len() >= self.config.max_batch && queue.in_flight < self.config.max_in_flight;
+        if another {
+            queue.in_flight += 1;
+        }
+        drop(queue);
+        if another {
+            self.spawn_drain(group);
+        }
+        Entered::Queued(receiver)
+    }
+
+    /// A call in flight ended: the queue, if anything waits in it, goes out as a batch on the
+    /// same call in flight.
+    fn call_ended(self: &Arc<Self>, group: &Arc<Group>) {
+        let mut queue = group.queue.lock();
+        if queue.waiting.is_empty() || tokio::runtime::Handle::try_current().is_err() {
+            queue.in_flight -= 1;
+            return;
+        }
+        drop(queue);
+        self.spawn_drain(group.clone());
+    }
+
+    fn spawn_drain(self: &Arc<Self>, group: Arc<Group>) {
+        let batcher = self.clone();
+        tokio::spawn(async move { batcher.drain(group).await });
+    }
+
+    /// Sends what waits in `group`'s queue, a batch at a time, until nothing does.
+    async fn drain(&self, group: Arc<Group>) {
+        loop {
+            let batch = {
+                let mut queue = group.queue.lock();
+                let mut batch = Vec::with_capacity(queue.waiting.len().min(self.config.max_batch));
+                while let Some(pending) = queue.waiting.pop_front() {
+                    // A request that stopped waiting is not sent.
+                    if pending.answer.is_closed() {
+                        continue;
+                    }
+                    batch.push(pending);
+                    if batch.len() == self.config.max_batch {
+                        break;
+                    }
+                }
+                if batch.is_empty() {
+                    queue.in_flight -= 1;
+                    return;
+                }
+                batch
+            };
+            self.send(batch).await;
+        }
+    }
+
+    /// Sends one batch and answers each of its requests.
+    async fn send(&self, mut batch: Vec<Pending>) {
+        if batch.len() == 1 {
+            let pending = batch.remove(0);
+            self.count_alone();
+            let result = super::eval(
+                &self.conn,
+                pending.op.script(),
+                &pending.keys,
+                &pending.args,
+                self.patience,
+            )
+            .await;
+            let _ = pending.answer.send(Answer::Replied(result));
+            return;
+        }
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.batched_requests
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let keys = [batch[0].keys[0].clone()];
+        let size: usize = batch.iter().map(|p| 3 + p.keys.len() + p.args.len()).sum();
+        let mut args = Vec::with_capacity(1 + size);
+        args.push(batch.len().to_string());
+        for pending in &batch {
+            args.push((pending.op as u8).to_string());
+            args.push(pending.keys.len().to_string());
+            args.push(pending.args.len().to_string());
+            args.extend(pending.keys.iter().cloned());
+            args.extend(pending.args.iter().cloned());
+        }
+        let reply = super::eval(&self.conn, &SCRIPTS.batch, &keys, &args, self.patience).await;
+        match reply {
+            Ok(Value::Array(slots)) if slots.len() == batch.len() => {
+                for (pending, slot) in batch.into_iter().zip(slots) {
+                    let answer = match slot_answer(slot) {
+                        SlotAnswer::Replied(result) => Answer::Replied(result),
+                        SlotAnswer::Alone => Answer::Alone {
+                            keys: pending.keys,
+                            args: pending.args,
+                        },
+                    };
+                    let _ = pending.answer.send(answer);
+                }
+            }
+            Ok(other) => {
+                let error = StoreError::BadReply(format!(
+                    "batch reply: expected an array of {}, got {other:?}",
+                    batch.len()
+                ));
+                for pending in batch {
+                    let _ = pending.answer.send(Answer::Replied(Err(error.clone())));
+                }
+            }
+            Err(error) if error.is_transient() => {
+                for pending in batch {
+                    let _ = pending.answer.send(Answer::Replied(Err(error.clone())));
+                }
+            }
+            Err(error) => {
+                tracing::debug!(%error, "a batch was refused as a whole; its requests go alone");
+                for pending in batch {
+                    let _ = pending.answer.send(Answer::Alone {
+                        keys: pending.keys,
+                        args: pending.args,
+                    });
+                }
+            }
+        }
+    }
+}
+
+enum SlotAnswer {
+    Replied(Result<Value, StoreError>),
+    Alone,
+}
+
+/// One request's slot of a batch reply: `{1, reply}` or `{0, error}`.
+fn slot_answer(slot: Value) -> SlotAnswer {
+    let bad = |what: String| SlotAnswer::Replied(Err(StoreError::BadReply(what)));
+    let Value::Array(mut fields) = slot else {
+        return bad(format!("batch slot: expected an array, got {slot:?}"));
+    };
+    if fields.len() != 2 {
+        return bad(format!("batch slot: expected 2 fields, got {}", fields.len()));
+    }
+    let reply = fields.pop().expect("two fields");
+    match (fields.pop().expect("two fields"), reply) {
+        (Value::Int(1), reply) => SlotAnswer::Replied(Ok(reply)),
+        (Value::Int(0), Value::BulkString(message)) => {
+            let message = String::from_utf8_lossy(&message).into_owned();
+            slot_error(message)
+        }
+        (flag, reply) => bad(format!("batch slot: unexpected {flag:?}, {reply:?}")),
+    }
+}
+
+/// What an error one request raised in a batch means for it: the error its own script would
+/// have given, or (its keys are not on this node any more) another try alone, which follows
+/// the cluster's redirection.
+fn slot_error(message: String) -> SlotAnswer {
+    const MOVED: [&str; 5] = ["non local key", "MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"];
+    if MOVED.iter().any(|m| message.contains(m)) {
+        return SlotAnswer::Alone;
+    }
+    if message.starts_with("OOM") {
+        return SlotAnswer::Replied(Err(StoreError::Full(message)));
+    }
+    SlotAnswer::Replied(Err(StoreError::Rejected(message)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(flag: i64, reply: Value) -> Value {
+        Value::Array(vec![Value::Int(flag), reply])
+    }
+
+    #[test]
+    fn a_slot_is_a_reply_or_an_error() {
+        let ok = slot_answer(slot(1, Value::Array(vec![Value::Int(7)])));
+        assert!(matches!(ok, SlotAnswer::Replied(Ok(Value::Array(v))) if v == [Value::Int(7)]));
+        let wrong = slot_answer(slot(
+            0,
+            Value::BulkString(b"WRONGTYPE Operation against a key".to_vec()),
+        ));
+        assert!(matches!(wrong, SlotAnswer::Replied(Err(StoreError::Rejected(m))) if m.starts_with("WRONGTYPE")));
+        let moved = slot_answer(slot(
+            0,
+            Value::BulkString(b"ERR Script attempted to access a non local key".to_vec()),
+        ));
+        assert!(matches!(moved, SlotAnswer::Alone));
+        let garbage = slot_answer(Value::Int(3));
+        assert!(matches!(garbage, SlotAnswer::Replied(Err(StoreError::BadReply(_)))));
+    }
+}

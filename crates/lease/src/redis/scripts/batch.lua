@@ -1,0 +1,42 @@
+--[[
+batch: several independent requests for the operations that take units (check and
+lease_acquire), from several identities, in one call. Each request runs exactly as its own
+script runs alone: the operations below are those scripts' bodies, each made a function of its
+own KEYS and ARGV.
+
+KEYS[1]  the first request's first key: it routes the call (a cluster sends it to the node that
+         serves that key). Every key of the batch is meant to be on that node; the others
+         travel in ARGV, since Redis Cluster refuses declared keys of several slots.
+ARGV[1]  the number of requests, n
+ARGV[2 ...]  per request: its operation (1: check, 2: lease_acquire), its key count k, its
+         argument count m, then its k keys and its m arguments, as its own script takes them
+Reply    per request, in order: {1, the operation's reply} or {0, the error it raised}
+
+Invariants:
+  - each request is atomic and all-or-nothing within itself, as when it runs alone;
+  - the requests run in order, each against the state the previous ones left (what separate
+    calls arriving in that order do); the batch is not a transaction across requests;
+  - one request's error (a key of another type, a key this node no longer serves) is that
+    request's reply, and changes nothing for the others.
+]]
+
+local n = tonumber(ARGV[1])
+local at = 2
+local replies = {}
+for r = 1, n do
+  local op, k, m = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+  at = at + 3
+  local keys, args = {}, {}
+  for i = 1, k do keys[i] = ARGV[at + i - 1] end
+  at = at + k
+  for i = 1, m do args[i] = ARGV[at + i - 1] end
+  at = at + m
+  local ok, reply = pcall(OPERATIONS[op], keys, args)
+  if ok then
+    replies[r] = {1, reply}
+  else
+    if type(reply) == 'table' then reply = reply.err end
+    replies[r] = {0, tostring(reply)}
+  end
+end
+return replies

@@ -245,14 +245,29 @@ async fn eval(
     args: &[String],
     budget: Duration,
 ) -> Result<Value, StoreError> {
+    eval_with(conn, script, budget, |cmd| {
+        cmd.arg(keys.len()).arg(keys).arg(args);
+    })
+    .await
+}
+
+/// [`eval`] with the key count, keys and arguments written by `fill`.
+async fn eval_with(
+    conn: &Connection,
+    script: &Script,
+    budget: Duration,
+    fill: impl Fn(&mut redis::Cmd),
+) -> Result<Value, StoreError> {
     within(budget, async {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
+        cmd.arg(&script.sha);
+        fill(&mut cmd);
         match conn.run(&cmd).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::debug!(script = script.name, "NOSCRIPT: sending the script source");
                 let mut cmd = redis::cmd("EVAL");
-                cmd.arg(&script.source).arg(keys.len()).arg(keys).arg(args);
+                cmd.arg(&script.source);
+                fill(&mut cmd);
                 conn.run(&cmd).await
             }
             other => other,
@@ -486,7 +501,14 @@ impl LeaseStore for RedisStore {
             args.push(r.units.to_string());
             args.push(r.interval_us.to_string());
         }
-        eval(&self.conn, &SCRIPTS.demand_report, &keys, &args, self.budget).await?;
+        eval(
+            &self.conn,
+            &SCRIPTS.demand_report,
+            &keys,
+            &args,
+            self.budget,
+        )
+        .await?;
         Ok(())
     }
 

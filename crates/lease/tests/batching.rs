@@ -68,7 +68,9 @@ async fn calls_at_the_same_instant_share_batches_and_count_exactly() {
             Duration::from_secs(60),
         )
         .expect("lease request");
-        leases.push(tokio::spawn(async move { lessee.acquire_leases(&ask).await }));
+        leases.push(tokio::spawn(
+            async move { lessee.acquire_leases(&ask).await },
+        ));
     }
     let mut admitted = 0;
     for check in checks {

@@ -1,6 +1,7 @@
 //! Many keys on Redis, in one run: the node over gRPC with keys drawn uniformly and by Zipf
 //! from a million (most decisions need the store), beside the lease store's own check driven
-//! directly at the same concurrency (64 in flight) over the same million keys. Reports
+//! directly at the same concurrency (64 in flight) over the same million keys, each with store
+//! calls batched per shard and without (the direct check without batching is the baseline). Reports
 //! throughput, the ratio to the direct check, what the node held (key actors, RSS) and its RSS
 //! per key it decided.
 //!
@@ -16,13 +17,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use tollgate_lease::{BucketKey, CheckRequest, LeaseStore, Limit, RedisConfig, RedisStore};
+use tollgate_lease::{
+    BatchConfig, BucketKey, CheckRequest, LeaseStore, Limit, RedisConfig, RedisStore,
+};
 use tollgate_testkit::RedisServer;
 use tollgate_testkit::process::{KilledOnDrop, free_port, loadgen_beside, wait_for};
 
 const RULES: &str = "domain: rl\nrules:\n  - {id: per-address, match: {remote_address: '*'}, algorithm: TOKEN_BUCKET, capacity: 1000000000000, refillPerSecond: 1000000000}\n";
 const KEYS: u64 = 1_000_000;
 const IN_FLIGHT: usize = 64;
+/// The low load whose latency batching must not change, requests/s.
+const LOW_RATE: u32 = 1_000;
 
 fn rss_kib(pid: u32) -> u64 {
     tollgate_testkit::process::rss_bytes(pid).unwrap_or(0) / 1024
@@ -34,8 +39,41 @@ fn metric(http: u16, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The node over gRPC: requests/s, and what it held.
-fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
+/// What a row's store calls do: batched per shard under load (the default), or each alone.
+#[derive(Clone, Copy)]
+enum Batching {
+    On,
+    Off,
+}
+
+impl Batching {
+    fn max_batch(self) -> usize {
+        match self {
+            Batching::On => BatchConfig::default().max_batch,
+            Batching::Off => 1,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Batching::On => "batching on",
+            Batching::Off => "batching off",
+        }
+    }
+}
+
+/// The node over gRPC: requests/s, and what it held (its ratio to `direct`, the direct check
+/// with batching off).
+fn grpc_row(
+    keys: &str,
+    batching: Batching,
+    redis: &RedisServer,
+    rules: &Path,
+    secs: u64,
+    direct: f64,
+    rate: Option<u32>,
+) {
+    let redis_url = &redis.url();
     let (grpc, http) = (
         free_port(false).expect("port"),
         free_port(false).expect("port"),
@@ -45,6 +83,7 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
             .arg("--rules")
             .arg(rules)
             .args(["--redis-url", redis_url])
+            .args(["--redis-batch-max", &batching.max_batch().to_string()])
             .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
             .args(["--http-listen", &format!("127.0.0.1:{http}")])
             .env("RUST_LOG", "warn")
@@ -63,9 +102,14 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
     let idle = rss_kib(node.0.id());
     let json = rules.with_file_name(format!("{}.json", keys.replace(':', "-")));
     let loadgen = loadgen_beside(Path::new(env!("CARGO_BIN_EXE_tollgate"))).expect("loadgen");
+    let (cpu_before, decided_before) = (
+        redis_cpu_us(redis),
+        metric(http, "tollgate_decisions_total"),
+    );
     let status = Command::new(loadgen)
         .args(["run", "--target", &format!("http://127.0.0.1:{grpc}")])
         .args(["--keys", keys, "--connections", "8", "--streams", "8"])
+        .args(rate.map(|r| format!("--rate={r}")))
         .args([
             "--duration",
             &format!("{secs}s"),
@@ -83,6 +127,7 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
         serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("json");
     let rss = rss_kib(node.0.id());
     let decided = metric(http, "tollgate_decisions_total");
+    let redis_cpu = (redis_cpu_us(redis) - cpu_before) / (decided - decided_before).max(1.0);
     let actors = metric(http, "tollgate_key_actors ");
     let failed_open = tollgate_testkit::http::get(http, "/metrics", &[])
         .map(|r| {
@@ -95,9 +140,19 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
         .unwrap_or(0.0);
     // Distinct keys decided: drawn with replacement, so fewer than the decisions (expected).
     let distinct = distinct_keys(keys, decided);
+    let batches = metric(http, "tollgate_store_batches_total");
+    let batched = metric(http, "tollgate_store_batched_requests_total");
+    let throughput = report["throughput"].as_f64().unwrap_or(0.0);
     println!(
-        "| gRPC, {keys} | {:.0} | {:.0} µs | {:.0} µs | {:.0} | {actors:.0} | {:.0} MB → {:.0} MB | {:.0} B |",
-        report["throughput"].as_f64().unwrap_or(0.0),
+        "| gRPC, {keys}{}, {} | {throughput:.0} | {:.2} | {:.1} | {redis_cpu:.1} µs | {:.0} µs | {:.0} µs | {:.0} | {actors:.0} | {:.0} MB → {:.0} MB | {:.0} B |",
+        rate.map(|r| format!(" at {r}/s")).unwrap_or_default(),
+        batching.label(),
+        throughput / direct,
+        if batches > 0.0 {
+            batched / batches
+        } else {
+            1.0
+        },
         report["p50_us"].as_f64().unwrap_or(0.0),
         report["p99_us"].as_f64().unwrap_or(0.0),
         failed_open,
@@ -105,6 +160,17 @@ fn grpc_row(keys: &str, redis_url: &str, rules: &Path, secs: u64) {
         rss as f64 / 1024.0,
         (rss.saturating_sub(idle) as f64 * 1024.0) / distinct.max(1.0),
     );
+}
+
+/// The CPU time Redis has used so far, µs (`INFO cpu`: user and system).
+fn redis_cpu_us(redis: &RedisServer) -> f64 {
+    let info = redis.cli(&["INFO", "cpu"]).unwrap_or_default();
+    info.lines()
+        .filter_map(|line| line.split_once(':'))
+        .filter(|(name, _)| matches!(*name, "used_cpu_user" | "used_cpu_sys"))
+        .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+        .sum::<f64>()
+        * 1e6
 }
 
 /// The expected number of distinct keys among `draws` draws (with replacement) from the
@@ -123,16 +189,25 @@ fn distinct_keys(keys: &str, draws: f64) -> f64 {
     }
 }
 
-/// The store's own check, 64 in flight, uniform over the same million keys.
-fn direct_row(redis_url: &str, secs: u64) -> f64 {
+/// The store's own check, 64 in flight, uniform over the same million keys: with batching
+/// off, the baseline (one script call per check, as a client of Redis would make it).
+fn direct_row(batching: Batching, redis: &RedisServer, secs: u64, baseline: Option<f64>) -> f64 {
+    let redis_url = &redis.url();
+    let cpu_before = redis_cpu_us(redis);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("runtime");
     runtime.block_on(async {
-        let store =
-            Arc::new(RedisStore::open(&RedisConfig::single(redis_url)).expect("redis store"));
+        let config = RedisConfig {
+            batch: BatchConfig {
+                max_batch: batching.max_batch(),
+                ..BatchConfig::default()
+            },
+            ..RedisConfig::single(redis_url)
+        };
+        let store = Arc::new(RedisStore::open(&config).expect("redis store"));
         let limit = Limit::token_bucket(1_000_000_000_000, 1e9).expect("limit");
         let done = Arc::new(AtomicBool::new(false));
         let calls = Arc::new(AtomicU64::new(0));
@@ -161,8 +236,18 @@ fn direct_row(redis_url: &str, secs: u64) -> f64 {
         for t in tasks {
             let _ = t.await;
         }
-        let rate = calls.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
-        println!("| lease store check, driven directly, uniform:1000000 | {rate:.0} | | | | | | |");
+        let calls = calls.load(Ordering::Relaxed) as f64;
+        let rate = calls / start.elapsed().as_secs_f64();
+        let redis_cpu = (redis_cpu_us(redis) - cpu_before) / calls.max(1.0);
+        let size = store
+            .batch_counts()
+            .filter(|c| c.batches > 0)
+            .map_or(1.0, |c| c.batched_requests as f64 / c.batches as f64);
+        println!(
+            "| lease store check, driven directly, uniform:1000000, {} | {rate:.0} | {:.2} | {size:.1} | {redis_cpu:.1} µs | | | | | | |",
+            batching.label(),
+            rate / baseline.unwrap_or(rate)
+        );
         rate
     })
 }
@@ -176,14 +261,29 @@ fn main() {
     let rules = dir.path().join("rules.yaml");
     std::fs::write(&rules, RULES).expect("rules");
     let redis = RedisServer::start().expect("redis-server");
-    let url = redis.url();
     println!(
-        "| what (64 in flight) | decisions/s | p50 | p99 | failed open | key actors | node RSS idle → after | RSS per distinct key |"
+        "| what (64 in flight) | decisions/s | vs direct check | mean batch | Redis CPU per decision | p50 | p99 | failed open | key actors | node RSS idle → after | RSS per distinct key |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    let direct = direct_row(&url, secs);
-    grpc_row("uniform:1000000", &url, &rules, secs);
-    grpc_row("zipf:1000000", &url, &rules, secs);
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let direct = direct_row(Batching::Off, &redis, secs, None);
+    direct_row(Batching::On, &redis, secs, Some(direct));
+    for keys in ["uniform:1000000", "zipf:1000000"] {
+        for batching in [Batching::Off, Batching::On] {
+            grpc_row(keys, batching, &redis, &rules, secs, direct, None);
+        }
+    }
+    // At low load a call finds nothing in flight and goes alone: latency must not move.
+    for batching in [Batching::Off, Batching::On] {
+        grpc_row(
+            "uniform:1000000",
+            batching,
+            &redis,
+            &rules,
+            secs,
+            direct,
+            Some(LOW_RATE),
+        );
+    }
     println!(
         "\n(the direct check reached {direct:.0}/s; the node's figures are over gRPC, with the load generator on the same machine)"
     );

@@ -72,7 +72,10 @@ pub(super) enum Answer {
     /// Its slot of the batch's reply: the reply its own script would give, or its error.
     Replied(Result<Value, StoreError>),
     /// It is to go again alone (the batch was refused as a whole, or its keys moved).
-    Alone { keys: Vec<String>, args: Vec<String> },
+    Alone {
+        keys: Vec<String>,
+        args: Vec<String>,
+    },
 }
 
 /// One shard's calls in flight and requests waiting.
@@ -169,8 +172,8 @@ impl Batcher {
     ) -> Entered {
         let group = self.group(shard);
         let mut queue = group.queue.lock();
-        if queue.in_flight == 0 {
-            queue.in_flight = 1;
+        if queue.in_flight < self.config.max_in_flight && queue.waiting.is_empty() {
+            queue.in_flight += 1;
             drop(queue);
             self.count_alone();
             let guard = InFlight {
@@ -186,8 +189,8 @@ impl Batcher {
             args,
             answer,
         });
-        let another =
-            queue.waiting.len() >= self.config.max_batch && queue.in_flight < self.config.max_in_flight;
+        let another = queue.waiting.len() >= self.config.max_batch
+            && queue.in_flight < self.config.max_in_flight;
         if another {
             queue.in_flight += 1;
         }
@@ -260,18 +263,18 @@ impl Batcher {
         self.batches.fetch_add(1, Ordering::Relaxed);
         self.batched_requests
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        let keys = [batch[0].keys[0].clone()];
-        let size: usize = batch.iter().map(|p| 3 + p.keys.len() + p.args.len()).sum();
-        let mut args = Vec::with_capacity(1 + size);
-        args.push(batch.len().to_string());
-        for pending in &batch {
-            args.push((pending.op as u8).to_string());
-            args.push(pending.keys.len().to_string());
-            args.push(pending.args.len().to_string());
-            args.extend(pending.keys.iter().cloned());
-            args.extend(pending.args.iter().cloned());
-        }
-        let reply = super::eval(&self.conn, &SCRIPTS.batch, &keys, &args, self.patience).await;
+        // The first request's first key is the one declared: it routes the call.
+        let fill = |cmd: &mut redis::Cmd| {
+            cmd.arg(1).arg(&batch[0].keys[0]).arg(batch.len());
+            for pending in &batch {
+                cmd.arg(pending.op as u8)
+                    .arg(pending.keys.len())
+                    .arg(pending.args.len())
+                    .arg(&pending.keys)
+                    .arg(&pending.args);
+            }
+        };
+        let reply = super::eval_with(&self.conn, &SCRIPTS.batch, self.patience, fill).await;
         match reply {
             Ok(Value::Array(slots)) if slots.len() == batch.len() => {
                 for (pending, slot) in batch.into_iter().zip(slots) {
@@ -324,7 +327,10 @@ fn slot_answer(slot: Value) -> SlotAnswer {
         return bad(format!("batch slot: expected an array, got {slot:?}"));
     };
     if fields.len() != 2 {
-        return bad(format!("batch slot: expected 2 fields, got {}", fields.len()));
+        return bad(format!(
+            "batch slot: expected 2 fields, got {}",
+            fields.len()
+        ));
     }
     let reply = fields.pop().expect("two fields");
     match (fields.pop().expect("two fields"), reply) {
@@ -367,13 +373,18 @@ mod tests {
             0,
             Value::BulkString(b"WRONGTYPE Operation against a key".to_vec()),
         ));
-        assert!(matches!(wrong, SlotAnswer::Replied(Err(StoreError::Rejected(m))) if m.starts_with("WRONGTYPE")));
+        assert!(
+            matches!(wrong, SlotAnswer::Replied(Err(StoreError::Rejected(m))) if m.starts_with("WRONGTYPE"))
+        );
         let moved = slot_answer(slot(
             0,
             Value::BulkString(b"ERR Script attempted to access a non local key".to_vec()),
         ));
         assert!(matches!(moved, SlotAnswer::Alone));
         let garbage = slot_answer(Value::Int(3));
-        assert!(matches!(garbage, SlotAnswer::Replied(Err(StoreError::BadReply(_)))));
+        assert!(matches!(
+            garbage,
+            SlotAnswer::Replied(Err(StoreError::BadReply(_)))
+        ));
     }
 }

@@ -1,8 +1,9 @@
 --[[
 batch: several independent requests for the operations that take units (check and
-lease_acquire), from several identities, in one call. Each request runs exactly as its own
-script runs alone: the operations below are those scripts' bodies, each made a function of its
-own KEYS and ARGV.
+lease_acquire), from several identities, in one call. Each request runs as its own script runs
+alone: the operations above are those scripts' bodies, each made a function of its own KEYS and
+ARGV. All of them read the same clock (the batch's one TIME), as requests arriving at the same
+instant would.
 
 KEYS[1]  the first request's first key: it routes the call (a cluster sends it to the node that
          serves that key). Every key of the batch is meant to be on that node; the others
@@ -26,10 +27,9 @@ local replies = {}
 for r = 1, n do
   local op, k, m = tonumber(ARGV[at]), tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
   at = at + 3
-  local keys, args = {}, {}
-  for i = 1, k do keys[i] = ARGV[at + i - 1] end
+  local keys = {unpack(ARGV, at, at + k - 1)}
   at = at + k
-  for i = 1, m do args[i] = ARGV[at + i - 1] end
+  local args = {unpack(ARGV, at, at + m - 1)}
   at = at + m
   local ok, reply = pcall(OPERATIONS[op], keys, args)
   if ok then

@@ -29,7 +29,7 @@ for i = 1, n do
   local alg, p1, p2 = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local b = load(alg, KEYS[i], p1, p2, now)
   local cost = tonumber(ARGV[a + 3])
-  local al = load_allowance(alg, p1, p2, a + 4, now)
+  local al = load_allowance(KEYS, ARGV, alg, p1, p2, a + 4, now)
   buckets[i], allowances[i], costs[i] = b, al, cost
   ok[i] = admits(b, cost, now)
   aok[i] = (al == nil) or admits(al, cost, now)

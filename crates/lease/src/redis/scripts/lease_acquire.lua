@@ -36,7 +36,7 @@ for i = 1, n do
   local want, min, share = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   redis.call('ZREMRANGEBYSCORE', lease_key, '-inf', int(now))
   local b = load(alg, key, p1, p2, now)
-  local al = load_allowance(alg, p1, p2, a + 6, now)
+  local al = load_allowance(KEYS, ARGV, alg, p1, p2, a + 6, now)
   local view_avail = available(b, now)
   local avail = view_avail
   if al then avail = math.min(avail, available(al, now)) end

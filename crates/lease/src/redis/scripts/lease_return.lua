@@ -53,7 +53,7 @@ for i = 1, #ARGV / 9 do
       units, ws = tonumber(units), tonumber(ws)
       local credit = math.min(unspent, units)
       if lalg > 10 then
-        local al = load_allowance(alg, p1, p2, a + 5, now)
+        local al = load_allowance(KEYS, ARGV, alg, p1, p2, a + 5, now)
         if al then
           local back = credit_counter(al, credit, ws)
           store_allowance(al, back > 0, now)

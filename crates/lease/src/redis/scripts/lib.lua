@@ -324,15 +324,16 @@ local function share_params(alg, p1, p2, s)
   return c, p2
 end
 
--- The allowance of a bucket at this region's share, or nil when `ai` is 0. ARGV from
--- position `a`: KEYS index of the allowance key (the demand key follows it), region,
--- interval us, unknown share.
-local function load_allowance(alg, p1, p2, a, now)
-  local ai = tonumber(ARGV[a])
+-- The allowance of a bucket at this region's share, or nil when `ai` is 0. `argv` from
+-- position `a`: `keys` index of the allowance key (the demand key follows it), region,
+-- interval us, unknown share. (The script's KEYS and ARGV, passed in: in a batch they are the
+-- request's own.)
+local function load_allowance(keys, argv, alg, p1, p2, a, now)
+  local ai = tonumber(argv[a])
   if ai == 0 then return nil end
-  local s = demand_share(KEYS[ai + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), now)
+  local s = demand_share(keys[ai + 1], argv[a + 1], tonumber(argv[a + 2]), tonumber(argv[a + 3]), now)
   local q1, q2 = share_params(alg, p1, p2, s)
-  local al = load(alg, KEYS[ai], q1, q2, now)
+  local al = load(alg, keys[ai], q1, q2, now)
   if alg == TB then al.cap = q1 end
   return al
 end

@@ -10,7 +10,11 @@
 //! (default 20) with no traffic.
 //!
 //! `cargo bench -p tollgate-server --bench key_flood` (builds `tollgate-loadgen` if it is not
-//! beside `tollgate`). `FLOOD_EXTRA_ARGS` adds flags to the node (e.g. `--max-key-state-mb 64`).
+//! beside `tollgate`). `FLOOD_EXTRA_ARGS` adds flags to the node (e.g. `--max-key-state-mb 64`,
+//! or `--redis-batch-max 1` to send every store call alone). `FLOOD_STORE=redis` floods a node
+//! on Redis instead: each flood starts its own `redis-server` (`maxmemory` 1 GB, evicting the
+//! keys nearest their expiry, as an operator would bound it), and the rows then show Redis's
+//! keys and memory.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -18,6 +22,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use tollgate_testkit::RedisServer;
 use tollgate_testkit::process::{KilledOnDrop, free_port, loadgen_beside, wait_for};
 
 /// A token bucket per address (its keys live about a second after their last use) and a
@@ -57,10 +62,21 @@ async fn flood(
         free_port(false).expect("port"),
     );
     let extra = std::env::var("FLOOD_EXTRA_ARGS").unwrap_or_default();
+    let redis = std::env::var("FLOOD_STORE")
+        .is_ok_and(|s| s == "redis")
+        .then(|| {
+            RedisServer::start_with(&["--maxmemory", "1gb", "--maxmemory-policy", "volatile-ttl"])
+                .expect("redis-server")
+        });
+    let store_args = redis
+        .as_ref()
+        .map(|r| vec!["--redis-url".to_owned(), r.url()])
+        .unwrap_or_default();
     let node = KilledOnDrop(
         Command::new(env!("CARGO_BIN_EXE_tollgate"))
             .arg("--rules")
             .arg(&rules)
+            .args(&store_args)
             .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
             .args(["--http-listen", &format!("127.0.0.1:{http}")])
             .args(extra.split_whitespace())
@@ -98,11 +114,18 @@ async fn flood(
             KilledOnDrop(child)
         })
         .collect();
-    println!("\n{name} (`{descriptor}` keys {keys}, {key_bytes} B identities, three clients)\n");
+    let on = if redis.is_some() {
+        "Redis"
+    } else {
+        "the in-memory store"
+    };
     println!(
-        "| s | RSS MiB | key actors | decisions | new keys/s | failed open | store keys | bytes held |"
+        "\n{name} on {on} (`{descriptor}` keys {keys}, {key_bytes} B identities, three clients)\n"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| s | RSS MiB | key actors | decisions | new keys/s | failed open | store keys | bytes held | Redis MiB |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let start = Instant::now();
     let mut last_decided = 0.0;
     let total = flood_secs + quiet_secs;
@@ -116,19 +139,50 @@ async fn flood(
         let body = metrics(http);
         let decided = sum(&body, "tollgate_decisions_total", "");
         if second % 5 == 0 || second == 1 || second == flood_secs + 1 {
+            let (store_keys, redis_mib) = match &redis {
+                Some(r) => redis_figures(r),
+                None => (sum(&body, "tollgate_memory_store_keys", ""), 0.0),
+            };
             println!(
-                "| {second} | {:.0} | {:.0} | {decided:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+                "| {second} | {:.0} | {:.0} | {decided:.0} | {:.0} | {:.0} | {store_keys:.0} | {:.0} | {redis_mib:.0} |",
                 rss_mib(pid),
                 sum(&body, "tollgate_key_actors ", ""),
                 (decided - last_decided) / per_key,
                 sum(&body, "tollgate_decisions_total", "outcome=\"failed_open\""),
-                sum(&body, "tollgate_memory_store_keys", ""),
                 sum(&body, "tollgate_key_state_bytes", ""),
             );
         }
         last_decided = decided;
     }
+    let body = metrics(http);
+    let batches = sum(&body, "tollgate_store_batches_total", "");
+    if batches > 0.0 {
+        println!(
+            "\n{batches:.0} batches carried {:.0} store calls (mean {:.1})",
+            sum(&body, "tollgate_store_batched_requests_total", ""),
+            sum(&body, "tollgate_store_batched_requests_total", "") / batches
+        );
+    }
     drop(clients);
+}
+
+/// Redis's key count and the memory it uses, MiB.
+fn redis_figures(redis: &RedisServer) -> (f64, f64) {
+    let keys = redis
+        .cli(&["DBSIZE"])
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0.0);
+    let used = redis
+        .cli(&["INFO", "memory"])
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("used_memory:"))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        })
+        .unwrap_or(0.0);
+    (keys, used / f64::from(1 << 20))
 }
 
 #[tokio::main(flavor = "current_thread")]

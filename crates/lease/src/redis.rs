@@ -218,7 +218,18 @@ impl RedisStore {
                 Ok(Ok(Answer::Replied(result))) => result,
                 Ok(Ok(Answer::Alone { keys, args })) => {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-                    eval(&self.conn, script, &keys, &args, left).await
+                    let timeout = StoreError::Timeout {
+                        budget: self.budget,
+                    };
+                    if left.is_zero() {
+                        return Err(timeout);
+                    }
+                    eval(&self.conn, script, &keys, &args, left)
+                        .await
+                        .map_err(|e| match e {
+                            StoreError::Timeout { .. } => timeout,
+                            other => other,
+                        })
                 }
             },
         }

@@ -257,3 +257,100 @@ async fn a_clusters_batches_span_the_slots_of_one_node() {
     assert!(counts.batches > 0, "{counts:?}");
     assert_eq!(counts.batched_requests + counts.alone, 600, "{counts:?}");
 }
+
+/// Moves `slot` (empty) to the primary on `to`, telling every node at once.
+fn move_slot(cluster: &mut RedisCluster, slot: u16, to: u16) {
+    let to_id = cluster
+        .node(to)
+        .expect("node")
+        .cli(&["CLUSTER", "MYID"])
+        .expect("myid")
+        .trim()
+        .to_owned();
+    let mut ports = cluster.ports();
+    // The new owner first, then the others (the old owner must not be left without it).
+    ports.sort_by_key(|p| *p != to);
+    for port in ports {
+        let answer = cluster
+            .node(port)
+            .expect("node")
+            .cli(&["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &to_id])
+            .expect("setslot");
+        assert!(answer.trim() == "OK", "SETSLOT on {port}: {answer}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_slot_moved_goes_again_alone_and_counts_once() {
+    let mut cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .expect("join")
+        .expect("cluster starts");
+    let store = open(RedisConfig::cluster(cluster.urls()));
+    store.warm_up(BUDGET).await.expect("warm up");
+    let limit = Limit::fixed_window(1, Duration::from_secs(3600)).expect("limit");
+    // The store reads the slot map every 2 s: one that read it between the move and the burst
+    // would batch correctly and take no detour, so the move is tried again (a fresh bucket of
+    // the same identity each time).
+    for attempt in 0..5 {
+        let moved = BucketKey::new(b"moved", &format!("rule{attempt}")).expect("key");
+        let from = cluster.primary_for(moved.as_str()).expect("primary");
+        let to = cluster
+            .ports()
+            .into_iter()
+            .find(|p| *p != from)
+            .expect("another primary");
+        let slot: u16 = cluster
+            .node(from)
+            .expect("node")
+            .cli(&["CLUSTER", "KEYSLOT", moved.as_str()])
+            .expect("keyslot")
+            .trim()
+            .parse()
+            .expect("slot");
+        move_slot(&mut cluster, slot, to);
+        // A burst over many identities (a third of them on the old owner, so its shard has
+        // calls in flight and queues), with two checks of the moved bucket in the middle:
+        // exactly one is admitted, and nothing fails.
+        let before = store.batch_counts().expect("batching on");
+        let mut calls = Vec::new();
+        for n in 0..300 {
+            let checker = store.clone();
+            let request = check1(&key(&format!("burst-{attempt}-{n}")), limit, 1);
+            calls.push(tokio::spawn(async move { checker.check(&request).await }));
+        }
+        let moved_calls: Vec<_> = (0..2)
+            .map(|_| {
+                let checker = store.clone();
+                let request = check1(&moved, limit, 1);
+                tokio::spawn(async move { checker.check(&request).await })
+            })
+            .collect();
+        for call in calls {
+            assert!(call.await.expect("join").expect("check").allowed());
+        }
+        let mut admitted = 0;
+        for call in moved_calls {
+            if call
+                .await
+                .expect("join")
+                .expect("the moved bucket's check")
+                .allowed()
+            {
+                admitted += 1;
+            }
+        }
+        assert_eq!(admitted, 1, "attempt {attempt}");
+        assert_eq!(
+            cluster.primary_for(moved.as_str()).expect("primary"),
+            to,
+            "the bucket lives where its slot went"
+        );
+        let after = store.batch_counts().expect("batching on");
+        if after.sent_again > before.sent_again {
+            return;
+        }
+        eprintln!("attempt {attempt}: the moved requests took no detour: {after:?}");
+    }
+    panic!("in 5 attempts no request found its slot moved under a batch");
+}

@@ -57,6 +57,9 @@ pub struct BatchCounts {
     pub batched_requests: u64,
     /// Checks and lease asks sent alone (nothing was in flight, or batching does not apply).
     pub alone: u64,
+    /// Requests a batch could not run (their keys had moved to another node, or the batch was
+    /// refused before it ran) that went again alone.
+    pub sent_again: u64,
 }
 
 /// A request waiting for a batch.
@@ -85,6 +88,35 @@ struct Queue {
     waiting: VecDeque<Pending>,
 }
 
+impl Queue {
+    /// A call in flight gives its slot back without taking the queue: when it was the last,
+    /// nothing would ever send what waits, so the waiting requests are let go (their
+    /// receivers see the batch dropped) rather than left until their budgets end.
+    fn release(&mut self) {
+        self.in_flight -= 1;
+        if self.in_flight == 0 {
+            self.waiting.clear();
+        }
+    }
+}
+
+/// A drain's call in flight: given back when the drain ends, however it ends (its task may be
+/// dropped with the runtime, or panic).
+struct DrainSlot<'a> {
+    group: &'a Group,
+    /// Still held (the drain gives it back itself, under the queue's lock, when the queue is
+    /// empty).
+    held: bool,
+}
+
+impl Drop for DrainSlot<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            self.group.queue.lock().release();
+        }
+    }
+}
+
 #[derive(Default)]
 struct Group {
     queue: Mutex<Queue>,
@@ -94,12 +126,16 @@ struct Group {
 pub(super) struct Batcher {
     config: BatchConfig,
     conn: Connection,
+    /// A cluster's batches check that each request's keys are on the node before running it
+    /// (a slot may have moved since the shard map was read).
+    cluster: bool,
     /// How long a batch is waited for (its requests stop waiting at their own budgets).
     patience: Duration,
     groups: Mutex<HashMap<u16, Arc<Group>>>,
     batches: AtomicU64,
     batched_requests: AtomicU64,
     alone: AtomicU64,
+    sent_again: AtomicU64,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -134,14 +170,20 @@ impl Drop for InFlight {
 
 impl Batcher {
     pub(super) fn new(config: BatchConfig, conn: Connection, patience: Duration) -> Self {
+        let config = BatchConfig {
+            max_batch: config.max_batch.max(1),
+            max_in_flight: config.max_in_flight.max(1),
+        };
         Self {
             config,
+            cluster: matches!(conn, Connection::Cluster(_)),
             conn,
             patience,
             groups: Mutex::new(HashMap::new()),
             batches: AtomicU64::new(0),
             batched_requests: AtomicU64::new(0),
             alone: AtomicU64::new(0),
+            sent_again: AtomicU64::new(0),
         }
     }
 
@@ -150,6 +192,7 @@ impl Batcher {
             batches: self.batches.load(Ordering::Relaxed),
             batched_requests: self.batched_requests.load(Ordering::Relaxed),
             alone: self.alone.load(Ordering::Relaxed),
+            sent_again: self.sent_again.load(Ordering::Relaxed),
         }
     }
 
@@ -206,7 +249,7 @@ impl Batcher {
     fn call_ended(self: &Arc<Self>, group: &Arc<Group>) {
         let mut queue = group.queue.lock();
         if queue.waiting.is_empty() || tokio::runtime::Handle::try_current().is_err() {
-            queue.in_flight -= 1;
+            queue.release();
             return;
         }
         drop(queue);
@@ -220,6 +263,10 @@ impl Batcher {
 
     /// Sends what waits in `group`'s queue, a batch at a time, until nothing does.
     async fn drain(&self, group: Arc<Group>) {
+        let mut slot = DrainSlot {
+            group: &group,
+            held: true,
+        };
         loop {
             let batch = {
                 let mut queue = group.queue.lock();
@@ -235,7 +282,9 @@ impl Batcher {
                     }
                 }
                 if batch.is_empty() {
+                    // Under the lock: a request that queues after this sees the slot free.
                     queue.in_flight -= 1;
+                    slot.held = false;
                     return;
                 }
                 batch
@@ -265,7 +314,10 @@ impl Batcher {
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
         // The first request's first key is the one declared: it routes the call.
         let fill = |cmd: &mut redis::Cmd| {
-            cmd.arg(1).arg(&batch[0].keys[0]).arg(batch.len());
+            cmd.arg(1)
+                .arg(&batch[0].keys[0])
+                .arg(batch.len())
+                .arg(u8::from(self.cluster));
             for pending in &batch {
                 cmd.arg(pending.op as u8)
                     .arg(pending.keys.len())
@@ -280,10 +332,13 @@ impl Batcher {
                 for (pending, slot) in batch.into_iter().zip(slots) {
                     let answer = match slot_answer(slot) {
                         SlotAnswer::Replied(result) => Answer::Replied(result),
-                        SlotAnswer::Alone => Answer::Alone {
-                            keys: pending.keys,
-                            args: pending.args,
-                        },
+                        SlotAnswer::Alone => {
+                            self.sent_again.fetch_add(1, Ordering::Relaxed);
+                            Answer::Alone {
+                                keys: pending.keys,
+                                args: pending.args,
+                            }
+                        }
                     };
                     let _ = pending.answer.send(answer);
                 }
@@ -297,13 +352,10 @@ impl Batcher {
                     let _ = pending.answer.send(Answer::Replied(Err(error.clone())));
                 }
             }
-            Err(error) if error.is_transient() => {
-                for pending in batch {
-                    let _ = pending.answer.send(Answer::Replied(Err(error.clone())));
-                }
-            }
-            Err(error) => {
-                tracing::debug!(%error, "a batch was refused as a whole; its requests go alone");
+            Err(error) if never_ran(&error) => {
+                tracing::debug!(%error, "a batch was refused before it ran; its requests go alone");
+                self.sent_again
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
                 for pending in batch {
                     let _ = pending.answer.send(Answer::Alone {
                         keys: pending.keys,
@@ -311,8 +363,27 @@ impl Batcher {
                     });
                 }
             }
+            // Anything else may have come after the batch ran (a reply that did not parse, a
+            // timeout): its requests are not sent again, each fails with the batch's error.
+            Err(error) => {
+                for pending in batch {
+                    let _ = pending.answer.send(Answer::Replied(Err(error.clone())));
+                }
+            }
         }
     }
+}
+
+/// Whether a batch's error proves that its script did not run, so that each of its requests
+/// may go again alone: Redis refused the call's keys (`CROSSSLOT`) or could not compile the
+/// script. (Redirections, `MOVED` and `ASK`, the connection follows by itself.)
+fn never_ran(error: &StoreError) -> bool {
+    let StoreError::Rejected(message) = error else {
+        return false;
+    };
+    ["CROSSSLOT", "Error compiling script"]
+        .iter()
+        .any(|m| message.contains(m))
 }
 
 enum SlotAnswer {
@@ -386,5 +457,20 @@ mod tests {
             garbage,
             SlotAnswer::Replied(Err(StoreError::BadReply(_)))
         ));
+    }
+
+    #[test]
+    fn only_a_batch_that_never_ran_goes_again() {
+        let rejected = |m: &str| StoreError::Rejected(m.into());
+        assert!(never_ran(&rejected(
+            "CROSSSLOT Keys in request don't hash to the same slot"
+        )));
+        assert!(!never_ran(&rejected("ERR something the script raised")));
+        assert!(!never_ran(&StoreError::BadReply(
+            "a reply that did not parse".into()
+        )));
+        assert!(!never_ran(&StoreError::Timeout {
+            budget: Duration::from_millis(5)
+        }));
     }
 }

@@ -44,7 +44,6 @@ fn key(identity: &str) -> BucketKey {
 async fn calls_at_the_same_instant_share_batches_and_count_exactly() {
     let server = start_redis().await;
     let store = open(RedisConfig::single(server.url()));
-    store.warm_up(BUDGET).await.expect("warm up");
     // 400 checks of one bucket that admits 150, and 400 lease asks of 400 buckets of 10 each,
     // all at once.
     let shared = key("shared");
@@ -125,7 +124,6 @@ async fn with_batching_off_every_call_goes_alone() {
 async fn one_requests_error_is_its_own() {
     let server = start_redis().await;
     let store = open(RedisConfig::single(server.url()));
-    store.warm_up(BUDGET).await.expect("warm up");
     // A bucket whose key holds a string: its script fails with WRONGTYPE.
     let broken = key("broken");
     server
@@ -173,7 +171,6 @@ async fn a_queued_call_keeps_its_budget_and_the_queue_recovers() {
         })
         .expect("open"),
     );
-    store.warm_up(BUDGET).await.expect("warm up");
     let limit = Limit::token_bucket(1_000, 1.0).expect("limit");
     server.pause().expect("SIGSTOP");
     let started = tokio::time::Instant::now();
@@ -235,6 +232,8 @@ async fn a_clusters_batches_span_the_slots_of_one_node() {
         .expect("join")
         .expect("cluster starts");
     let store = open(RedisConfig::cluster(cluster.urls()));
+    // A node warms its store up itself at start (reading the slot map); before the map is
+    // known, a cluster's calls go alone, unbatched (correct, but not what this test is about).
     store.warm_up(BUDGET).await.expect("warm up");
     assert_eq!(store.shards().len(), 3, "{:?}", store.shards());
     // 300 identities (about 100 per node, each of its own slot), one unit each: the first
@@ -287,6 +286,7 @@ async fn a_request_whose_slot_moved_goes_again_alone_and_counts_once() {
         .expect("join")
         .expect("cluster starts");
     let store = open(RedisConfig::cluster(cluster.urls()));
+    // The slot map known, as a node's own start-up leaves it: the move below makes it stale.
     store.warm_up(BUDGET).await.expect("warm up");
     let limit = Limit::fixed_window(1, Duration::from_secs(3600)).expect("limit");
     // The store reads the slot map every 2 s: one that read it between the move and the burst

@@ -1025,6 +1025,7 @@ macro_rules! conformance {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn busy_redis_cluster_passes_every_case() {
             let backend = Backend::cluster().await;
+            // The slot map known (a node reads it at start): a cluster batches only then.
             backend.store.warm_up(Duration::from_secs(10)).await.expect("warm up");
             let backend = backend.busy(CLUSTER_BUSY_LOOPS);
             $(

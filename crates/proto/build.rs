@@ -5,6 +5,7 @@ use prost::Message;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/envoy/service/ratelimit/v3/rls.proto",
+        "proto/envoy/service/rate_limit_quota/v3/rlqs.proto",
         "proto/tollgate/ratelimit/v1/ratelimit.proto",
         "proto/tollgate/regionsync/v1/regionsync.proto",
     ];

@@ -92,6 +92,14 @@ pub(crate) struct Bare {
     /// `current` (one thread) or `multi:N` (N workers).
     #[arg(long, default_value = "current")]
     pub(crate) runtime: String,
+    /// Answer every request with the response in this file (an encoded `RateLimitResponse`)
+    /// instead of a bare OK.
+    #[arg(long)]
+    pub(crate) answer: Option<std::path::PathBuf>,
+    /// Serve on Tollgate's coalesced connections (responses of a few hundred bytes share a
+    /// system call) instead of plain TCP ones.
+    #[arg(long)]
+    pub(crate) coalesce: bool,
 }
 
 /// `10s`, `500ms`, `1m`, or seconds.

@@ -14,6 +14,7 @@ use prometheus_client::registry::Registry;
 use crate::runtime::outcome::Outcome;
 
 mod labels;
+pub mod rlqs;
 
 pub use labels::{Api, ApiResult, RuleLabels, StoreFailure, StoreOp};
 use labels::{ApiLabels, ApiResultLabels, DecisionLabels, FailureLabels, OpLabels};
@@ -152,6 +153,8 @@ pub struct Metrics {
     pub requests_unmatched: Counter,
     /// Requests per API and result, and their latency per API, pre-resolved.
     pub api: [ApiMetrics; 2],
+    /// Envoy's rate limit quota service.
+    pub rlqs: rlqs::RlqsMetrics,
 }
 
 /// One API's request counters and latency histogram.
@@ -305,11 +308,13 @@ impl Metrics {
             tls_reload_errors: Counter::default(),
             tls_handshakes_refused: Counter::default(),
             region: Default::default(),
+            rlqs: Default::default(),
             registry: Registry::default(),
         };
         if regions {
             m.region.register(&mut registry);
         }
+        m.rlqs.register(&mut registry);
         registry.register(
             "requests_unmatched",
             "Requests that matched no rule (nothing limited them)",

@@ -2,19 +2,25 @@
 //! `protoc`).
 //!
 //! # Layout
-//! - [`envoy`]: Envoy's rate limit service, v3 (`envoy.service.ratelimit.v3`), wire-compatible.
+//! - [`envoy`]: Envoy's rate limit service, v3 (`envoy.service.ratelimit.v3`), and its rate
+//!   limit quota service (`envoy.service.rate_limit_quota.v3`, RLQS), wire-compatible.
 //! - [`tollgate`]: Tollgate's own decision API (`tollgate.ratelimit.v1`) and the link between
 //!   regions (`tollgate.regionsync.v1`).
 //! - [`FILE_DESCRIPTOR_SET`]: every message and service, for gRPC reflection.
 
 #![allow(missing_docs, unreachable_pub, clippy::all)]
 
-/// Envoy's protos (only what the rate limit service needs).
+/// Envoy's protos (only what the rate limit services need).
 pub mod envoy {
     pub mod service {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
     }

@@ -14,8 +14,15 @@
 //! - **Both cores**: nothing pinned, h2load (two threads) sharing the machine. The bare server
 //!   again both ways; Tollgate with its default (one worker per CPU) and with one worker.
 //!
+//! - **The same answer, sent bare.** Tollgate answers with a status carrying the limit and five
+//!   rate-limit headers (about 270 bytes against the bare OK's 9). The bench asks a Tollgate
+//!   node once for its answer to the bench's request, and a bare server sends those very bytes
+//!   back to every request (`--answer`, on Tollgate's coalesced connections): what the stack
+//!   alone spends serving that answer. What is left between it and Tollgate is Tollgate's own.
+//!
 //! Every Tollgate figure is a ratio to the best bare figure of its section (of any build, and of
-//! the shipped profile), measured in the
+//! the shipped profile, both answering a bare OK) and to the best bare server sending
+//! Tollgate's answer, measured in the
 //! same round. Rounds alternate the servers so a noisy minute hits all of them; the median
 //! round is reported.
 //!
@@ -52,8 +59,8 @@ impl Drop for Server {
     }
 }
 
-fn grpc_body() -> Vec<u8> {
-    let request = RateLimitRequest {
+fn request() -> RateLimitRequest {
+    RateLimitRequest {
         domain: "rl".into(),
         descriptors: vec![RateLimitDescriptor {
             entries: vec![Entry {
@@ -63,8 +70,11 @@ fn grpc_body() -> Vec<u8> {
             ..Default::default()
         }],
         hits_addend: 1,
-    };
-    let message = request.encode_to_vec();
+    }
+}
+
+fn grpc_body() -> Vec<u8> {
+    let message = request().encode_to_vec();
     let mut framed = vec![0u8];
     framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
     framed.extend_from_slice(&message);
@@ -78,6 +88,10 @@ enum Kind {
         runtime: &'static str,
         /// Built with `panic = "abort"` (else: as the bench, the shipped profile).
         abort: bool,
+        /// Answers with Tollgate's own answer to the bench's request (else: a bare OK).
+        full_answer: bool,
+        /// On Tollgate's coalesced connections (`--coalesce`).
+        coalesce: bool,
     },
     Tollgate {
         redis: Option<String>,
@@ -129,12 +143,61 @@ fn build_abort_loadgen() -> PathBuf {
     target.join("release/tollgate-loadgen")
 }
 
-fn start(setup: &Setup, pin: bool, rules: &Path) -> Server {
+/// The bench's input files.
+struct Files {
+    body: PathBuf,
+    rules: PathBuf,
+    /// Tollgate's encoded answer to the bench's request, for the bare server to send back.
+    answer: PathBuf,
+}
+
+/// Asks a fresh Tollgate node the bench's request once and keeps its answer in `files.answer`,
+/// so the bare server can send the very same bytes: what serving that answer costs the stack.
+fn capture_tollgate_answer(files: &Files) {
+    use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    let setup = Setup {
+        name: "Tollgate (its answer)",
+        kind: Kind::Tollgate {
+            redis: None,
+            threads: None,
+        },
+    };
+    let server = start(&setup, false, files);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let answer = runtime.block_on(async {
+        let mut client =
+            RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", server.grpc))
+                .await
+                .expect("connect");
+        client
+            .should_rate_limit(request())
+            .await
+            .expect("Tollgate's answer")
+            .into_inner()
+    });
+    println!(
+        "Tollgate's answer to the bench's request: {} bytes encoded, {} header(s) to add",
+        answer.encoded_len(),
+        answer.response_headers_to_add.len()
+    );
+    std::fs::write(&files.answer, answer.encode_to_vec()).expect("write the answer");
+}
+
+fn start(setup: &Setup, pin: bool, files: &Files) -> Server {
+    let rules = &files.rules;
     let grpc = free_port(false).expect("port");
     let mut cmd = Command::new("taskset");
     cmd.args(["-c", if pin { "0" } else { "0,1" }]);
     let http = match &setup.kind {
-        Kind::Bare { runtime, abort } => {
+        Kind::Bare {
+            runtime,
+            abort,
+            full_answer,
+            coalesce,
+        } => {
             cmd.arg(if *abort { abort_loadgen() } else { loadgen() })
                 .args([
                     "bare",
@@ -143,6 +206,12 @@ fn start(setup: &Setup, pin: bool, rules: &Path) -> Server {
                     "--runtime",
                     runtime,
                 ]);
+            if *full_answer {
+                cmd.arg("--answer").arg(&files.answer);
+            }
+            if *coalesce {
+                cmd.arg("--coalesce");
+            }
             None
         }
         Kind::Tollgate { redis, threads } => {
@@ -253,48 +322,57 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-fn section(title: &str, pin: bool, setups: &[Setup], rounds: usize, body: &Path, rules: &Path) {
+fn section(title: &str, pin: bool, setups: &[Setup], rounds: usize, files: &Files) {
     let secs: u64 = std::env::var("BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5);
-    let servers: Vec<Server> = setups.iter().map(|s| start(s, pin, rules)).collect();
+    let servers: Vec<Server> = setups.iter().map(|s| start(s, pin, files)).collect();
     let mut figures: Vec<Vec<f64>> = vec![vec![]; setups.len()];
     let mut codes: Vec<String> = vec![String::new(); setups.len()];
     for _ in 0..rounds {
         for (i, server) in servers.iter().enumerate() {
-            let (rps, code) = h2load(server, pin, body, secs);
+            let (rps, code) = h2load(server, pin, &files.body, secs);
             figures[i].push(rps);
             codes[i] = code;
         }
     }
     let medians: Vec<f64> = figures.iter().cloned().map(median).collect();
-    let best_of = |abort_too: bool| {
+    // The ceilings: bare servers answering a bare OK (of any build, of the shipped profile),
+    // and bare servers sending Tollgate's own answer.
+    let best_of = |abort_too: bool, full: bool| {
         setups
             .iter()
             .zip(&medians)
             .filter(|(s, _)| match s.kind {
-                Kind::Bare { abort, .. } => abort_too || !abort,
+                Kind::Bare {
+                    abort, full_answer, ..
+                } => (abort_too || !abort) && full_answer == full,
                 Kind::Tollgate { .. } => false,
             })
             .map(|(_, m)| *m)
             .fold(0.0, f64::max)
     };
-    let (best_bare, best_shipped) = (best_of(true), best_of(false));
+    let (best_bare, best_shipped, best_full) = (
+        best_of(true, false),
+        best_of(false, false),
+        best_of(true, true),
+    );
     println!("\n{title}\n");
     println!(
-        "| server | req/s (median of {rounds}) | rounds | vs best bare (any build) | vs best bare (shipped profile) | h2load status codes | node counters |"
+        "| server | req/s (median of {rounds}) | rounds | vs best bare (any build) | vs best bare (shipped profile) | vs best bare sending Tollgate's answer | h2load status codes | node counters |"
     );
-    println!("|---|---:|---|---:|---:|---|---|");
+    println!("|---|---:|---|---:|---:|---:|---|---|");
     for (i, setup) in setups.iter().enumerate() {
         let rounds: Vec<String> = figures[i].iter().map(|f| format!("{f:.0}")).collect();
         println!(
-            "| {} | {:.0} | {} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {:.0} | {} | {:.2} | {:.2} | {:.2} | {} | {} |",
             setup.name,
             medians[i],
             rounds.join(", "),
             medians[i] / best_bare,
             medians[i] / best_shipped,
+            medians[i] / best_full,
             codes[i],
             counters(&servers[i]),
         );
@@ -311,13 +389,17 @@ fn main() {
         .unwrap_or(3)
         .max(1);
     let dir = tempfile::tempdir().expect("tempdir");
-    let body = dir.path().join("request.bin");
-    std::fs::File::create(&body)
+    let files = Files {
+        body: dir.path().join("request.bin"),
+        rules: dir.path().join("rules.yaml"),
+        answer: dir.path().join("answer.bin"),
+    };
+    std::fs::File::create(&files.body)
         .expect("body")
         .write_all(&grpc_body())
         .expect("write");
-    let rules = dir.path().join("rules.yaml");
-    std::fs::write(&rules, RULES).expect("rules");
+    std::fs::write(&files.rules, RULES).expect("rules");
+    capture_tollgate_answer(&files);
     let redis = RedisServer::start().expect("redis-server");
     let redis_url = redis.url();
     let pin_redis = |cpus: &str| {
@@ -330,13 +412,26 @@ fn main() {
         kind: Kind::Bare {
             runtime,
             abort: false,
+            full_answer: false,
+            coalesce: false,
         },
     };
-    let bare_abort = |name, runtime| Setup {
+    let bare_abort = |name, runtime, coalesce| Setup {
         name,
         kind: Kind::Bare {
             runtime,
             abort: true,
+            full_answer: false,
+            coalesce,
+        },
+    };
+    let bare_full = |name, runtime| Setup {
+        name,
+        kind: Kind::Bare {
+            runtime,
+            abort: true,
+            full_answer: true,
+            coalesce: true,
         },
     };
     abort_loadgen();
@@ -354,7 +449,16 @@ fn main() {
         &[
             bare("bare tonic, current-thread runtime", "current"),
             bare("bare tonic, 2 workers", "multi:2"),
-            bare_abort("bare tonic, panic=abort, current-thread", "current"),
+            bare_abort("bare tonic, panic=abort, current-thread", "current", false),
+            bare_abort(
+                "bare tonic, panic=abort, coalesced, current-thread",
+                "current",
+                true,
+            ),
+            bare_full(
+                "bare tonic sending Tollgate's answer, panic=abort, coalesced, current-thread",
+                "current",
+            ),
             tollgate("Tollgate, in-memory store (runtime for 1 CPU)", None, None),
             tollgate(
                 "Tollgate, Redis store (runtime for 1 CPU)",
@@ -363,8 +467,7 @@ fn main() {
             ),
         ],
         rounds,
-        &body,
-        &rules,
+        &files,
     );
     pin_redis("0,1");
     section(
@@ -373,8 +476,17 @@ fn main() {
         &[
             bare("bare tonic, current-thread runtime", "current"),
             bare("bare tonic, 2 workers", "multi:2"),
-            bare_abort("bare tonic, panic=abort, current-thread", "current"),
-            bare_abort("bare tonic, panic=abort, 2 workers", "multi:2"),
+            bare_abort("bare tonic, panic=abort, current-thread", "current", false),
+            bare_abort("bare tonic, panic=abort, 2 workers", "multi:2", false),
+            bare_abort(
+                "bare tonic, panic=abort, coalesced, 2 workers",
+                "multi:2",
+                true,
+            ),
+            bare_full(
+                "bare tonic sending Tollgate's answer, panic=abort, coalesced, 2 workers",
+                "multi:2",
+            ),
             tollgate("Tollgate, in-memory store (default: 2 workers)", None, None),
             tollgate(
                 "Tollgate, Redis store (default: 2 workers)",
@@ -385,7 +497,6 @@ fn main() {
             tollgate("Tollgate, Redis store, 1 worker", Some(&redis_url), Some(1)),
         ],
         rounds,
-        &body,
-        &rules,
+        &files,
     );
 }

@@ -361,6 +361,7 @@ impl App {
         };
         let grpc = tokio::spawn(crate::grpc::server::serve(
             self.node.clone(),
+            self.config.rlqs.clone(),
             self.grpc,
             self.tls.as_ref().map(|t| t.grpc.clone()),
             stopped(stop_rx.clone()),

@@ -152,7 +152,13 @@ pub struct Config {
     pub json_check: bool,
     /// The bearer token `POST /json` requires (None: anyone who reaches the port).
     pub json_check_token: Option<String>,
+    /// How RLQS quotas are shared.
+    pub rlqs: crate::rlqs::RlqsConfig,
 }
+
+/// The most RLQS buckets `rlqs_max_buckets` may allow (each holds a little state and a task
+/// that ticks four times a second).
+pub const MAX_RLQS_BUCKETS: usize = 1_000_000;
 
 /// The CPUs this process may use: its CPU affinity and its cgroup's CPU quota (a Kubernetes
 /// CPU limit) both count; at least 1.
@@ -179,6 +185,13 @@ impl TryFrom<Settings> for Config {
                 .unwrap_or(defaults::ENVOY_FAIL_MODE),
         )
         .map_err(|reason| settings::bad("envoy_fail_mode", reason))?;
+        let rlqs_max_buckets = s.rlqs_max_buckets.unwrap_or(defaults::RLQS_MAX_BUCKETS);
+        if !(1..=MAX_RLQS_BUCKETS).contains(&rlqs_max_buckets) {
+            return Err(settings::bad(
+                "rlqs_max_buckets",
+                format!("must be between 1 and {MAX_RLQS_BUCKETS}"),
+            ));
+        }
         let worker_threads = match s.worker_threads {
             None | Some(0) => available_cpus(),
             Some(n) if n > 1024 => {
@@ -221,6 +234,11 @@ impl TryFrom<Settings> for Config {
             top_denied_token: access.top_denied_token,
             json_check: access.json_check,
             json_check_token: access.json_check_token,
+            rlqs: crate::rlqs::RlqsConfig {
+                max_buckets: rlqs_max_buckets,
+                max_buckets_per_stream: rlqs_max_buckets,
+                ..crate::rlqs::RlqsConfig::default()
+            },
         })
     }
 }
@@ -341,6 +359,7 @@ mod tests {
         assert_eq!(err(&["--store-timeout-ms", "0"]), "store_timeout_ms");
         assert_eq!(err(&["--redis-batch-max", "0"]), "redis_batch_max");
         assert_eq!(err(&["--redis-batch-max", "5000"]), "redis_batch_max");
+        assert_eq!(err(&["--rlqs-max-buckets", "0"]), "rlqs_max_buckets");
         assert_eq!(err(&["--log-format", "xml"]), "log_format");
         assert_eq!(err(&["--prelimit-factor=-1"]), "prelimit_factor");
         assert_eq!(err(&["--region", "us"]), "peer_region");
@@ -411,6 +430,7 @@ mod tests {
             ("envoy-fail-mode", defaults::ENVOY_FAIL_MODE.to_owned()),
             ("redis-cluster", defaults::REDIS_CLUSTER.to_string()),
             ("redis-batch-max", defaults::REDIS_BATCH_MAX.to_string()),
+            ("rlqs-max-buckets", defaults::RLQS_MAX_BUCKETS.to_string()),
             ("store-timeout-ms", ms(defaults::STORE_TIMEOUT)),
             ("lease-max-units", defaults::LEASE_MAX_UNITS.to_string()),
             ("lease-ttl-ms", ms(defaults::LEASE_TTL)),

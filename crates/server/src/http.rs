@@ -60,6 +60,11 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
         },
         "breaker": node.breaker_state().as_str(),
     });
+    let rlqs = &node.metrics().rlqs;
+    body["rlqs"] = serde_json::json!({
+        "streams": rlqs.streams.get(),
+        "buckets": rlqs.buckets.get(),
+    });
     // Why the rules are not what their source holds: why the node is not ready, or what it
     // rejected while staying ready on its previous set.
     if let Some(problem) = rules.problem() {

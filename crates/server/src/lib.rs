@@ -7,6 +7,7 @@
 //! - [`config`]: the binary's settings (file, environment, flags).
 //! - [`app`]: a whole node process, wired from a config.
 //! - [`grpc`]: Envoy's rate limit service and Tollgate's own API.
+//! - [`rlqs`]: Envoy's rate limit quota service: one global quota shared by every Envoy.
 //! - [`http`]: health, readiness and Prometheus metrics.
 //! - [`admin_listener`]: the admin API's listener (the API itself is `tollgate-control`'s).
 //! - [`tls`]: certificates, reloads and handshakes for every listener.
@@ -18,5 +19,6 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod json_check;
+pub mod rlqs;
 pub mod telemetry;
 pub mod tls;

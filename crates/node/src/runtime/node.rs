@@ -278,6 +278,20 @@ impl Node {
             .collect())
     }
 
+    /// Takes `units` from one charge's bucket, all or nothing, through the decision path (lease,
+    /// store, fail modes): how a quota handed to someone else (an RLQS Envoy's share) is paid
+    /// for out of the same limit every other caller draws from.
+    pub async fn draw(&self, charge: &Charge, units: u64) -> Verdict {
+        let hit = Hit {
+            descriptor: 0,
+            also: vec![],
+            rule: charge.rule.clone(),
+            identity: charge.identity.clone(),
+            cost: units,
+        };
+        self.decide(vec![hit]).await
+    }
+
     /// The buckets of `request`'s matched rules, if every one can be decided by a lease alone,
     /// with the cost and, for an ASYNC_SYNC bucket, the identity its demand is reported under.
     pub(crate) async fn leased_buckets(

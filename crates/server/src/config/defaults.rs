@@ -30,6 +30,8 @@ pub const ENVOY_FAIL_MODE: &str = "OPEN";
 pub const REDIS_CLUSTER: bool = false;
 /// `redis_batch_max`.
 pub const REDIS_BATCH_MAX: usize = 64;
+/// `rlqs_max_buckets`.
+pub const RLQS_MAX_BUCKETS: usize = 10_000;
 /// `store_timeout_ms`.
 pub const STORE_TIMEOUT: Duration = Duration::from_millis(5);
 /// `store_patience_ms` (the runtime's).

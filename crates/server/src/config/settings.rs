@@ -147,6 +147,11 @@ pub struct Settings {
     /// A bearer token POST /json requires; unset, anyone who reaches the HTTP port may call it
     #[arg(long, env = "TOLLGATE_JSON_CHECK_TOKEN")]
     pub json_check_token: Option<String>,
+    /// Most RLQS buckets (a domain and an Envoy bucket id) the node shares quotas for, over
+    /// all Envoy streams; reports of further buckets get no assignment (the Envoy keeps its
+    /// no-assignment behaviour) and are counted in tollgate_rlqs_buckets_refused_total
+    #[arg(long, env = "TOLLGATE_RLQS_MAX_BUCKETS", shown_default = defaults::RLQS_MAX_BUCKETS)]
+    pub rlqs_max_buckets: Option<usize>,
     /// Threads that run the node; 0 or unset: one per CPU the process may use (its affinity
     /// and cgroup quota), and a single-threaded runtime when that is one.
     #[arg(long, env = "TOLLGATE_WORKER_THREADS")]
@@ -277,6 +282,7 @@ impl Settings {
             top_denied_token,
             json_check,
             json_check_token,
+            rlqs_max_buckets,
             descriptor_overrides,
             otlp_endpoint,
             trace_sample_ratio,

@@ -5,6 +5,7 @@ use std::future::Future;
 
 use futures::TryStreamExt;
 use tokio::net::TcpListener;
+use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiterServer;
 use tonic::transport::Server;
@@ -13,6 +14,7 @@ use tonic::transport::server::TcpIncoming;
 use crate::grpc::check::Check;
 use crate::grpc::connection::CoalescedConnection;
 use crate::grpc::rls::Rls;
+use crate::rlqs::{Broker, Rlqs, RlqsConfig};
 use tollgate_node::runtime::Node;
 
 /// Tollgate's compiled protos without the region link's (served on another port).
@@ -28,9 +30,11 @@ fn public_descriptors() -> prost_types::FileDescriptorSet {
 /// The largest request message accepted (Envoy's are a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 
-/// Serves Envoy's RLS, Tollgate's API, health and reflection on `listener` until `shutdown`.
+/// Serves Envoy's RLS and RLQS, Tollgate's API, health and reflection on `listener` until
+/// `shutdown`.
 pub async fn serve(
     node: Node,
+    rlqs: RlqsConfig,
     listener: TcpListener,
     tls: Option<crate::tls::Acceptor>,
     shutdown: impl Future<Output = ()> + Send,
@@ -38,8 +42,11 @@ pub async fn serve(
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<Rls>>().await;
     health.set_serving::<RateLimiterServer<Check>>().await;
+    health
+        .set_serving::<RateLimitQuotaServiceServer<Rlqs>>()
+        .await;
     // Reflection, v1 and v1alpha (grpcurl and Python's reflection client ask v1alpha), lists
-    // what this port serves: Envoy's RLS, Tollgate's API, health. The region link is served
+    // what this port serves: Envoy's RLS and RLQS, Tollgate's API, health. The region link is served
     // on its own port and is not described here.
     let public = public_descriptors();
     let reflection = || {
@@ -47,6 +54,7 @@ pub async fn serve(
             .register_file_descriptor_set(public.clone())
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
             .with_service_name("envoy.service.ratelimit.v3.RateLimitService")
+            .with_service_name("envoy.service.rate_limit_quota.v3.RateLimitQuotaService")
             .with_service_name("tollgate.ratelimit.v1.RateLimiter")
             .with_service_name("grpc.health.v1.Health")
             .with_service_name("grpc.reflection.v1.ServerReflection")
@@ -58,6 +66,14 @@ pub async fn serve(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .expect("the file descriptor sets are compiled in and valid");
+    let broker = Broker::new(node.clone(), rlqs);
+    let rlqs = Rlqs::new(broker.clone());
+    // RLQS streams stay open while their Envoys run: they are ended before the server waits
+    // for its connections to finish.
+    let shutdown = async move {
+        shutdown.await;
+        broker.shut_down();
+    };
     let router = Server::builder()
         .tcp_nodelay(true)
         .add_service(
@@ -66,6 +82,9 @@ pub async fn serve(
         )
         .add_service(
             RateLimiterServer::new(Check::new(node)).max_decoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            RateLimitQuotaServiceServer::new(rlqs).max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(health_service)
         .add_service(reflection_v1)

@@ -1,0 +1,17 @@
+//! Envoy's rate limit quota service (RLQS, `envoy.service.rate_limit_quota.v3`): Envoys decide
+//! locally on a quota this node assigns them and report their usage; the node shares each
+//! rule's global limit among them, paid for out of the same store every other caller uses.
+//! Design and bounds: docs/rlqs.md.
+//!
+//! # Layout
+//! - [`service`]: the gRPC stream (one per Envoy and domain): reports in, assignments out.
+//! - [`broker`]: the buckets, the streams sharing each, and the loop that pays for and pushes
+//!   their shares.
+//! - [`shares`]: max-min fair shares of a rate, and the strategy an Envoy enforces.
+
+pub mod broker;
+pub mod service;
+pub mod shares;
+
+pub use broker::{Broker, RlqsConfig};
+pub use service::Rlqs;

@@ -159,6 +159,8 @@ struct BucketState {
     /// Units drawn from each limited rule's bucket (by rule key) and not yet given to a share:
     /// negative when a new Envoy bucket's first token was given on credit.
     credit: HashMap<String, f64>,
+    /// What each limited rule's bucket said was left at the last draw, and when.
+    last_left: HashMap<String, (u64, Instant)>,
     /// The summed rate of the shares, paid until `paid_until`.
     paid_rate: u64,
     paid_until: Option<Instant>,
@@ -609,7 +611,10 @@ async fn tick(inner: &Inner, bucket: &SharedBucket) -> bool {
                         .map(|c| {
                             let credit = state.credit.get(&c.rule.key).copied().unwrap_or(0.0);
                             let need = target * config.tick.as_secs_f64() + bursts - ahead - credit;
-                            let want = if need >= 1.0 { need.ceil() as u64 } else { 0 };
+                            let mut want = if need >= 1.0 { need.ceil() as u64 } else { 0 };
+                            if let Some(likely) = likely_left(&state, c, now) {
+                                want = want.min(likely.floor() as u64);
+                            }
                             (c.clone(), want.min(*capacity))
                         })
                         .collect::<Vec<_>>(),
@@ -621,51 +626,72 @@ async fn tick(inner: &Inner, bucket: &SharedBucket) -> bool {
     let mut drawn = vec![];
     if let Some(draws) = draws {
         for (charge, want) in draws {
-            let got = draw(&inner.node, &charge, want).await;
-            drawn.push((charge.rule.key.clone(), got));
+            if want > 0 {
+                let (got, left) = draw(&inner.node, &charge, want).await;
+                drawn.push((charge.rule.key.clone(), got, left));
+            }
         }
     }
     let mut state = bucket.state.lock();
-    for (rule, got) in drawn {
-        *state.credit.entry(rule).or_insert(0.0) += got as f64;
+    for (rule, got, left) in drawn {
+        *state.credit.entry(rule.clone()).or_insert(0.0) += got as f64;
+        state.last_left.insert(rule, (left, now));
     }
-    let decided: Vec<(u64, Strategy)> = match plan {
-        Plan::AllowAll => uniform(&state, Strategy::AllowAll),
-        Plan::DenyAll => uniform(&state, Strategy::DenyAll),
+    match plan {
+        Plan::AllowAll | Plan::DenyAll => {
+            let strategy = if matches!(plan, Plan::AllowAll) {
+                Strategy::AllowAll
+            } else {
+                Strategy::DenyAll
+            };
+            let decided = uniform(&state, strategy);
+            push(&mut state, &bucket.key, decided, now, config, metrics);
+        }
         Plan::Shares {
             charges,
             rate,
             capacity,
-        } => share_out(&mut state, &charges, rate, capacity, now, config.tick),
-    };
-    push(&mut state, &bucket.key, decided, now, config, metrics);
+        } => {
+            let decided = share_out(&state, &charges, rate, capacity, now, config.tick);
+            let fills = push(&mut state, &bucket.key, decided, now, config, metrics);
+            pay(&mut state, &charges, fills, now, config.tick);
+        }
+    }
     true
 }
 
 /// Takes up to `want` units from `charge`'s bucket: all of them if it has them, else what it
-/// says remains.
-async fn draw(node: &Node, charge: &Charge, want: u64) -> u64 {
-    if want == 0 {
-        return 0;
-    }
+/// says remains. Returns what was taken and what the bucket said was left.
+async fn draw(node: &Node, charge: &Charge, want: u64) -> (u64, u64) {
+    let left = |v: &tollgate_node::runtime::Verdict| v.statuses.first().map_or(0, |s| s.remaining);
     let verdict = node.draw(charge, want).await;
     if verdict.allowed {
-        return want;
+        return (want, left(&verdict));
     }
-    let remaining = verdict
-        .statuses
-        .first()
-        .map(|s| s.remaining)
-        .unwrap_or(0)
-        .min(want - 1);
+    let remaining = left(&verdict).min(want - 1);
     if remaining == 0 {
-        return 0;
+        return (0, 0);
     }
-    if node.draw(charge, remaining).await.allowed {
-        remaining
+    let verdict = node.draw(charge, remaining).await;
+    if verdict.allowed {
+        (remaining, left(&verdict))
     } else {
-        0
+        (0, left(&verdict))
     }
+}
+
+/// What `charge`'s bucket likely holds now: what it said was left at the last draw, refilled
+/// at the rule's rate since (None: no draw yet). Asking no more than that keeps draws from
+/// being refused (a refusal is remembered by the node for a moment, and would cut the shares
+/// for nothing).
+fn likely_left(state: &BucketState, charge: &Charge, now: Instant) -> Option<f64> {
+    let (left, at) = state.last_left.get(&charge.rule.key)?;
+    let limit = charge.rule.limit()?;
+    let rate = limit.refill_per_second().unwrap_or_else(|| {
+        limit.capacity() as f64 / limit.window().map_or(1.0, |w| w.as_secs_f64().max(1e-6))
+    });
+    let refilled = rate * now.saturating_duration_since(*at).as_secs_f64();
+    Some((*left as f64 + refilled).min(limit.capacity() as f64))
 }
 
 /// The value of the shares already paid beyond `now` (negative: a gap since the last tick
@@ -727,108 +753,145 @@ fn burst_each(capacity: u64, open: usize) -> f64 {
     (capacity as f64 / open.max(1) as f64).floor().max(1.0)
 }
 
-fn uniform(state: &BucketState, strategy: Strategy) -> Vec<(u64, Strategy)> {
+fn uniform(state: &BucketState, strategy: Strategy) -> Vec<Decided> {
     state
         .streams
         .iter()
         .filter(|(_, s)| s.outbox.is_some())
-        .map(|(id, _)| (*id, strategy))
+        .map(|(id, _)| Decided {
+            stream: *id,
+            strategy,
+            fill: 0.0,
+        })
         .collect()
 }
 
-/// Shares the rate paid for among the open streams, and pays for them.
+/// What one open stream is to be told: its strategy, and what its first fill costs when the
+/// Envoy gets a new token bucket (it starts full).
+struct Decided {
+    stream: u64,
+    strategy: Strategy,
+    fill: f64,
+}
+
+/// Shares the rate the bucket can pay for among its open streams.
 fn share_out(
-    state: &mut BucketState,
+    state: &BucketState,
     charges: &[Charge],
     rate: f64,
     capacity: u64,
     now: Instant,
     tick: Duration,
-) -> Vec<(u64, Strategy)> {
+) -> Vec<Decided> {
     let tick_s = tick.as_secs_f64();
-    let ahead = paid_ahead(state, now);
-    let credit = |state: &BucketState| {
-        charges
-            .iter()
-            .map(|c| state.credit.get(&c.rule.key).copied().unwrap_or(0.0))
-            .fold(f64::INFINITY, f64::min)
-    };
+    let credit = min_credit(state, charges);
     let fresh = fresh_streams(state) as f64;
     // What the paid-for units afford until the next tick, a token set aside for each new
     // Envoy bucket (it starts full), never above the rule's rate. One tick of the rule's rate
-    // may be owed (drawn at the next tick, before anything new is given): a store that
-    // refilled a hair less than a tick's worth since the last draw does not make every share
-    // shrink and grow back, each time pushed to every Envoy.
-    let slack = rate * tick_s;
-    let affordable = ((credit(state) + ahead - fresh + slack) / tick_s).max(0.0);
-    let closed = closed_rate(state);
+    // and a unit may be owed (drawn at the next tick, before anything new is given): a store
+    // that refilled a hair less than a tick's worth since the last draw does not make every
+    // share shrink and grow back, each time pushed to every Envoy.
+    let slack = rate * tick_s + 1.0;
+    let affordable = ((credit + paid_ahead(state, now) - fresh + slack) / tick_s).max(0.0);
     let budget = affordable.min(rate).floor() as u64;
-    let open_budget = budget.saturating_sub(closed);
+    let open_budget = budget.saturating_sub(closed_rate(state));
     let targets = targets(state, rate);
     let demands: Vec<f64> = targets.iter().map(|(_, t)| *t).collect();
     let rates = water_fill(open_budget, &demands);
-    let total = closed + rates.iter().sum::<u64>();
-    // Pay: what was paid beyond now is spent on the new rates first.
-    for c in charges {
-        *state.credit.entry(c.rule.key.clone()).or_insert(0.0) += ahead - total as f64 * tick_s;
-    }
-    state.paid_rate = total;
-    state.paid_until = Some(now + tick);
-    // First fills of new Envoy buckets, out of what is left (one token on credit at least).
+    // First fills of new Envoy buckets: an even share of the burst, out of what is left.
     let burst = burst_each(capacity, targets.len());
+    let mut pool = (credit - fresh).max(0.0);
     let mut out = Vec::with_capacity(targets.len());
-    for ((id, _), per_second) in targets.iter().zip(rates) {
-        let share = &state.streams[id];
-        let strategy = match share.strategy {
-            Some(Strategy::TokenBucket { max_tokens, .. }) if per_second > 0 => {
-                Strategy::share(per_second, u64::from(max_tokens))
-            }
-            _ if per_second == 0 => Strategy::DenyAll,
+    for ((stream, _), per_second) in targets.iter().zip(rates) {
+        let decided = match state.streams[stream].strategy {
+            Some(Strategy::TokenBucket { max_tokens, .. }) if per_second > 0 => Decided {
+                stream: *stream,
+                strategy: Strategy::share(per_second, u64::from(max_tokens)),
+                fill: 0.0,
+            },
+            _ if per_second == 0 => Decided {
+                stream: *stream,
+                strategy: Strategy::DenyAll,
+                fill: 0.0,
+            },
             _ => {
-                let pool = credit(state).floor().max(0.0);
-                let fill = burst.min(pool).max(1.0);
-                for c in charges {
-                    *state.credit.entry(c.rule.key.clone()).or_insert(0.0) -= fill;
+                let extra = (burst - 1.0).min(pool.floor()).max(0.0);
+                pool -= extra;
+                let fill = 1.0 + extra;
+                Decided {
+                    stream: *stream,
+                    strategy: Strategy::share(per_second, fill as u64),
+                    fill,
                 }
-                Strategy::share(per_second, fill as u64)
             }
         };
-        out.push((*id, strategy));
+        out.push(decided);
     }
     out
 }
 
+/// The least credit over the bucket's limited rules.
+fn min_credit(state: &BucketState, charges: &[Charge]) -> f64 {
+    charges
+        .iter()
+        .map(|c| state.credit.get(&c.rule.key).copied().unwrap_or(0.0))
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Pays, out of each rule's credit, the first fills given this tick and the shares the
+/// Envoys now hold until the next tick (what was paid beyond now counts toward them).
+fn pay(state: &mut BucketState, charges: &[Charge], fills: f64, now: Instant, tick: Duration) {
+    let held: u64 = state
+        .streams
+        .values()
+        .filter_map(|s| s.strategy.and_then(|st| st.per_second()))
+        .sum();
+    let cost = held as f64 * tick.as_secs_f64() + fills - paid_ahead(state, now);
+    for c in charges {
+        *state.credit.entry(c.rule.key.clone()).or_insert(0.0) -= cost;
+    }
+    state.paid_rate = held;
+    state.paid_until = Some(now + tick);
+}
+
 /// Sends each open stream its strategy when it changed or its TTL is due for renewal: lower
-/// shares first, so the sum stays within the limit while shares move.
+/// shares first, so the sum stays within the limit while shares move. A higher share is sent
+/// at most once a second (it can wait; a lower one cannot). Returns the first fills sent.
 fn push(
     state: &mut BucketState,
     key: &BucketKey,
-    decided: Vec<(u64, Strategy)>,
+    decided: Vec<Decided>,
     now: Instant,
     config: &RlqsConfig,
     metrics: &tollgate_node::metrics::rlqs::RlqsMetrics,
-) {
-    let mut due: Vec<(u64, Strategy, bool)> = decided
+) -> f64 {
+    let mut due: Vec<(Decided, bool)> = decided
         .into_iter()
-        .filter_map(|(id, strategy)| {
-            let share = state.streams.get(&id)?;
-            let changed = share.strategy != Some(strategy);
-            let renew = now.saturating_duration_since(share.pushed_at) >= config.renew_after;
-            let lower = share
-                .strategy
-                .and_then(|s| s.per_second())
-                .is_some_and(|old| strategy.per_second().unwrap_or(0) < old);
-            (changed || renew).then_some((id, strategy, lower))
+        .filter_map(|d| {
+            let share = state.streams.get(&d.stream)?;
+            let since = now.saturating_duration_since(share.pushed_at);
+            let old = share.strategy.and_then(|s| s.per_second());
+            let new = d.strategy.per_second();
+            let lower = old.is_some_and(|old| new.unwrap_or(0) < old);
+            let higher = matches!((old, new), (Some(old), Some(new)) if new > old);
+            let changed = share.strategy != Some(d.strategy);
+            let send = (changed && (!higher || since >= Duration::from_secs(1)))
+                || since >= config.renew_after;
+            send.then_some((d, lower))
         })
         .collect();
-    due.sort_by_key(|(_, _, lower)| !lower);
-    for (id, strategy, _) in due {
-        let Some(share) = state.streams.get_mut(&id) else {
+    due.sort_by_key(|(_, lower)| !lower);
+    let mut fills = 0.0;
+    for (d, _) in due {
+        let Some(share) = state.streams.get_mut(&d.stream) else {
             continue;
         };
         let Some(outbox) = &share.outbox else {
             continue;
         };
+        // An unchanged higher share not yet due keeps the old one, renewed.
+        let strategy = d.strategy;
+        tracing::debug!(stream = d.stream, bucket = ?key.entries, ?strategy, "RLQS assignment");
         if send(
             outbox,
             vec![assignment(key.id(), strategy, config.assignment_ttl)],
@@ -836,7 +899,9 @@ fn push(
             share.strategy = Some(strategy);
             share.pushed_at = now;
             share.expires_at = Some(now + config.assignment_ttl);
+            fills += d.fill;
             metrics.assignments.inc();
         }
     }
+    fills
 }

@@ -803,12 +803,18 @@ fn share_out(
     let mut pool = (credit - fresh).max(0.0);
     let mut out = Vec::with_capacity(targets.len());
     for ((stream, _), per_second) in targets.iter().zip(rates) {
+        // An Envoy bucket holds at least one second of its rate (Envoy adds a fill interval's
+        // tokens at once, and a smaller bucket would drop them); raising it may add tokens at
+        // once, up to the difference, which is paid for.
         let decided = match state.streams[stream].strategy {
-            Some(Strategy::TokenBucket { max_tokens, .. }) if per_second > 0 => Decided {
-                stream: *stream,
-                strategy: Strategy::share(per_second, u64::from(max_tokens)),
-                fill: 0.0,
-            },
+            Some(Strategy::TokenBucket { max_tokens, .. }) if per_second > 0 => {
+                let max_tokens = u64::from(max_tokens);
+                Decided {
+                    stream: *stream,
+                    strategy: Strategy::share(per_second, max_tokens.max(per_second)),
+                    fill: per_second.saturating_sub(max_tokens) as f64,
+                }
+            }
             _ if per_second == 0 => Decided {
                 stream: *stream,
                 strategy: Strategy::DenyAll,
@@ -817,7 +823,7 @@ fn share_out(
             _ => {
                 let extra = (burst - 1.0).min(pool.floor()).max(0.0);
                 pool -= extra;
-                let fill = 1.0 + extra;
+                let fill = (1.0 + extra).max(per_second as f64);
                 Decided {
                     stream: *stream,
                     strategy: Strategy::share(per_second, fill as u64),

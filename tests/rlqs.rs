@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tollgate_server::app::{App, Serving};
 use tollgate_server::config::{Config, Settings};
@@ -84,20 +86,23 @@ struct Tally {
     other: AtomicU64,
 }
 
-/// Sends `per_second` requests a second for `key` through `port` until `stop`.
+/// Sends `per_second` requests a second for `key` through `port` until `stop`, one at a time.
 fn load(port: u16, key: &'static str, per_second: f64, stop: Arc<AtomicBool>) -> Arc<Tally> {
     let tally = Arc::new(Tally::default());
     let t = tally.clone();
-    std::thread::spawn(move || {
+    tokio::spawn(async move {
         let start = Instant::now();
         let mut sent = 0u64;
         while !stop.load(Ordering::Relaxed) {
-            let due = start + Duration::from_secs_f64(sent as f64 / per_second);
-            if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                std::thread::sleep(wait);
-            }
+            tokio::time::sleep_until(start + Duration::from_secs_f64(sent as f64 / per_second))
+                .await;
             sent += 1;
-            match tollgate_testkit::http::get(port, "/hello", &[("x-api-key", key)]) {
+            let answer = tokio::task::spawn_blocking(move || {
+                tollgate_testkit::http::get(port, "/hello", &[("x-api-key", key)])
+            })
+            .await
+            .expect("join");
+            match answer {
                 Ok(r) if r.status == 200 => t.admitted.fetch_add(1, Ordering::Relaxed),
                 Ok(r) if r.status == 429 => t.denied.fetch_add(1, Ordering::Relaxed),
                 _ => t.other.fetch_add(1, Ordering::Relaxed),

@@ -430,7 +430,6 @@ mod tests {
             ("envoy-fail-mode", defaults::ENVOY_FAIL_MODE.to_owned()),
             ("redis-cluster", defaults::REDIS_CLUSTER.to_string()),
             ("redis-batch-max", defaults::REDIS_BATCH_MAX.to_string()),
-            ("rlqs-max-buckets", defaults::RLQS_MAX_BUCKETS.to_string()),
             ("store-timeout-ms", ms(defaults::STORE_TIMEOUT)),
             ("lease-max-units", defaults::LEASE_MAX_UNITS.to_string()),
             ("lease-ttl-ms", ms(defaults::LEASE_TTL)),
@@ -470,6 +469,7 @@ mod tests {
                 defaults::DESCRIPTOR_OVERRIDES.to_owned(),
             ),
             ("json-check", defaults::JSON_CHECK.to_string()),
+            ("rlqs-max-buckets", defaults::RLQS_MAX_BUCKETS.to_string()),
             ("admin-listen", defaults::ADMIN_LISTEN.to_string()),
             (
                 "admin-client-timeout-ms",

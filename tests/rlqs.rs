@@ -206,13 +206,11 @@ async fn three_envoys_share_one_key(nodes: usize) {
     }
 }
 
-#[ignore = "issue 24 open: on a busy machine the shares strand quota (0.45-0.72 of what was asked, measured under two busy loops); run with --run-ignored all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_on_one_node_admit_one_limit() {
     three_envoys_share_one_key(1).await;
 }
 
-#[ignore = "issue 24 open: on a busy machine the shares strand quota (0.45-0.72 of what was asked, measured under two busy loops); run with --run-ignored all"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_envoys_over_two_nodes_admit_one_limit() {
     three_envoys_share_one_key(2).await;

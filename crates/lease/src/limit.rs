@@ -452,6 +452,23 @@ impl Limit {
         }
     }
 
+    /// The units a second the limit admits over the long run: a token bucket's refill rate,
+    /// a window's limit over its length; `None` for a concurrency limit (it bounds requests
+    /// in flight, not a rate).
+    pub fn average_per_second(&self) -> Option<f64> {
+        match self.kind {
+            Kind::TokenBucket {
+                refill_per_second, ..
+            } => Some(refill_per_second),
+            Kind::SlidingWindow { limit, window_us }
+            | Kind::SlidingWindowLog { limit, window_us }
+            | Kind::FixedWindow { limit, window_us } => {
+                Some(limit as f64 * 1e6 / window_us.max(1) as f64)
+            }
+            Kind::Concurrency { .. } => None,
+        }
+    }
+
     /// The slot TTL for concurrency limits; `None` otherwise.
     pub fn slot_ttl(&self) -> Option<Duration> {
         match self.kind {
@@ -526,6 +543,24 @@ mod tests {
 
     fn field_of(spec: LimitSpec) -> &'static str {
         spec.validate().expect_err("spec should be rejected").field
+    }
+
+    #[test]
+    fn the_average_rate_is_the_refill_or_the_limit_over_the_window() {
+        let per_second = |l: Result<Limit, LimitError>| l.expect("limit").average_per_second();
+        assert_eq!(per_second(Limit::token_bucket(100, 20.0)), Some(20.0));
+        assert_eq!(
+            per_second(Limit::fixed_window(600, Duration::from_secs(60))),
+            Some(10.0)
+        );
+        assert_eq!(
+            per_second(Limit::sliding_window(5, Duration::from_millis(500))),
+            Some(10.0)
+        );
+        assert_eq!(
+            per_second(Limit::concurrency(4, Duration::from_secs(30))),
+            None
+        );
     }
 
     #[test]

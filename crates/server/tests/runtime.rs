@@ -344,3 +344,38 @@ async fn a_changed_rule_keeps_its_counter_and_settles_old_leases() {
     assert_eq!(peek.buckets[0].remaining, 0, "every unit is accounted for");
     node.shutdown().await;
 }
+
+/// A draw (what RLQS pays an Envoy's share with) takes many units at once from the store:
+/// one larger than what is left is refused and says what is left, a smaller one right after
+/// takes exactly that (no lease holds units back, no memory of the refusal denies it), and
+/// requests on the same key then find the bucket empty.
+#[tokio::test]
+async fn a_refused_draw_says_what_is_left_and_a_smaller_one_takes_it() {
+    let (node, memory) = memory_node(HOT, RuntimeConfig::default()).await;
+    let request = Request::new("api").descriptor([("api_key", "drawn")]);
+    // Requests first, so the key has an actor and a lease of its own.
+    assert_eq!(allowed(&node, &request, 300).await, 300);
+    let charges = node.charges(&request).expect("charges");
+    let charge = &charges[0];
+    let key = BucketKey::new(b"drawn", "hot").expect("key");
+    let limit = Limit::token_bucket(1000, 0.001).expect("limit");
+    let peek = |memory: MemoryStore| {
+        let request = CheckRequest::single(key.clone(), limit, 0).expect("peek");
+        async move { memory.check(&request).await.expect("check").buckets[0].remaining }
+    };
+    let in_store = peek(memory.clone()).await;
+    assert!(
+        in_store <= 700,
+        "the lease holds units: {in_store} left in the store"
+    );
+    let refused = node.draw(charge, in_store + 1).await;
+    assert!(!refused.allowed);
+    assert_eq!(refused.statuses[0].remaining, in_store);
+    let taken = node.draw(charge, in_store).await;
+    assert!(taken.allowed, "{taken:?}");
+    assert_eq!(peek(memory.clone()).await, 0);
+    assert!(!node.draw(charge, 1).await.allowed);
+    // What the lease still held is all requests can have: 1000 in all.
+    let more = allowed(&node, &request, 1000).await;
+    assert_eq!(300 + in_store as usize + more, 1000);
+}

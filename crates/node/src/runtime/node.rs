@@ -48,6 +48,16 @@ mod direct;
 pub(crate) mod region;
 mod reserve;
 
+/// How the decision path reaches a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// The node's lease where it has one, else the store: a request's path.
+    Fastest,
+    /// The store itself, waiting through a stall: a draw of many units at once, which a
+    /// lease would not hold and no request waits on.
+    Store,
+}
+
 /// A running node. Cheap to clone; every clone is the same node.
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -258,7 +268,7 @@ impl Node {
         if hits.is_empty() {
             self.inner.shared.metrics.requests_unmatched.inc();
         }
-        Ok(self.decide(hits).await)
+        Ok(self.decide(hits, Route::Fastest).await)
     }
 
     /// What `request` would be charged, without deciding it: each matched rule with the
@@ -278,9 +288,13 @@ impl Node {
             .collect())
     }
 
-    /// Takes `units` from one charge's bucket, all or nothing, through the decision path (lease,
-    /// store, fail modes): how a quota handed to someone else (an RLQS Envoy's share) is paid
-    /// for out of the same limit every other caller draws from.
+    /// Takes `units` from one charge's bucket, all or nothing, in the store itself (no lease,
+    /// no memory of a recent denial: a refused draw of many units says nothing about a smaller
+    /// one), with the rule's region placement and fail mode: how a quota handed to someone
+    /// else (an RLQS Envoy's share) is paid for out of the same limit every other caller draws
+    /// from. Off any request's path, a draw waits through a stalled store; only a store that
+    /// is down brings in the fail mode. A refused draw's status says what the store holds
+    /// (`remaining`), so that a smaller draw can take it.
     pub async fn draw(&self, charge: &Charge, units: u64) -> Verdict {
         let hit = Hit {
             descriptor: 0,
@@ -289,7 +303,7 @@ impl Node {
             identity: charge.identity.clone(),
             cost: units,
         };
-        self.decide(vec![hit]).await
+        self.decide(vec![hit], Route::Store).await
     }
 
     /// The buckets of `request`'s matched rules, if every one can be decided by a lease alone,
@@ -418,7 +432,7 @@ impl Node {
         self.inner.shared.clock.now_micros()
     }
 
-    async fn decide(&self, hits: Vec<Hit>) -> Verdict {
+    async fn decide(&self, hits: Vec<Hit>, route: Route) -> Verdict {
         let now = self.now();
         let mut attempt = Attempt::new(hits.len());
         let (mut enforce, mut shadow) = (vec![], vec![]);
@@ -452,13 +466,16 @@ impl Node {
             }
         }
         let start = attempt.mark();
-        let allowed = !blocked && self.reserve(&hits, &enforce, &mut attempt, now).await;
+        let allowed = !blocked
+            && self
+                .reserve(&hits, &enforce, &mut attempt, now, route)
+                .await;
         if !allowed {
             self.roll_back(&mut attempt, start);
         } else {
             for i in shadow {
                 let mark = attempt.mark();
-                if !self.reserve(&hits, &[i], &mut attempt, now).await {
+                if !self.reserve(&hits, &[i], &mut attempt, now, route).await {
                     self.roll_back(&mut attempt, mark);
                     if let Some(s) = attempt.status_mut(i) {
                         s.outcome = Some(Outcome::ShadowDenied);

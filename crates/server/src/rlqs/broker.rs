@@ -159,8 +159,6 @@ struct BucketState {
     /// Units drawn from each limited rule's bucket (by rule key) and not yet given to a share:
     /// negative when a new Envoy bucket's first token was given on credit.
     credit: HashMap<String, f64>,
-    /// What each limited rule's bucket said was left at the last draw, and when.
-    last_left: HashMap<String, (u64, Instant)>,
     /// The summed rate of the shares, paid until `paid_until`.
     paid_rate: u64,
     paid_until: Option<Instant>,
@@ -254,15 +252,8 @@ impl Plan {
             .collect();
         let mut rate = f64::INFINITY;
         let mut capacity = u64::MAX;
-        for c in &limited {
-            let Some(limit) = c.rule.limit() else {
-                continue;
-            };
-            let per_second = limit.refill_per_second().unwrap_or_else(|| {
-                let window = limit.window().unwrap_or(Duration::from_secs(1));
-                limit.capacity() as f64 / window.as_secs_f64().max(1e-6)
-            });
-            rate = rate.min(per_second);
+        for limit in limited.iter().filter_map(|c| c.rule.limit()) {
+            rate = rate.min(limit.average_per_second().unwrap_or(f64::INFINITY));
             capacity = capacity.min(limit.capacity());
         }
         if limited.is_empty() {
@@ -611,10 +602,7 @@ async fn tick(inner: &Inner, bucket: &SharedBucket) -> bool {
                         .map(|c| {
                             let credit = state.credit.get(&c.rule.key).copied().unwrap_or(0.0);
                             let need = target * config.tick.as_secs_f64() + bursts - ahead - credit;
-                            let mut want = if need >= 1.0 { need.ceil() as u64 } else { 0 };
-                            if let Some(likely) = likely_left(&state, c, now) {
-                                want = want.min(likely.floor() as u64);
-                            }
+                            let want = if need >= 1.0 { need.ceil() as u64 } else { 0 };
                             (c.clone(), want.min(*capacity))
                         })
                         .collect::<Vec<_>>(),
@@ -627,15 +615,14 @@ async fn tick(inner: &Inner, bucket: &SharedBucket) -> bool {
     if let Some(draws) = draws {
         for (charge, want) in draws {
             if want > 0 {
-                let (got, left) = draw(&inner.node, &charge, want).await;
-                drawn.push((charge.rule.key.clone(), got, left));
+                let got = draw(&inner.node, &charge, want).await;
+                drawn.push((charge.rule.key.clone(), got));
             }
         }
     }
     let mut state = bucket.state.lock();
-    for (rule, got, left) in drawn {
-        *state.credit.entry(rule.clone()).or_insert(0.0) += got as f64;
-        state.last_left.insert(rule, (left, now));
+    for (rule, got) in drawn {
+        *state.credit.entry(rule).or_insert(0.0) += got as f64;
     }
     match plan {
         Plan::AllowAll | Plan::DenyAll => {
@@ -661,37 +648,19 @@ async fn tick(inner: &Inner, bucket: &SharedBucket) -> bool {
 }
 
 /// Takes up to `want` units from `charge`'s bucket: all of them if it has them, else what it
-/// says remains. Returns what was taken and what the bucket said was left.
-async fn draw(node: &Node, charge: &Charge, want: u64) -> (u64, u64) {
-    let left = |v: &tollgate_node::runtime::Verdict| v.statuses.first().map_or(0, |s| s.remaining);
+/// says remains (two store checks, each all or nothing). Returns what was taken.
+async fn draw(node: &Node, charge: &Charge, want: u64) -> u64 {
     let verdict = node.draw(charge, want).await;
     if verdict.allowed {
-        return (want, left(&verdict));
+        return want;
     }
-    let remaining = left(&verdict).min(want - 1);
-    if remaining == 0 {
-        return (0, 0);
-    }
-    let verdict = node.draw(charge, remaining).await;
-    if verdict.allowed {
-        (remaining, left(&verdict))
+    let left = verdict.statuses.first().map_or(0, |s| s.remaining);
+    let remaining = left.min(want - 1);
+    if remaining > 0 && node.draw(charge, remaining).await.allowed {
+        remaining
     } else {
-        (0, left(&verdict))
+        0
     }
-}
-
-/// What `charge`'s bucket likely holds now: what it said was left at the last draw, refilled
-/// at the rule's rate since (None: no draw yet). Asking no more than that keeps draws from
-/// being refused (a refusal is remembered by the node for a moment, and would cut the shares
-/// for nothing).
-fn likely_left(state: &BucketState, charge: &Charge, now: Instant) -> Option<f64> {
-    let (left, at) = state.last_left.get(&charge.rule.key)?;
-    let limit = charge.rule.limit()?;
-    let rate = limit.refill_per_second().unwrap_or_else(|| {
-        limit.capacity() as f64 / limit.window().map_or(1.0, |w| w.as_secs_f64().max(1e-6))
-    });
-    let refilled = rate * now.saturating_duration_since(*at).as_secs_f64();
-    Some((*left as f64 + refilled).min(limit.capacity() as f64))
 }
 
 /// The value of the shares already paid beyond `now` (negative: a gap since the last tick
@@ -708,14 +677,23 @@ fn paid_ahead(state: &BucketState, now: Instant) -> f64 {
     state.paid_rate as f64 * seconds
 }
 
-/// Open streams' target rates: their demand, or the whole rate until they report one.
+/// How far above its measured demand a stream's target is: arrivals come in bursts around
+/// their average, and a share of exactly the average denies every burst while the tokens it
+/// did not use sit idle in the Envoy's bucket.
+const HEADROOM: f64 = 1.25;
+
+/// Open streams' target rates: their demand with headroom, or the whole rate until they
+/// report one.
 fn targets(state: &BucketState, rate: f64) -> Vec<(u64, f64)> {
     let mut out: Vec<(u64, f64)> = state
         .streams
         .iter()
         .filter(|(_, s)| s.outbox.is_some())
         // At least one a second: a stream that saw no request yet can admit its first.
-        .map(|(id, s)| (*id, s.demand.per_second.unwrap_or(rate).max(1.0)))
+        .map(|(id, s)| {
+            let target = s.demand.per_second.map_or(rate, |d| d * HEADROOM + 1.0);
+            (*id, target.max(1.0))
+        })
         .collect();
     out.sort_by_key(|(id, _)| *id);
     out
@@ -793,9 +771,22 @@ fn share_out(
     // share shrink and grow back, each time pushed to every Envoy.
     let slack = rate * tick_s + 1.0;
     let affordable = ((credit + paid_ahead(state, now) - fresh + slack) / tick_s).max(0.0);
-    let budget = affordable.min(rate).floor() as u64;
-    let open_budget = budget.saturating_sub(closed_rate(state));
     let targets = targets(state, rate);
+    // An Envoy bucket of ours is kept (at one unit a second) rather than replaced by DENY_ALL
+    // while the credit is short: a new one would start full, and its first fill would deepen
+    // the debt that cut it (the unit is paid for at the next draws).
+    let held = targets
+        .iter()
+        .filter(|(id, _)| {
+            state.streams[id]
+                .strategy
+                .is_some_and(|s| s.per_second().is_some())
+        })
+        .count() as u64;
+    let budget = (affordable.floor() as u64)
+        .max(held)
+        .min(rate.floor() as u64);
+    let open_budget = budget.saturating_sub(closed_rate(state));
     let demands: Vec<f64> = targets.iter().map(|(_, t)| *t).collect();
     let rates = water_fill(open_budget, &demands);
     // First fills of new Envoy buckets: an even share of the burst, out of what is left.

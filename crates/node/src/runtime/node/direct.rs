@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use tollgate_lease::{Algorithm, CheckItem, CheckOutcome, CheckRequest, LeaseStore, StoreError};
 
-use super::Node;
+use super::{Node, Route};
 use crate::metrics::StoreOp;
 use crate::rules::FailMode;
 use crate::runtime::attempt::{Attempt, Taken};
@@ -21,7 +21,7 @@ use crate::runtime::lateness::Wait;
 use crate::runtime::matching::Hit;
 use crate::runtime::outcome::Outcome;
 use crate::runtime::shared::Shared;
-use crate::runtime::verdict::{Denial, HeldSlot};
+use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus};
 
 impl Node {
     /// Decides hits by one store check (their buckets share an identity; a request charges a
@@ -31,6 +31,7 @@ impl Node {
         hits: &[Hit],
         group: &[usize],
         attempt: &mut Attempt,
+        route: Route,
     ) -> bool {
         let mut items: Vec<CheckItem> = vec![];
         let mut item_of = Vec::with_capacity(group.len());
@@ -77,10 +78,11 @@ impl Node {
             }
         };
         // A request under a CLOSED rule waits through a stall: one late call must not deny a
-        // real user.
-        let wait = if group
-            .iter()
-            .any(|&i| hits[i].rule.fail_mode == FailMode::Closed)
+        // real user. So does a draw, which no request waits on.
+        let wait = if route == Route::Store
+            || group
+                .iter()
+                .any(|&i| hits[i].rule.fail_mode == FailMode::Closed)
         {
             Wait::UntilDown
         } else {
@@ -100,6 +102,12 @@ impl Node {
                         i,
                         if b.allowed {
                             hits[i].admitted(Outcome::Allowed, b.remaining, b.reset_after)
+                        } else if route == Route::Store {
+                            // A refused draw learns what the bucket holds, for a smaller one.
+                            RuleStatus {
+                                remaining: b.remaining,
+                                ..hits[i].over_limit(b.retry_after, b.reset_after)
+                            }
                         } else {
                             hits[i].over_limit(b.retry_after, b.reset_after)
                         },

@@ -7,7 +7,7 @@ use tollgate_lease::Limit;
 use tollgate_regionsync::messages::{ForwardReply, ForwardRequest};
 use tollgate_regionsync::{ForwardError, RegionSync};
 
-use super::{Inner, Node};
+use super::{Inner, Node, Route};
 use crate::runtime::matching::Hit;
 use crate::runtime::verdict::Verdict;
 
@@ -54,7 +54,7 @@ impl Node {
             identity: identity.to_vec(),
             cost,
         };
-        Some(self.decide(vec![hit]).await)
+        Some(self.decide(vec![hit], Route::Fastest).await)
     }
 
     /// A handle region sync calls back into (holding the node weakly).

@@ -10,7 +10,7 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use tollgate_lease::{Algorithm, StoreError};
 
-use super::Node;
+use super::{Node, Route};
 use crate::runtime::attempt::{Attempt, Taken};
 use crate::runtime::fail_modes;
 use crate::runtime::keys::bucket::{AcquireOutcome, KeyMsg, Want};
@@ -41,14 +41,15 @@ impl Node {
         indices: &[usize],
         attempt: &mut Attempt,
         now: u64,
+        route: Route,
     ) -> bool {
         let Some(region) = self.inner.shared.region.get() else {
-            return self.reserve_local(hits, indices, attempt, now).await;
+            return self.reserve_local(hits, indices, attempt, now, route).await;
         };
         let (forwarded, local): (Vec<usize>, Vec<usize>) = indices
             .iter()
             .partition(|&&i| hits[i].rule.forwarded() && hits[i].cost > 0);
-        if !self.reserve_local(hits, &local, attempt, now).await {
+        if !self.reserve_local(hits, &local, attempt, now, route).await {
             return false;
         }
         let mut unanswered = vec![];
@@ -78,7 +79,10 @@ impl Node {
                 None => unanswered.push(i),
             }
         }
-        unanswered.is_empty() || self.reserve_local(hits, &unanswered, attempt, now).await
+        unanswered.is_empty()
+            || self
+                .reserve_local(hits, &unanswered, attempt, now, route)
+                .await
     }
 
     /// [`Node::reserve`] for hits decided on this region's store.
@@ -88,6 +92,7 @@ impl Node {
         indices: &[usize],
         attempt: &mut Attempt,
         now: u64,
+        route: Route,
     ) -> bool {
         let shared = &self.inner.shared;
         let mut slow: Vec<(usize, Arc<Bucket>)> = vec![];
@@ -110,8 +115,10 @@ impl Node {
                 );
                 return false;
             }
-            // Peeks and concurrency slots are store checks; so is everything while stopping.
-            if hit.cost == 0
+            // Peeks and concurrency slots are store checks; so is everything while stopping, and
+            // everything routed to the store.
+            if route == Route::Store
+                || hit.cost == 0
                 || limit.algorithm() == Algorithm::Concurrency
                 || self.inner.stopping.load(Ordering::Acquire)
             {
@@ -271,7 +278,7 @@ impl Node {
         // Peeks, slots, and buckets without an actor (cap reached, or shutting down): a direct
         // check per identity, all or nothing within it.
         for group in group_by_identity(hits, &direct) {
-            if !self.check_directly(hits, &group, attempt).await {
+            if !self.check_directly(hits, &group, attempt, route).await {
                 return false;
             }
         }

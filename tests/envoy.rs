@@ -3,8 +3,11 @@
 //! headers; requests under it reach the upstream carrying them; with the node down, Envoy's
 //! fail-open and fail-closed settings are honoured.
 
+mod support;
+
 use std::time::Duration;
 
+use support::{deploy, upstream};
 use tollgate_server::app::App;
 use tollgate_server::config::{Config, Settings};
 use tollgate_testkit::Envoy;
@@ -81,15 +84,7 @@ fn request(port: u16, key: &str) -> Response {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_enforces_tollgate_decisions_and_its_own_failure_modes() {
-    // The upstream: answers 200 to anything.
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind upstream");
-    let upstream_port = upstream.local_addr().expect("addr").port();
-    tokio::spawn(async move {
-        let app = axum::Router::new().fallback(|| async { "hello from upstream\n" });
-        axum::serve(upstream, app).await.expect("upstream");
-    });
+    let upstream_port = upstream().await;
 
     // The node.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -218,18 +213,6 @@ impl Shipped {
     }
 }
 
-async fn upstream() -> u16 {
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind upstream");
-    let port = upstream.local_addr().expect("addr").port();
-    tokio::spawn(async move {
-        let app = axum::Router::new().fallback(|| async { "hello from upstream\n" });
-        axum::serve(upstream, app).await.expect("upstream");
-    });
-    port
-}
-
 /// A node on a real Redis with the given rule files.
 async fn node_on_redis(
     redis: &tollgate_testkit::RedisServer,
@@ -253,10 +236,6 @@ async fn node_on_redis_with(
     }))
     .expect("config");
     App::start(config).await.expect("node").spawn()
-}
-
-fn deploy(path: &str) -> std::path::PathBuf {
-    format!("{}/../deploy/{path}", env!("CARGO_MANIFEST_DIR")).into()
 }
 
 /// The shipped deploy/envoy/envoy.yaml (failure_mode_deny: false, Envoy's default) with the

@@ -4,12 +4,15 @@
 //! Envoy is loaded well over the limit; what they admit together is held to the exact bound
 //! (100 + 20/s of the run) plus the overshoot docs/rlqs.md states, and not stranded below it.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use support::{deploy, upstream};
 use tollgate_server::app::{App, Serving};
 use tollgate_server::config::{Config, Settings};
 use tollgate_testkit::Envoy;
@@ -17,10 +20,6 @@ use tollgate_testkit::process::free_port;
 
 const CAPACITY: f64 = 100.0;
 const RATE: f64 = 20.0;
-
-fn deploy(path: &str) -> std::path::PathBuf {
-    format!("{}/../deploy/{path}", env!("CARGO_MANIFEST_DIR")).into()
-}
 
 async fn node(redis: &tollgate_testkit::RedisServer) -> Serving {
     let config = Config::try_from(Settings {
@@ -32,18 +31,6 @@ async fn node(redis: &tollgate_testkit::RedisServer) -> Serving {
     })
     .expect("config");
     App::start(config).await.expect("node").spawn()
-}
-
-async fn upstream() -> u16 {
-    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind upstream");
-    let port = upstream.local_addr().expect("addr").port();
-    tokio::spawn(async move {
-        let app = axum::Router::new().fallback(|| async { "hello from upstream\n" });
-        axum::serve(upstream, app).await.expect("upstream");
-    });
-    port
 }
 
 /// One Envoy on the shipped config, its ports rewritten, named `name`.

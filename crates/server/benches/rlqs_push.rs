@@ -6,89 +6,18 @@
 //!
 //! `cargo bench -p tollgate-server --bench rlqs_push` (`BENCH_SAMPLES`, default 200).
 
-use std::collections::HashMap;
+#[path = "../tests/support/rlqs_stream.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod rlqs_stream;
+
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use rlqs_stream::{Stream, key};
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
-use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
-use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
-use tollgate_proto::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
-};
 use tollgate_server::config::{Config, Settings};
-use tonic::Streaming;
 
 const RULES: &str = "domain: public-api\nrules:\n  - {id: per-key, match: {name: per-key, api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 20}\n";
-
-struct Stream {
-    reports: mpsc::Sender<RateLimitQuotaUsageReports>,
-    answers: Streaming<RateLimitQuotaResponse>,
-}
-
-fn report(id: &BucketId) -> RateLimitQuotaUsageReports {
-    RateLimitQuotaUsageReports {
-        domain: "public-api".into(),
-        bucket_quota_usages: vec![BucketQuotaUsage {
-            bucket_id: Some(id.clone()),
-            time_elapsed: Some(prost_types::Duration::default()),
-            num_requests_allowed: 1,
-            num_requests_denied: 0,
-            last_report: None,
-        }],
-    }
-}
-
-fn key(name: String) -> BucketId {
-    BucketId {
-        bucket: HashMap::from([
-            ("name".to_owned(), "per-key".to_owned()),
-            ("api_key".to_owned(), name),
-        ]),
-    }
-}
-
-impl Stream {
-    async fn open(port: u16, first: &BucketId) -> Stream {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://127.0.0.1:{port}"))
-            .await
-            .expect("connect");
-        let (reports, rx) = mpsc::channel(16);
-        reports.send(report(first)).await.expect("report");
-        let answers = client
-            .stream_rate_limit_quotas(ReceiverStream::new(rx))
-            .await
-            .expect("stream")
-            .into_inner();
-        Stream { reports, answers }
-    }
-
-    /// The next token bucket rate pushed for `id`.
-    async fn next_rate(&mut self, id: &BucketId) -> u32 {
-        loop {
-            let answer = tokio::time::timeout(Duration::from_secs(5), self.answers.message())
-                .await
-                .expect("an answer within 5 s")
-                .expect("stream ok")
-                .expect("stream open");
-            for action in answer.bucket_action {
-                if action.bucket_id.as_ref() != Some(id) {
-                    continue;
-                }
-                if let Some(Action::QuotaAssignmentAction(a)) = action.bucket_action {
-                    use tollgate_proto::envoy::r#type::v3::rate_limit_strategy::Strategy;
-                    if let Some(Strategy::TokenBucket(b)) =
-                        a.rate_limit_strategy.and_then(|s| s.strategy)
-                    {
-                        return b.tokens_per_fill.unwrap_or(0);
-                    }
-                }
-            }
-        }
-    }
-}
+const WITHIN: Duration = Duration::from_secs(5);
 
 fn percentiles(name: &str, mut ms: Vec<f64>) {
     ms.sort_by(f64::total_cmp);
@@ -119,24 +48,24 @@ async fn measure(store: &str, redis: Option<String>, samples: usize) {
         .await
         .expect("node")
         .spawn();
-    let port = serving.grpc_addr.port();
-    let warm = key("warm".into());
-    let mut first = Stream::open(port, &warm).await;
-    first.next_rate(&warm).await;
+    let grpc = serving.grpc_addr;
+    let warm = key("warm");
+    let mut first = Stream::open(grpc, "public-api", &[(&warm, 1, 0)]).await;
+    first.next_rate(&warm, WITHIN).await;
     let mut assign = Vec::with_capacity(samples);
     let mut lower = Vec::with_capacity(samples);
     for i in 0..samples {
-        let id = key(format!("k{i}"));
+        let id = key(&format!("k{i}"));
         let t = Instant::now();
-        first.reports.send(report(&id)).await.expect("report");
-        let whole = first.next_rate(&id).await;
+        first.report("public-api", &[(&id, 1, 0)]).await;
+        let whole = first.next_rate(&id, WITHIN).await;
         assign.push(t.elapsed().as_secs_f64() * 1e3);
         let t = Instant::now();
-        let mut second = Stream::open(port, &id).await;
-        let lowered = first.next_rate(&id).await;
+        let mut second = Stream::open(grpc, "public-api", &[(&id, 1, 0)]).await;
+        let lowered = first.next_rate(&id, WITHIN).await;
         lower.push(t.elapsed().as_secs_f64() * 1e3);
         assert!(lowered < whole, "{lowered} < {whole}");
-        second.next_rate(&id).await;
+        second.next_rate(&id, WITHIN).await;
         drop(second);
     }
     percentiles(&format!("{store}: first report to assignment"), assign);

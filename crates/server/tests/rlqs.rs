@@ -6,106 +6,20 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::time::Duration;
 
+use support::rlqs_stream::{Stream, key};
 use support::{Served, rls_request};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tollgate_proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
-use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
-use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use tollgate_proto::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    BucketId, RateLimitQuotaResponse,
 };
 use tollgate_server::config::Settings;
-use tonic::Streaming;
 
 const RULES: &str = "domain: public-api\nrules:\n  - {id: per-key, match: {name: per-key, api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 20}\n";
-
-/// One Envoy's stream.
-struct Stream {
-    reports: mpsc::Sender<RateLimitQuotaUsageReports>,
-    answers: Streaming<RateLimitQuotaResponse>,
-}
-
-impl Stream {
-    /// Opens a stream with its first report (`domain`, `buckets`): the call is answered
-    /// (its headers sent) once the server has it, as Envoy opens one.
-    async fn open(served: &Served, domain: &str, buckets: &[(&BucketId, u64, u64)]) -> Stream {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{}", served.grpc))
-            .await
-            .expect("connect");
-        let (reports, rx) = mpsc::channel(16);
-        reports
-            .send(usage_reports(domain, buckets))
-            .await
-            .expect("first report");
-        let answers = tokio::time::timeout(
-            Duration::from_secs(5),
-            client.stream_rate_limit_quotas(ReceiverStream::new(rx)),
-        )
-        .await
-        .expect("the stream is answered")
-        .expect("stream")
-        .into_inner();
-        Stream { reports, answers }
-    }
-
-    async fn report(&self, domain: &str, buckets: &[(&BucketId, u64, u64)]) {
-        self.reports
-            .send(usage_reports(domain, buckets))
-            .await
-            .expect("report sent");
-    }
-
-    /// The next action for `id` (others skipped), within `within`.
-    async fn next_for(&mut self, id: &BucketId, within: Duration) -> Action {
-        tokio::time::timeout(within, async {
-            loop {
-                let answer = self
-                    .answers
-                    .message()
-                    .await
-                    .expect("stream ok")
-                    .expect("stream open");
-                for action in answer.bucket_action {
-                    if action.bucket_id.as_ref() == Some(id) {
-                        return action.bucket_action.expect("an action");
-                    }
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|_| panic!("no action for {id:?} within {within:?}"))
-    }
-}
-
-fn usage_reports(domain: &str, buckets: &[(&BucketId, u64, u64)]) -> RateLimitQuotaUsageReports {
-    RateLimitQuotaUsageReports {
-        domain: domain.into(),
-        bucket_quota_usages: buckets
-            .iter()
-            .map(|(id, allowed, denied)| BucketQuotaUsage {
-                bucket_id: Some((*id).clone()),
-                time_elapsed: Some(prost_types::Duration::default()),
-                num_requests_allowed: *allowed,
-                num_requests_denied: *denied,
-                last_report: None,
-            })
-            .collect(),
-    }
-}
-
-fn key(api_key: &str) -> BucketId {
-    BucketId {
-        bucket: HashMap::from([
-            ("name".to_owned(), "per-key".to_owned()),
-            ("api_key".to_owned(), api_key.to_owned()),
-        ]),
-    }
-}
 
 /// A token bucket's (max_tokens, tokens per second, TTL seconds).
 fn token_bucket(action: &Action) -> (u32, u32, i64) {
@@ -145,7 +59,7 @@ fn token_bucket(action: &Action) -> (u32, u32, i64) {
 async fn a_first_report_gets_a_share_at_once_and_a_second_envoy_splits_it() {
     let mut served = Served::start(RULES, Settings::default()).await;
     let id = key("k1");
-    let mut first = Stream::open(&served, "public-api", &[(&id, 1, 0)]).await;
+    let mut first = Stream::open(served.grpc, "public-api", &[(&id, 1, 0)]).await;
     let action = first.next_for(&id, Duration::from_secs(2)).await;
     let (max_tokens, per_second, ttl) = token_bucket(&action);
     assert_eq!(per_second, 20, "a lone Envoy gets the whole rate");
@@ -155,7 +69,7 @@ async fn a_first_report_gets_a_share_at_once_and_a_second_envoy_splits_it() {
     );
     assert!(ttl >= 2, "{ttl}");
 
-    let mut second = Stream::open(&served, "public-api", &[(&id, 1, 0)]).await;
+    let mut second = Stream::open(served.grpc, "public-api", &[(&id, 1, 0)]).await;
     let (_, lowered, _) = token_bucket(&first.next_for(&id, Duration::from_secs(2)).await);
     let (second_max, second_rate, _) =
         token_bucket(&second.next_for(&id, Duration::from_secs(2)).await);
@@ -197,7 +111,7 @@ async fn an_envoys_share_comes_out_of_the_limit_rls_callers_spent() {
     }
     assert_eq!(admitted, 100, "RLS callers spend the burst");
     let id = key("k2");
-    let mut envoy = Stream::open(&served, "public-api", &[(&id, 1, 0)]).await;
+    let mut envoy = Stream::open(served.grpc, "public-api", &[(&id, 1, 0)]).await;
     let (max_tokens, per_second, _) =
         token_bucket(&envoy.next_for(&id, Duration::from_secs(2)).await);
     assert!(
@@ -212,7 +126,7 @@ async fn an_envoys_share_comes_out_of_the_limit_rls_callers_spent() {
 async fn a_bucket_no_rule_limits_is_allowed_all_with_a_ttl() {
     let mut served = Served::start(RULES, Settings::default()).await;
     let id = key("k3");
-    let mut envoy = Stream::open(&served, "nobody-configured-this", &[(&id, 3, 0)]).await;
+    let mut envoy = Stream::open(served.grpc, "nobody-configured-this", &[(&id, 3, 0)]).await;
     let action = envoy.next_for(&id, Duration::from_secs(2)).await;
     let Action::QuotaAssignmentAction(assignment) = action else {
         panic!("not an assignment: {action:?}");
@@ -229,7 +143,7 @@ async fn a_bucket_no_rule_limits_is_allowed_all_with_a_ttl() {
 async fn an_idle_bucket_is_abandoned() {
     let mut served = Served::start(RULES, Settings::default()).await;
     let id = key("k4");
-    let mut envoy = Stream::open(&served, "public-api", &[(&id, 1, 0)]).await;
+    let mut envoy = Stream::open(served.grpc, "public-api", &[(&id, 1, 0)]).await;
     token_bucket(&envoy.next_for(&id, Duration::from_secs(2)).await);
     for _ in 0..3 {
         envoy.report("", &[(&id, 0, 0)]).await;
@@ -253,12 +167,12 @@ async fn an_idle_bucket_is_abandoned() {
 async fn a_stream_without_a_domain_or_with_another_is_refused() {
     let mut served = Served::start(RULES, Settings::default()).await;
     let id = key("k5");
-    let mut envoy = Stream::open(&served, "", &[(&id, 1, 0)]).await;
+    let mut envoy = Stream::open(served.grpc, "", &[(&id, 1, 0)]).await;
     let refused = envoy.answers.message().await.expect_err("refused");
     assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused}");
     assert!(refused.message().contains("domain"), "{refused}");
 
-    let mut envoy = Stream::open(&served, "public-api", &[(&id, 1, 0)]).await;
+    let mut envoy = Stream::open(served.grpc, "public-api", &[(&id, 1, 0)]).await;
     token_bucket(&envoy.next_for(&id, Duration::from_secs(2)).await);
     envoy.report("other", &[(&id, 1, 0)]).await;
     let refused = loop {
@@ -283,7 +197,7 @@ struct Garbage {
 async fn garbage_on_one_stream_ends_it_and_the_others_go_on() {
     let mut served = Served::start(RULES, Settings::default()).await;
     let id = key("k6");
-    let mut good = Stream::open(&served, "public-api", &[(&id, 1, 0)]).await;
+    let mut good = Stream::open(served.grpc, "public-api", &[(&id, 1, 0)]).await;
     token_bucket(&good.next_for(&id, Duration::from_secs(2)).await);
 
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", served.grpc))
@@ -337,7 +251,7 @@ async fn a_flood_of_bucket_ids_is_bounded_and_the_rest_stay_served() {
     )
     .await;
     let kept = key("kept");
-    let mut envoy = Stream::open(&served, "public-api", &[(&kept, 1, 0)]).await;
+    let mut envoy = Stream::open(served.grpc, "public-api", &[(&kept, 1, 0)]).await;
     token_bucket(&envoy.next_for(&kept, Duration::from_secs(2)).await);
 
     let ids: Vec<BucketId> = (0..3_000).map(|i| key(&format!("flood-{i}"))).collect();
@@ -345,7 +259,7 @@ async fn a_flood_of_bucket_ids_is_bounded_and_the_rest_stay_served() {
         .chunks(500)
         .map(|chunk| chunk.iter().map(|id| (id, 1, 0)).collect())
         .collect();
-    let flood = Stream::open(&served, "public-api", &chunks[0]).await;
+    let flood = Stream::open(served.grpc, "public-api", &chunks[0]).await;
     for chunk in &chunks[1..] {
         flood.report("", chunk).await;
     }

@@ -4,6 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod admin;
+pub mod rlqs_stream;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,0 +1,120 @@
+//! One Envoy's RLQS stream, spoken by a gRPC client as Envoy 1.40 speaks it: shared by the
+//! RLQS tests and the `rlqs_push` bench (which includes this file by path).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tollgate_proto::envoy::r#type::v3::rate_limit_strategy::Strategy;
+use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use tollgate_proto::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use tonic::Streaming;
+
+/// One Envoy's stream.
+pub struct Stream {
+    reports: mpsc::Sender<RateLimitQuotaUsageReports>,
+    /// What the server sent, for a test reading it raw.
+    pub answers: Streaming<RateLimitQuotaResponse>,
+}
+
+impl Stream {
+    /// Opens a stream to the node at `grpc` with its first report (`domain`, `buckets` as
+    /// (id, allowed, denied)): the call is answered (its headers sent) once the server has
+    /// it, as Envoy opens one.
+    pub async fn open(grpc: SocketAddr, domain: &str, buckets: &[(&BucketId, u64, u64)]) -> Stream {
+        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{grpc}"))
+            .await
+            .expect("connect");
+        let (reports, rx) = mpsc::channel(16);
+        reports
+            .send(usage_reports(domain, buckets))
+            .await
+            .expect("first report");
+        let answers = tokio::time::timeout(
+            Duration::from_secs(5),
+            client.stream_rate_limit_quotas(ReceiverStream::new(rx)),
+        )
+        .await
+        .expect("the stream is answered")
+        .expect("stream")
+        .into_inner();
+        Stream { reports, answers }
+    }
+
+    /// Sends a report.
+    pub async fn report(&self, domain: &str, buckets: &[(&BucketId, u64, u64)]) {
+        self.reports
+            .send(usage_reports(domain, buckets))
+            .await
+            .expect("report sent");
+    }
+
+    /// The next action for `id` (others skipped), within `within`.
+    pub async fn next_for(&mut self, id: &BucketId, within: Duration) -> Action {
+        tokio::time::timeout(within, async {
+            loop {
+                let answer = self
+                    .answers
+                    .message()
+                    .await
+                    .expect("stream ok")
+                    .expect("stream open");
+                for action in answer.bucket_action {
+                    if action.bucket_id.as_ref() == Some(id) {
+                        return action.bucket_action.expect("an action");
+                    }
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("no action for {id:?} within {within:?}"))
+    }
+
+    /// The next token bucket rate (tokens per fill) pushed for `id`, other actions skipped.
+    pub async fn next_rate(&mut self, id: &BucketId, within: Duration) -> u32 {
+        loop {
+            if let Action::QuotaAssignmentAction(a) = self.next_for(id, within).await
+                && let Some(Strategy::TokenBucket(b)) =
+                    a.rate_limit_strategy.and_then(|s| s.strategy)
+            {
+                return b.tokens_per_fill.unwrap_or(0);
+            }
+        }
+    }
+}
+
+/// A report of `buckets` as (id, allowed, denied) in `domain`.
+pub fn usage_reports(
+    domain: &str,
+    buckets: &[(&BucketId, u64, u64)],
+) -> RateLimitQuotaUsageReports {
+    RateLimitQuotaUsageReports {
+        domain: domain.into(),
+        bucket_quota_usages: buckets
+            .iter()
+            .map(|(id, allowed, denied)| BucketQuotaUsage {
+                bucket_id: Some((*id).clone()),
+                time_elapsed: Some(prost_types::Duration::default()),
+                num_requests_allowed: *allowed,
+                num_requests_denied: *denied,
+                last_report: None,
+            })
+            .collect(),
+    }
+}
+
+/// The bucket of deploy/envoy/envoy-rlqs.yaml's builder for `api_key`.
+pub fn key(api_key: &str) -> BucketId {
+    BucketId {
+        bucket: HashMap::from([
+            ("name".to_owned(), "per-key".to_owned()),
+            ("api_key".to_owned(), api_key.to_owned()),
+        ]),
+    }
+}

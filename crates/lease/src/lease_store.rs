@@ -8,6 +8,7 @@ use crate::key::BucketKey;
 use crate::limit::{Algorithm, Limit};
 use crate::ops::allowance::DemandRequest;
 use crate::ops::check::{CheckOutcome, CheckRequest};
+use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::slot::{SlotRelease, SlotRenew};
@@ -61,6 +62,29 @@ pub trait LeaseStore: Send + Sync {
         &self,
         req: &DemandRequest,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The live leases on `key`'s bucket (whatever its algorithm): how many, and the units
+    /// they were granted.
+    fn held_leases(
+        &self,
+        key: &BucketKey,
+    ) -> impl Future<Output = Result<HeldLeases, StoreError>> + Send;
+
+    /// Forgets `key`'s bucket: its state under every algorithm, its live leases (a return of
+    /// one credits nothing after this) and its regional allowance. The next call finds the
+    /// bucket full. Returns whether there was anything to forget.
+    fn reset(&self, key: &BucketKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+/// Every key [`LeaseStore::reset`] forgets for `key`'s bucket.
+pub(crate) fn counter_keys(key: &BucketKey) -> [String; 5] {
+    [
+        key.as_str().to_owned(),
+        format!("{key}:log"),
+        format!("{key}:slots"),
+        key.lease_key(),
+        key.allowance_key(),
+    ]
 }
 
 /// Where a bucket's state lives: counters in a hash at the bucket key itself, the log and the

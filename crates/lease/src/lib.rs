@@ -56,6 +56,7 @@ pub use memory::{MemoryConfig, MemoryStore};
 pub use ops::MAX_BUCKETS_PER_CALL;
 pub use ops::allowance::{Allowance, DemandReport, DemandRequest, FLOOR_SHARE, share_of};
 pub use ops::check::{BucketStatus, CheckItem, CheckOutcome, CheckRequest, Decision};
+pub use ops::counter::HeldLeases;
 pub use ops::debit::{DebitItem, DebitOnce, DebitRequest, MAX_ORIGIN_BYTES};
 pub use ops::lease::{LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, ReturnRequest};
 pub use ops::slot::{SlotId, SlotRelease, SlotRenew};

@@ -24,10 +24,12 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::Notify;
 
 use crate::error::StoreError;
+use crate::key::BucketKey;
 use crate::lease_store::LeaseStore;
 use crate::memory::MemoryStore;
 use crate::ops::allowance::DemandRequest;
 use crate::ops::check::{CheckOutcome, CheckRequest};
+use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::slot::{SlotRelease, SlotRenew};
@@ -92,6 +94,8 @@ pub struct LinkCalls {
     pub debit: AtomicU64,
     /// Demand reports (regional allowances' shares).
     pub demand: AtomicU64,
+    /// Counter reads and resets (support's calls).
+    pub counter: AtomicU64,
     /// Calls that failed because the link was down.
     pub refused: AtomicU64,
 }
@@ -398,6 +402,21 @@ impl LeaseStore for LinkedStore {
             move |s| async move { s.report_demand(&req).await },
         )
         .await
+    }
+
+    async fn held_leases(&self, key: &BucketKey) -> Result<HeldLeases, StoreError> {
+        let key = key.clone();
+        self.call(
+            |c| &c.counter,
+            move |s| async move { s.held_leases(&key).await },
+        )
+        .await
+    }
+
+    async fn reset(&self, key: &BucketKey) -> Result<bool, StoreError> {
+        let key = key.clone();
+        self.call(|c| &c.counter, move |s| async move { s.reset(&key).await })
+            .await
     }
 }
 

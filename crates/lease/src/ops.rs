@@ -9,9 +9,11 @@
 //! - [`slot`]: release a concurrency slot.
 //! - [`debit`]: subtract units consumed elsewhere.
 //! - [`allowance`]: a region's demand-based share of a bucket that syncs with a peer region.
+//! - [`counter`]: read what the nodes hold of one bucket, or forget the bucket (a reset).
 
 pub mod allowance;
 pub mod check;
+pub mod counter;
 pub mod debit;
 pub mod lease;
 pub mod slot;

@@ -24,10 +24,11 @@ use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use crate::key::BucketKey;
 
 use crate::error::StoreError;
-use crate::lease_store::{LeaseStore, state_key};
+use crate::lease_store::{LeaseStore, counter_keys, state_key};
 use crate::limit::Limit;
 use crate::ops::allowance::{Allowance, DemandRequest};
 use crate::ops::check::{CheckOutcome, CheckRequest};
+use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::nonce;
@@ -521,6 +522,22 @@ impl LeaseStore for RedisStore {
         )
         .await?;
         Ok(())
+    }
+
+    async fn held_leases(&self, key: &BucketKey) -> Result<HeldLeases, StoreError> {
+        let keys = [key.lease_key()];
+        let reply = eval(&self.conn, &SCRIPTS.held_leases, &keys, &[], self.budget).await?;
+        let counts = reply::counts(reply, 2, "held leases reply")?;
+        Ok(HeldLeases {
+            leases: counts[0],
+            units: counts[1],
+        })
+    }
+
+    async fn reset(&self, key: &BucketKey) -> Result<bool, StoreError> {
+        let keys = counter_keys(key);
+        let reply = eval(&self.conn, &SCRIPTS.reset, &keys, &[], self.budget).await?;
+        Ok(reply::counts(reply, 1, "reset reply")?[0] > 0)
     }
 
     async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {

@@ -6,6 +6,7 @@ use crate::link::LinkedStore;
 use crate::memory::MemoryStore;
 use crate::ops::allowance::DemandRequest;
 use crate::ops::check::{CheckOutcome, CheckRequest};
+use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::slot::{SlotRelease, SlotRenew};
@@ -135,6 +136,22 @@ impl LeaseStore for Store {
             Store::Memory(s) => s.report_demand(req).await,
             Store::Redis(s) => s.report_demand(req).await,
             Store::Linked(s) => s.report_demand(req).await,
+        }
+    }
+
+    async fn held_leases(&self, key: &BucketKey) -> Result<HeldLeases, StoreError> {
+        match self {
+            Store::Memory(s) => s.held_leases(key).await,
+            Store::Redis(s) => s.held_leases(key).await,
+            Store::Linked(s) => s.held_leases(key).await,
+        }
+    }
+
+    async fn reset(&self, key: &BucketKey) -> Result<bool, StoreError> {
+        match self {
+            Store::Memory(s) => s.reset(key).await,
+            Store::Redis(s) => s.reset(key).await,
+            Store::Linked(s) => s.reset(key).await,
         }
     }
 }

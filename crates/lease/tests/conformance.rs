@@ -13,8 +13,8 @@ use std::time::Duration;
 use support::{Backend, check1};
 use tollgate_lease::{
     Allowance, BucketKey, CheckItem, CheckOutcome, CheckRequest, DebitItem, DebitRequest, Decision,
-    DemandReport, DemandRequest, LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn,
-    LeaseStore, Limit, ReturnRequest, SlotId, SlotRelease, SlotRenew,
+    DemandReport, DemandRequest, HeldLeases, LeaseAsk, LeaseGrant, LeaseId, LeaseRequest,
+    LeaseReturn, LeaseStore, Limit, ReturnRequest, SlotId, SlotRelease, SlotRenew,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -676,6 +676,83 @@ async fn lease_return_credits_unspent_units_once(b: &Backend) {
     assert_eq!(remaining(b, &key, limit).await, 80);
 }
 
+// ---- reading and resetting a counter (support) ---------------------------------------------
+
+async fn held_leases_count_the_live_grants(b: &Backend) {
+    let key = b.fresh_key("held");
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    assert_eq!(
+        b.store.held_leases(&key).await.expect("read"),
+        HeldLeases::default(),
+        "a bucket nobody leased"
+    );
+    let first = lease(b, &key, limit, 30, 1, 1.0, HOUR).await;
+    lease(b, &key, limit, 20, 1, 1.0, HOUR).await;
+    lease(b, &key, limit, 5, 1, 1.0, ms(100)).await;
+    assert_eq!(
+        b.store.held_leases(&key).await.expect("read"),
+        HeldLeases {
+            leases: 3,
+            units: 55
+        }
+    );
+    // A returned lease and an expired one are no longer held.
+    give_back(b, &key, limit, &first.lease.expect("lease"), 10).await;
+    b.advance(ms(150)).await;
+    assert_eq!(
+        b.store.held_leases(&key).await.expect("read"),
+        HeldLeases {
+            leases: 1,
+            units: 20
+        }
+    );
+}
+
+async fn a_reset_bucket_is_full_and_its_old_leases_credit_nothing(b: &Backend) {
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    let key = b.fresh_key("reset");
+    let g = lease(b, &key, limit, 60, 1, 1.0, HOUR).await;
+    assert_eq!(check(b, &key, limit, 30).await.buckets[0].remaining, 10);
+    assert!(b.store.reset(&key).await.expect("reset"));
+    assert_eq!(remaining(b, &key, limit).await, 100);
+    assert_eq!(
+        b.store.held_leases(&key).await.expect("read"),
+        HeldLeases::default()
+    );
+    assert_eq!(
+        give_back(b, &key, limit, &g.lease.expect("lease"), 60).await,
+        0,
+        "a lease from before the reset gives nothing back"
+    );
+    assert_eq!(remaining(b, &key, limit).await, 100);
+    assert!(
+        !b.store.reset(&key).await.expect("reset"),
+        "nothing left to forget"
+    );
+    // Every algorithm's state goes: a log, a window, held slots.
+    let log = Limit::sliding_window_log(3, HOUR).expect("l");
+    let key = b.fresh_key("reset-log");
+    assert!(check(b, &key, log, 3).await.allowed());
+    assert!(b.store.reset(&key).await.expect("reset"));
+    assert!(check(b, &key, log, 3).await.allowed());
+    let window = Limit::fixed_window(2, HOUR).expect("l");
+    let key = b.fresh_key("reset-window");
+    assert!(check(b, &key, window, 2).await.allowed());
+    assert!(b.store.reset(&key).await.expect("reset"));
+    assert!(check(b, &key, window, 2).await.allowed());
+    let slots = Limit::concurrency(1, HOUR).expect("l");
+    let key = b.fresh_key("reset-slots");
+    assert!(check(b, &key, slots, 1).await.allowed());
+    assert!(!check(b, &key, slots, 1).await.allowed());
+    assert!(b.store.reset(&key).await.expect("reset"));
+    assert!(check(b, &key, slots, 1).await.allowed());
+    // Another identity's bucket of the same rule is untouched.
+    let other = b.fresh_key("reset");
+    assert!(check(b, &other, limit, 100).await.allowed());
+    assert!(b.store.reset(&b.fresh_key("reset")).await.is_ok());
+    assert_eq!(remaining(b, &other, limit).await, 0);
+}
+
 async fn late_return_adds_nothing(b: &Backend) {
     let key = b.fresh_key("late");
     let limit = Limit::token_bucket(100, 0.001).expect("l");
@@ -1065,6 +1142,8 @@ conformance!(
     lease_counts_the_live_leases_of_its_bucket,
     warming_up_makes_the_store_answer,
     lease_return_credits_unspent_units_once,
+    held_leases_count_the_live_grants,
+    a_reset_bucket_is_full_and_its_old_leases_credit_nothing,
     late_return_adds_nothing,
     return_never_exceeds_capacity,
     window_lease_ends_with_its_window,

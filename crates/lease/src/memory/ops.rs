@@ -11,10 +11,12 @@ use super::lease::{
 };
 use crate::algorithm::{EXPIRY_MARGIN_MS, once_marks};
 use crate::error::StoreError;
-use crate::lease_store::{LeaseStore, state_key};
+use crate::key::BucketKey;
+use crate::lease_store::{LeaseStore, counter_keys, state_key};
 use crate::limit::Kind;
 use crate::ops::allowance::DemandRequest;
 use crate::ops::check::{BucketStatus, CheckOutcome, CheckRequest, is_slot_bucket};
+use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseId, LeaseRequest, ReturnRequest};
 use crate::ops::slot::{SlotId, SlotRelease, SlotRenew};
@@ -418,4 +420,40 @@ impl LeaseStore for MemoryStore {
                 .collect()
         })
     }
+
+    async fn held_leases(&self, key: &BucketKey) -> Result<HeldLeases, StoreError> {
+        let lease_key = key.lease_key();
+        self.with_shard(key, &[], |keys, now| {
+            let mut held = HeldLeases::default();
+            if let Some(Value::Sorted(leases)) = keys.get(&lease_key, now) {
+                for (expires_at, lease) in leases.iter() {
+                    if expires_at > now {
+                        held.leases += 1;
+                        held.units += lease_units(lease);
+                    }
+                }
+            }
+            held
+        })
+    }
+
+    async fn reset(&self, key: &BucketKey) -> Result<bool, StoreError> {
+        self.with_shard(key, &[], |keys, now| {
+            let mut forgot = false;
+            for name in counter_keys(key) {
+                forgot |= keys.get(&name, now).is_some();
+                keys.remove(&name);
+            }
+            forgot
+        })
+    }
+}
+
+/// The units a lease id says it was granted (`<id>:<units>:...`; 0 if it says none).
+fn lease_units(lease: &str) -> u64 {
+    lease
+        .split(':')
+        .nth(1)
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(0)
 }

@@ -102,12 +102,14 @@ pub(crate) struct Scripts {
     pub(crate) slot_renew: Script,
     pub(crate) debit: Script,
     pub(crate) demand_report: Script,
+    pub(crate) held_leases: Script,
+    pub(crate) reset: Script,
     pub(crate) batch: Script,
 }
 
 impl Scripts {
     /// Every script.
-    pub(crate) fn all(&self) -> [&Script; 8] {
+    pub(crate) fn all(&self) -> [&Script; 10] {
         [
             &self.check,
             &self.lease_acquire,
@@ -116,6 +118,8 @@ impl Scripts {
             &self.slot_renew,
             &self.debit,
             &self.demand_report,
+            &self.held_leases,
+            &self.reset,
             &self.batch,
         ]
     }
@@ -145,6 +149,12 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("scripts/demand_report.lua"),
         Oom::Refused,
     ),
+    held_leases: Script::new(
+        "held_leases",
+        include_str!("scripts/held_leases.lua"),
+        Oom::Allowed,
+    ),
+    reset: Script::new("reset", include_str!("scripts/reset.lua"), Oom::Allowed),
     batch: Script::batch(&[
         (BatchOp::Check as u8, CHECK),
         (BatchOp::LeaseAcquire as u8, LEASE_ACQUIRE),

@@ -6,10 +6,15 @@
 //! version gets 412. Errors are `application/problem+json` naming the field. Bodies are limited
 //! to [`MAX_BODY_BYTES`]; unknown fields are refused.
 //!
+//! Support reads a descriptor's live counters (`GET /admin/v1/counters`) and resets them
+//! (`POST /admin/v1/counters/reset`, write tokens only): see [`counters`].
+//!
 //! The kill switch is a mode override, `PUT /admin/v1/mode-overrides/{id} {"mode":
 //! "DISABLED"}`, for any rule the nodes enforce (from a file or stored): nodes stop enforcing
 //! it within a second, no deploy, and `rules import` leaves it standing. `PATCH {"mode": ...}`
 //! on a stored rule changes the rule itself; on a rule from a file it sets the override.
+
+mod counters;
 
 use std::time::Duration;
 
@@ -144,6 +149,14 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/admin/v1/top-denied",
             get(top_denied).fallback(only("GET")),
+        )
+        .route(
+            "/admin/v1/counters",
+            get(counters::read).fallback(only("GET")),
+        )
+        .route(
+            "/admin/v1/counters/reset",
+            axum::routing::post(counters::reset).fallback(only("POST")),
         )
         .route("/admin/v1/openapi.yaml", get(openapi).fallback(only("GET")))
         .fallback(|| async { Problem::not_found("no such endpoint") })

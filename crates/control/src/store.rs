@@ -8,6 +8,7 @@
 //! - `writes`: create, replace, patch and delete under a [`Precondition`].
 //! - `overrides`: mode overrides, the kill switch for rules from any source.
 //! - `history`: what each write appends and the revision it bumps ([`CHANNEL`]).
+//! - `resets`: counter resets in the history, announced on [`RESET_CHANNEL`].
 //! - `rows`: a rule as a row, both ways.
 //! - `json`: rule documents as JSON (merge patches, field errors).
 //! - `error`: [`ControlError`].
@@ -18,6 +19,7 @@ mod json;
 mod overrides;
 mod pool;
 mod reads;
+mod resets;
 mod rows;
 mod writes;
 
@@ -27,5 +29,6 @@ pub use json::{doc_json, from_json, merge_patch, serde_field_error};
 pub use overrides::{OverrideBody, StoredOverride};
 pub use pool::RuleStore;
 pub use reads::{ListFilter, Snapshot};
+pub use resets::{RESET_CHANNEL, ResetNotice, ResetRecord};
 pub use rows::StoredRule;
 pub use writes::{Precondition, Put, Written};

@@ -1,7 +1,9 @@
 //! Keeping a node's rules in step with PostgreSQL: everything is loaded at start; changes
 //! arrive by LISTEN/NOTIFY (a push, typically within milliseconds) and, as a fallback for
 //! missed notifications and reconnects, by polling the rule set's revision every few seconds.
-//! Each change reloads the whole set at one revision and swaps it atomically.
+//! Each change reloads the whole set at one revision and swaps it atomically. The same
+//! connection hears counter resets (`POST /admin/v1/counters/reset` on any node), and the
+//! node drops what it holds of the reset bucket.
 //!
 //! When PostgreSQL is down the node keeps enforcing its last set, retries with jittered
 //! backoff and reports staleness (`tollgate_rules_staleness_seconds`). Every set loaded from
@@ -16,7 +18,8 @@ use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio_postgres::{AsyncMessage, NoTls};
 
-use crate::store::{CHANNEL, ControlError, RuleStore, Snapshot};
+use crate::store::{CHANNEL, ControlError, RESET_CHANNEL, ResetNotice, RuleStore, Snapshot};
+use tollgate_node::Node;
 use tollgate_node::rules::envoy::EnvoyConfig;
 use tollgate_node::rules::set::EnvoyDomainConfig;
 use tollgate_node::rules::source::{self, LoadedRules};
@@ -54,6 +57,17 @@ pub struct RuleSync {
     config: SyncConfig,
     /// Whether this process has applied the migrations (PostgreSQL may be down at start).
     migrated: Arc<std::sync::atomic::AtomicBool>,
+    /// The node told of counter resets (it drops what it holds of a reset bucket).
+    node: Option<Node>,
+}
+
+/// What the LISTEN connection hears.
+#[derive(Debug)]
+enum Heard {
+    /// The rule set changed.
+    Rules,
+    /// A counter was reset (on any node).
+    Reset(ResetNotice),
 }
 
 impl RuleSync {
@@ -64,6 +78,20 @@ impl RuleSync {
             rules,
             config,
             migrated: Arc::default(),
+            node: None,
+        }
+    }
+
+    /// Tells `node` of counter resets as they are announced.
+    pub fn with_node(mut self, node: Node) -> Self {
+        self.node = Some(node);
+        self
+    }
+
+    fn forget(&self, notice: &ResetNotice) {
+        if let (Some(node), Some(identity)) = (&self.node, notice.identity()) {
+            let held = node.forget_held(&notice.rule_key, &identity);
+            tracing::debug!(rule = %notice.rule_key, held, "a counter was reset");
         }
     }
 
@@ -143,7 +171,7 @@ impl RuleSync {
         let mut poll = tokio::time::interval(self.config.poll);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_sync = tokio::time::Instant::now();
-        let mut listener: Option<(tokio_postgres::Client, mpsc::UnboundedReceiver<()>)> = None;
+        let mut listener: Option<(tokio_postgres::Client, mpsc::UnboundedReceiver<Heard>)> = None;
         let mut backoff = Duration::from_millis(100);
         let mut next_listen = tokio::time::Instant::now();
         loop {
@@ -175,9 +203,13 @@ impl RuleSync {
             tokio::select! {
                 _ = &mut stop => return,
                 message = notified => match message {
-                    Some(()) => {
-                        if let Some((_, rx)) = listener.as_mut() {
-                            while rx.try_recv().is_ok() {} // a burst of changes: one reload
+                    Some(Heard::Reset(notice)) => self.forget(&notice),
+                    Some(Heard::Rules) => {
+                        // A burst of changes: one reload (resets heard meanwhile are applied).
+                        while let Some(Ok(heard)) = listener.as_mut().map(|(_, rx)| rx.try_recv()) {
+                            if let Heard::Reset(notice) = heard {
+                                self.forget(&notice);
+                            }
                         }
                         self.sync(&mut last_sync).await;
                     }
@@ -223,19 +255,31 @@ impl RuleSync {
     }
 }
 
-/// A dedicated connection that LISTENs; each notification becomes a message.
+/// A dedicated connection that LISTENs (rule changes and counter resets); each notification
+/// becomes a message.
 /// The client is returned to be kept: dropping it closes the connection.
 async fn listen(
     url: &str,
-) -> Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<()>), tokio_postgres::Error> {
+) -> Result<(tokio_postgres::Client, mpsc::UnboundedReceiver<Heard>), tokio_postgres::Error> {
     let (client, mut connection) = tokio_postgres::connect(url, NoTls).await?;
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
         while let Some(message) = messages.next().await {
             match message {
-                Ok(AsyncMessage::Notification(_)) => {
-                    if tx.send(()).is_err() {
+                Ok(AsyncMessage::Notification(n)) => {
+                    let heard = if n.channel() == RESET_CHANNEL {
+                        match serde_json::from_str(n.payload()) {
+                            Ok(notice) => Heard::Reset(notice),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "an unreadable counter reset notice");
+                                continue;
+                            }
+                        }
+                    } else {
+                        Heard::Rules
+                    };
+                    if tx.send(heard).is_err() {
                         break;
                     }
                 }
@@ -244,7 +288,9 @@ async fn listen(
             }
         }
     });
-    client.batch_execute(&format!("LISTEN {CHANNEL}")).await?;
+    client
+        .batch_execute(&format!("LISTEN {CHANNEL}; LISTEN {RESET_CHANNEL}"))
+        .await?;
     Ok((client, rx))
 }
 

@@ -347,7 +347,10 @@ impl App {
                     self.tls.as_ref().map(|t| t.admin.clone()),
                     stopped(stop_rx.clone()),
                 ));
-                let follow = tokio::spawn(sync.run(stopped(stop_rx.clone())));
+                let follow = tokio::spawn(
+                    sync.with_node(self.node.clone())
+                        .run(stopped(stop_rx.clone())),
+                );
                 tokio::spawn(async move {
                     let _ = tokio::join!(admin, follow);
                 })

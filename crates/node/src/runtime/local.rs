@@ -90,6 +90,11 @@ impl LocalBucket {
         }
     }
 
+    /// Fills the bucket up (a reset of the limit it stands in for).
+    pub fn fill(&self) {
+        self.tat.store(0, Ordering::Release);
+    }
+
     /// Gives back `cost` units taken for a request that was denied elsewhere.
     pub fn refund(&self, cost: u64) {
         let decrement = cost.saturating_mul(self.interval).min(self.tolerance);

@@ -44,6 +44,7 @@ use crate::runtime::shared::{RuntimeConfig, Shared, WarmUp};
 use crate::runtime::top_denied::{TopDenied, TopDeniedReport};
 use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
 
+pub mod counters;
 mod direct;
 pub(crate) mod region;
 mod reserve;

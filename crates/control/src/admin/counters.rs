@@ -1,0 +1,185 @@
+//! `GET /admin/v1/counters` and `POST /admin/v1/counters/reset`: what support needs to answer
+//! "why is customer X limited, and can you unblock them". A read shows, for every rule the
+//! descriptor matches, the live counter of the descriptor's identity; a reset forgets it (one
+//! rule or all), is written to each rule's history with who did it, and every node drops what
+//! it holds of the bucket when PostgreSQL tells it.
+
+use axum::extract::{Query, State};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{AdminState, Caller, body_json, query_problem};
+use crate::problem::Problem;
+use crate::store::{ResetNotice, ResetRecord};
+use tollgate_node::Request;
+use tollgate_node::runtime::node::counters::{Counter, CounterError};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CounterQuery {
+    domain: Option<String>,
+    descriptor: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ResetBody {
+    domain: String,
+    descriptor: Value,
+    #[serde(default)]
+    rule: Option<String>,
+}
+
+/// 400: the counter request is malformed, naming the field.
+fn bad(field: impl Into<String>, reason: impl Into<String>) -> Problem {
+    Problem::bad_request("Invalid counter request", field, reason)
+}
+
+/// A descriptor written `key=value,key=value` (in that order), or a JSON object.
+fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, Problem> {
+    let text = text.trim();
+    if text.starts_with('{') {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| bad("descriptor", format!("not a JSON object: {e}")))?;
+        return entries_of(&value);
+    }
+    text.split(',')
+        .map(|entry| match entry.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
+            _ => Err(bad(
+                "descriptor",
+                format!("{entry:?} is not key=value (write key=value,key=value, or a JSON object)"),
+            )),
+        })
+        .collect()
+}
+
+/// A descriptor as a JSON object of strings.
+fn entries_of(value: &Value) -> Result<Vec<(String, String)>, Problem> {
+    let Some(object) = value.as_object() else {
+        return Err(bad(
+            "descriptor",
+            "must be an object of entries, {\"api_key\": \"k1\"}",
+        ));
+    };
+    object
+        .iter()
+        .map(|(k, v)| match v.as_str() {
+            Some(v) => Ok((k.clone(), v.to_owned())),
+            None => Err(bad(format!("descriptor.{k}"), "must be a string")),
+        })
+        .collect()
+}
+
+fn request_of(domain: &str, entries: Vec<(String, String)>) -> Result<Request, Problem> {
+    if entries.is_empty() {
+        return Err(bad("descriptor", "has no entries"));
+    }
+    let request = Request::new(domain).descriptor(entries);
+    request
+        .validate()
+        .map_err(|e| bad("descriptor", e.to_string()))?;
+    Ok(request)
+}
+
+fn counter_problem(e: CounterError) -> Problem {
+    match e {
+        CounterError::Request(e) => bad("descriptor", e.to_string()),
+        CounterError::Key(reason) => bad("descriptor", reason),
+        CounterError::NoSuchRule(id) => {
+            bad("rule", format!("no rule {id:?} limits this descriptor"))
+        }
+        CounterError::Store(e) => Problem::unavailable(format!("the store did not answer: {e}")),
+    }
+}
+
+fn counter_json(c: &Counter) -> Value {
+    json!({
+        "rule": c.rule,
+        "domain": c.domain,
+        "identity": String::from_utf8_lossy(&c.identity),
+        "mode": c.mode.as_str(),
+        "algorithm": c.algorithm.map(|a| a.as_str()),
+        "limit": c.limit,
+        "remaining": c.remaining,
+        "resetAfterMs": c.reset_after.as_millis() as u64,
+        "leases": {"live": c.held.leases, "units": c.held.units},
+        "heldByThisNode": c.held_here,
+    })
+}
+
+pub(super) async fn read(
+    State(state): State<AdminState>,
+    query: Result<Query<CounterQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, Problem> {
+    let Query(query) = query.map_err(query_problem)?;
+    let node = state
+        .node
+        .as_ref()
+        .ok_or_else(|| Problem::not_found("this admin API serves no node"))?;
+    let domain = query
+        .domain
+        .filter(|d| !d.is_empty())
+        .ok_or_else(|| bad("domain", "is required"))?;
+    let descriptor = query
+        .descriptor
+        .ok_or_else(|| bad("descriptor", "is required (key=value,key=value)"))?;
+    let entries = parse_descriptor(&descriptor)?;
+    let request = request_of(&domain, entries.clone())?;
+    let counters = node.counters(&request).await.map_err(counter_problem)?;
+    Ok(axum::Json(json!({
+        "domain": domain,
+        "descriptor": entries.into_iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
+        "counters": counters.iter().map(counter_json).collect::<Vec<_>>(),
+    }))
+    .into_response())
+}
+
+pub(super) async fn reset(
+    State(state): State<AdminState>,
+    axum::Extension(Caller(caller)): axum::Extension<Caller>,
+    body: axum::body::Body,
+) -> Result<Response, Problem> {
+    let body: ResetBody = body_json(body, state.client_timeout).await?;
+    let node = state
+        .node
+        .as_ref()
+        .ok_or_else(|| Problem::not_found("this admin API serves no node"))?;
+    if body.domain.is_empty() {
+        return Err(bad("domain", "is required"));
+    }
+    let entries = entries_of(&body.descriptor)?;
+    let request = request_of(&body.domain, entries)?;
+    let resets = node
+        .reset_counters(&request, body.rule.as_deref())
+        .await
+        .map_err(counter_problem)?;
+    let records: Vec<ResetRecord> = resets
+        .iter()
+        .map(|r| ResetRecord {
+            rule: r.rule.clone(),
+            notice: ResetNotice::new(&r.rule_key, &r.identity),
+            domain: body.domain.clone(),
+            identity: String::from_utf8_lossy(&r.identity).into_owned(),
+            existed: r.existed,
+        })
+        .collect();
+    // The store has forgotten the buckets; if the history cannot be written the reset still
+    // happened, and the answer says the other nodes were not told (their leases run out
+    // within a lease TTL).
+    state.store.record_resets(&records, &caller).await.map_err(|e| {
+        Problem::unavailable(format!(
+            "the counters were reset, but the history and the other nodes could not be told: {e}"
+        ))
+    })?;
+    tracing::info!(by = %caller, domain = %body.domain, buckets = resets.len(), "counters reset");
+    Ok(axum::Json(json!({
+        "reset": resets.iter().map(|r| json!({
+            "rule": r.rule,
+            "identity": String::from_utf8_lossy(&r.identity),
+            "existed": r.existed,
+        })).collect::<Vec<_>>(),
+    }))
+    .into_response())
+}

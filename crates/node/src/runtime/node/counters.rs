@@ -1,0 +1,184 @@
+//! The counters a request is charged against, as support meets them: read
+//! (`GET /admin/v1/counters`) and reset (`POST /admin/v1/counters/reset`). A read peeks at
+//! each matched rule's bucket in the store and at the leases nodes hold of it; a reset forgets
+//! the bucket in the store (its leases too, so what nodes give back credits nothing) and drops
+//! what this node holds of it. The other nodes drop theirs when told
+//! ([`Node::forget_held`]; the control plane tells them over PostgreSQL).
+
+use std::time::Duration;
+
+use tollgate_lease::{Algorithm, CheckRequest, HeldLeases, LeaseStore, StoreError};
+
+use super::Node;
+use crate::rules::{Mode, RuleKind};
+use crate::runtime::keys::bucket_id::BucketId;
+use crate::runtime::request::{Request, RequestError};
+
+/// One matched rule's counter for one identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Counter {
+    /// The rule's id.
+    pub rule: String,
+    /// Its domain.
+    pub domain: String,
+    /// The rule part of the bucket's store key (what a reset notification names).
+    pub rule_key: String,
+    /// The identity the rule counts this request under (the values of the entries it counts
+    /// by).
+    pub identity: Vec<u8>,
+    /// The rule's mode.
+    pub mode: Mode,
+    /// What the rule is: a limit (its algorithm and size), or none.
+    pub algorithm: Option<Algorithm>,
+    /// The most the bucket holds (capacity, window limit, slots); None: not a limit.
+    pub limit: Option<u64>,
+    /// What the store says is left now; None: not a limit.
+    pub remaining: Option<u64>,
+    /// Until the bucket is full again.
+    pub reset_after: Duration,
+    /// The live leases nodes hold of the bucket.
+    pub held: HeldLeases,
+    /// The units this node holds of it, unspent.
+    pub held_here: u64,
+}
+
+/// One bucket a reset forgot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reset {
+    /// The rule's id.
+    pub rule: String,
+    /// The rule part of the bucket's store key.
+    pub rule_key: String,
+    /// The identity.
+    pub identity: Vec<u8>,
+    /// Whether the store had anything of it.
+    pub existed: bool,
+}
+
+/// Why a counter could not be read or reset.
+#[derive(Debug, thiserror::Error)]
+pub enum CounterError {
+    /// The descriptor is malformed.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The identity cannot make a store key (too long).
+    #[error("{0}")]
+    Key(String),
+    /// No matched rule has that id.
+    #[error("no rule {0:?} matches the descriptor")]
+    NoSuchRule(String),
+    /// The store did not answer.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl Node {
+    /// Every rule `request` matches, with its counter for the request's identity.
+    pub async fn counters(&self, request: &Request) -> Result<Vec<Counter>, CounterError> {
+        let store = self.inner.shared.store.inner();
+        let mut out = vec![];
+        for charge in self.charges(request)? {
+            let rule = &charge.rule;
+            let id = BucketId::new(rule, &charge.identity);
+            let mut counter = Counter {
+                rule: rule.id.clone(),
+                domain: rule.domain.clone(),
+                rule_key: rule.key.clone(),
+                identity: charge.identity.clone(),
+                mode: rule.mode,
+                algorithm: None,
+                limit: None,
+                remaining: None,
+                reset_after: Duration::ZERO,
+                held: HeldLeases::default(),
+                held_here: 0,
+            };
+            if let RuleKind::Limited(limit) = rule.kind {
+                let key = id
+                    .store_key()
+                    .map_err(|e| CounterError::Key(e.to_string()))?;
+                let peek = store
+                    .check(&CheckRequest::single(key.clone(), limit, 0).map_err(invalid)?)
+                    .await?;
+                counter.algorithm = Some(limit.algorithm());
+                counter.limit = Some(limit.capacity());
+                counter.remaining = Some(peek.buckets[0].remaining);
+                counter.reset_after = peek.buckets[0].reset_after;
+                counter.held = store.held_leases(&key).await?;
+                counter.held_here = self
+                    .inner
+                    .shared
+                    .registry
+                    .bucket(&id.local_key())
+                    .map_or(0, |b| b.units().max(0) as u64);
+            }
+            out.push(counter);
+        }
+        Ok(out)
+    }
+
+    /// Resets the counters of `request`'s identity: of the matched rule with id `rule`, or of
+    /// every matched limit when None. Each bucket is forgotten in the store, and this node
+    /// drops what it holds of it.
+    pub async fn reset_counters(
+        &self,
+        request: &Request,
+        rule: Option<&str>,
+    ) -> Result<Vec<Reset>, CounterError> {
+        let store = self.inner.shared.store.inner();
+        let charges: Vec<_> = self
+            .charges(request)?
+            .into_iter()
+            .filter(|c| c.rule.limit().is_some())
+            .filter(|c| rule.is_none_or(|id| c.rule.id == id))
+            .collect();
+        if let Some(id) = rule
+            && charges.is_empty()
+        {
+            return Err(CounterError::NoSuchRule(id.to_owned()));
+        }
+        let mut out = vec![];
+        for charge in charges {
+            let key = BucketId::new(&charge.rule, &charge.identity)
+                .store_key()
+                .map_err(|e| CounterError::Key(e.to_string()))?;
+            let existed = store.reset(&key).await?;
+            self.forget_held(&charge.rule.key, &charge.identity);
+            out.push(Reset {
+                rule: charge.rule.id.clone(),
+                rule_key: charge.rule.key.clone(),
+                identity: charge.identity,
+                existed,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Drops what this node holds of the bucket of rule `rule_key` (a [`Counter::rule_key`])
+    /// for `identity`, after its counter was reset: the units its lease still held, any
+    /// denial it remembers, and what its pre-limit and LOCAL fallback counted. The next
+    /// request asks the store. Returns whether the node held
+    /// the bucket.
+    pub fn forget_held(&self, rule_key: &str, identity: &[u8]) -> bool {
+        let rules = self.inner.rules.load();
+        let Some(rule) = rules.rule(rule_key) else {
+            return false;
+        };
+        let local = BucketId::new(rule, identity).local_key();
+        let Some(bucket) = self.inner.shared.registry.bucket(&local) else {
+            return false;
+        };
+        bucket.reclaim();
+        bucket.clear_denial();
+        // The local stand-ins count what the store forgot: they start full too.
+        if let Some(prelimit) = &bucket.prelimit {
+            prelimit.fill();
+        }
+        bucket.fallback.fill();
+        true
+    }
+}
+
+fn invalid(e: tollgate_lease::InvalidInput) -> CounterError {
+    CounterError::Key(e.to_string())
+}

@@ -687,6 +687,8 @@ async fn tokens_authenticate_and_read_only_tokens_cannot_write() {
         "/admin/v1/rate-limit-rules/{id}",
         "/admin/v1/rate-limit-rules/{id}/history",
         "/admin/v1/top-denied",
+        "/admin/v1/counters",
+        "/admin/v1/counters/reset",
     ] {
         assert!(doc["paths"].get(path).is_some(), "{path} is documented");
     }

@@ -33,7 +33,7 @@ impl ResetNotice {
     /// The identity's bytes (None if the hex is malformed).
     pub fn identity(&self) -> Option<Vec<u8>> {
         let hex = self.identity_hex.as_bytes();
-        if hex.len() % 2 != 0 {
+        if !hex.len().is_multiple_of(2) {
             return None;
         }
         hex.chunks(2)

@@ -270,14 +270,18 @@ impl Bucket {
             }
             // A late call decides those that do not wait for it: every rule when the store is
             // down, and rules that do not fail closed when it stalled (a CLOSED rule waits for
-            // the answer, up to the patience: one late call must not deny a real user).
+            // the answer, up to the patience: one late call must not deny a real user). A
+            // bucket the store never answered for waits too: there is no last answer to take a
+            // share of yet.
             match self.lateness() {
                 Some(Late::Down) => {
                     break RefillOutcome::Failed {
                         late: Some(Late::Down),
                     };
                 }
-                Some(Late::Stalled) if self.rule.fail_mode != FailMode::Closed => {
+                Some(Late::Stalled)
+                    if self.rule.fail_mode != FailMode::Closed && self.last.heard() =>
+                {
                     break RefillOutcome::Failed {
                         late: Some(Late::Stalled),
                     };

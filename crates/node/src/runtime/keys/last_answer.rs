@@ -3,7 +3,7 @@
 //! client is told remains, and what the node decides by while the store has stalled (its share
 //! of the last answer, owed to the store and debited there when it answers).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use tollgate_lease::{Limit, Micros};
@@ -25,6 +25,9 @@ pub struct LastAnswer {
     /// the others had not yet asked, still divides by them.
     min_holders: u64,
     observed_at: AtomicU64,
+    /// Whether the store has answered for this bucket yet: before it has, this node knows
+    /// nothing of what other nodes spent, and has no share of anything to decide by.
+    heard: AtomicBool,
     full_at: AtomicU64,
     /// Units admitted while the store had stalled (by a fail mode, or on its last answer),
     /// not yet debited in the store; and when the latest of them was admitted (node clock, µs:
@@ -45,6 +48,7 @@ impl LastAnswer {
             holders: AtomicU64::new(min_holders),
             min_holders,
             observed_at: AtomicU64::new(0),
+            heard: AtomicBool::new(false),
             full_at: AtomicU64::new(0),
             owed: AtomicU64::new(0),
             owed_at: AtomicU64::new(0),
@@ -68,6 +72,11 @@ impl LastAnswer {
             store = store.saturating_add((rate * since as f64 / 1e6).floor() as u64);
         }
         store.min(self.limit.capacity())
+    }
+
+    /// Whether the store has answered for this bucket yet (see [`LastAnswer::decide_while_slow`]).
+    pub fn heard(&self) -> bool {
+        self.heard.load(Ordering::Acquire)
     }
 
     /// Estimated time until the bucket is full.
@@ -120,6 +129,7 @@ impl LastAnswer {
         self.holders
             .store(holders.max(self.min_holders), Ordering::Relaxed);
         self.observed_at.store(now, Ordering::Relaxed);
+        self.heard.store(true, Ordering::Release);
         self.full_at
             .store(now + reset_after.as_micros() as u64, Ordering::Relaxed);
     }
@@ -128,10 +138,16 @@ impl LastAnswer {
     /// answer: what the store last said (units held by nodes not counted), with no refill
     /// since (refill is shared with every other node, and another region's nodes refill their
     /// own views at the same rate: credited to this node, it would be spent twice); the whole
-    /// capacity once the bucket would be full again or when the store never said (for a rule
-    /// the two regions share, half of it: the peer spends on the same limit). Others' spending
+    /// capacity once the bucket would be full again (for a rule the two regions share, half of
+    /// it: the peer spends on the same limit); nothing when the store never said. Others' spending
     /// since can only make it less.
     fn stalled_estimate(&self, now: Micros) -> u64 {
+        if !self.heard() {
+            // Never answered: every fresh node would take the whole capacity for its own, and
+            // together they would spend it several times over (two fresh nodes on one stalled
+            // first call admitted 101 against an exact bound of 80). Nothing to share.
+            return 0;
+        }
         if now >= self.full_at.load(Ordering::Relaxed) {
             let capacity = self.limit.capacity();
             return if self.shared_by_regions {
@@ -209,6 +225,31 @@ mod tests {
             }
         }
         assert_eq!(share_of(50, 0), 50, "at least this node holds it");
+    }
+
+    #[test]
+    fn a_bucket_the_store_never_answered_for_has_no_share_to_decide_by() {
+        let limit = Limit::token_bucket(50, 10.0).expect("limit");
+        // Two fresh nodes, each believing itself alone, on one stalled first call.
+        let nodes = [
+            LastAnswer::new(limit, false, 1),
+            LastAnswer::new(limit, false, 1),
+        ];
+        let admitted: usize = nodes
+            .iter()
+            .map(|n| {
+                (0..100)
+                    .filter(|_| n.decide_while_slow(1, 1_000).is_ok())
+                    .count()
+            })
+            .sum();
+        assert_eq!(admitted, 0, "nothing admitted on an answer never given");
+        // Once the store answered, a node decides on its share of what it said.
+        nodes[0].observe(40, Duration::from_secs(1), 2, 2_000);
+        let admitted = (0..100)
+            .filter(|_| nodes[0].decide_while_slow(1, 3_000).is_ok())
+            .count();
+        assert_eq!(admitted, 20);
     }
 
     #[test]

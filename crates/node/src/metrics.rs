@@ -82,6 +82,9 @@ pub struct Metrics {
     pub store_stalls: Counter,
     /// Owed units debited in the store (exactly once each).
     pub owed_units_debited: Counter,
+    /// Owed units paid out of the late grant of the lease call that was out while they were
+    /// admitted (the store had granted them from the same remainder).
+    pub owed_units_paid_by_grant: Counter,
     /// Owed units forgiven: the store could not be reached to take them (it was down, not
     /// late), or a late answer showed it had counted them already.
     pub owed_units_forgiven: Counter,
@@ -278,6 +281,7 @@ impl Metrics {
             late_leases: Counter::default(),
             owed_units: Counter::default(),
             owed_units_debited: Counter::default(),
+            owed_units_paid_by_grant: Counter::default(),
             store_stalls: Counter::default(),
             owed_units_forgiven: Counter::default(),
             slow_store_decisions: Counter::default(),
@@ -365,6 +369,11 @@ impl Metrics {
             "owed_units_debited",
             "Owed units debited in the store when it answered again",
             m.owed_units_debited.clone(),
+        );
+        registry.register(
+            "owed_units_paid_by_grant",
+            "Owed units paid out of the late grant of the lease call that was out while they were admitted",
+            m.owed_units_paid_by_grant.clone(),
         );
         registry.register(
             "owed_units_forgiven",

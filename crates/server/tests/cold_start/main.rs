@@ -39,11 +39,12 @@ async fn fresh_nodes_are_exact_from_their_first_request() {
         assert!(
             r.admitted <= r.bound,
             "run {name}: {} admitted under the OPEN rule, exact bound {} ({} failed open, {} on \
-             a share of a last answer, {} owed units debited of {})",
+             a share of a last answer, {} owed units paid by a grant and {} debited of {})",
             r.admitted,
             r.bound,
             r.failed_open,
             r.on_last_answer,
+            r.paid,
             r.debited,
             r.owed
         );

@@ -51,13 +51,15 @@ pub struct Report {
     pub closed: u64,
     pub closed_denied: u64,
     /// From the nodes' metrics: decisions made by a fail mode, on a share of the store's last
-    /// answer, store calls judged stalled, breaker openings, units owed and debited.
+    /// answer, store calls judged stalled, breaker openings, units owed, and how they were
+    /// settled (paid out of a late grant, or debited).
     pub failed_open: u64,
     pub failed_closed: u64,
     pub on_last_answer: u64,
     pub stalls: u64,
     pub breaker_opened: u64,
     pub owed: u64,
+    pub paid: u64,
     pub debited: u64,
     /// How long the run lasted.
     pub elapsed: Duration,
@@ -67,7 +69,7 @@ impl Report {
     /// A row of the Markdown table ([`Report::header`]).
     pub fn row(&self, name: &str) -> String {
         format!(
-            "| {name} | {} | {} | {} of {} | {} | {} | {} | {} | {} | {} / {} |",
+            "| {name} | {} | {} | {} of {} | {} | {} | {} | {} | {} | {} + {} / {} |",
             self.admitted,
             self.bound,
             self.closed_denied,
@@ -77,6 +79,7 @@ impl Report {
             self.on_last_answer,
             self.stalls,
             self.breaker_opened,
+            self.paid,
             self.debited,
             self.owed,
         )
@@ -84,7 +87,7 @@ impl Report {
 
     /// The table's header.
     pub fn header() -> &'static str {
-        "| run | OPEN admitted | exact bound | CLOSED denied | failed open | failed closed | on a last answer | store stalls | breaker opened | owed debited |\n\
+        "| run | OPEN admitted | exact bound | CLOSED denied | failed open | failed closed | on a last answer | store stalls | breaker opened | owed: paid by a grant + debited / owed |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     }
 }
@@ -285,6 +288,7 @@ pub async fn run(binary: &Path, duration: Duration, run: usize) -> Report {
         stalls: metric(&text, "tollgate_store_stalls_total", ""),
         breaker_opened: metric(&text, "tollgate_breaker_opened_total", ""),
         owed: metric(&text, "tollgate_lease_units_owed_total", ""),
+        paid: metric(&text, "tollgate_owed_units_paid_by_grant_total", ""),
         debited: metric(&text, "tollgate_owed_units_debited_total", ""),
         elapsed,
     }

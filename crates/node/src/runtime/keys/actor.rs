@@ -481,7 +481,18 @@ impl KeyState {
             NO_DEADLINE
         };
         bucket.clear_denial();
-        bucket.install(grant.units, spend_before, now);
+        // What was admitted on this node's share while the call was out is paid from the
+        // grant first (a window's owed units are debited in their own window instead).
+        let paid = if bucket.has_deadline() {
+            0
+        } else {
+            bucket.last.pay_owed_from_grant(grant.units)
+        };
+        if paid > 0 {
+            self.shared.metrics.owed_units.inc_by(paid);
+            self.shared.metrics.owed_units_paid_by_grant.inc_by(paid);
+        }
+        bucket.install(grant.units - paid, spend_before, now);
         bucket.refill_done();
         let metrics = &self.shared.metrics;
         metrics.leases_acquired.inc();

@@ -100,6 +100,21 @@ impl LastAnswer {
             });
     }
 
+    /// Pays up to `granted` of what is owed out of a grant that just arrived: the call was out
+    /// while the node admitted on its share, and the store granted it from the same
+    /// remainder the share was taken of. Spent from the grant, those units are counted once;
+    /// debited on top of it, the remainder would be spent twice. Returns the units paid.
+    pub(crate) fn pay_owed_from_grant(&self, granted: u64) -> u64 {
+        let mut paid = 0;
+        let _ = self
+            .owed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
+                paid = owed.min(granted);
+                Some(owed - paid)
+            });
+        paid
+    }
+
     /// The store could not be reached (down, not late): what was admitted without it is
     /// forgiven; how many units.
     pub(crate) fn forgive_owed(&self) -> u64 {
@@ -250,6 +265,25 @@ mod tests {
             .filter(|_| nodes[0].decide_while_slow(1, 3_000).is_ok())
             .count();
         assert_eq!(admitted, 20);
+    }
+
+    #[test]
+    fn owed_units_are_paid_from_a_late_grant_before_any_debit() {
+        let limit = Limit::token_bucket(100, 0.001).expect("limit");
+        let last = LastAnswer::new(limit, false, 1);
+        last.observe(20, Duration::from_secs(3600), 2, 1_000);
+        // The lease call is out; the node admits its share of the 20 (10).
+        let admitted = (0..20)
+            .filter(|_| last.decide_while_slow(1, 2_000).is_ok())
+            .count();
+        assert_eq!(admitted, 10);
+        // The late grant (6 units, from the same 20) pays 6 of them; only 4 are debited.
+        assert_eq!(last.pay_owed_from_grant(6), 6);
+        assert_eq!(last.take_owed().map(|(units, _)| units), Some(4));
+        // A grant larger than what is owed pays it all and leaves nothing to debit.
+        assert!(last.decide_while_slow(3, 3_000).is_ok());
+        assert_eq!(last.pay_owed_from_grant(50), 3);
+        assert_eq!(last.take_owed(), None);
     }
 
     #[test]

@@ -36,10 +36,10 @@ fn bad(field: impl Into<String>, reason: impl Into<String>) -> Problem {
     Problem::bad_request("Invalid counter request", field, reason)
 }
 
-/// A descriptor written `key=value,key=value` (in that order), or a JSON object.
+/// A descriptor written `key=value,key=value` (in that order), or as JSON (see [`entries_of`]).
 fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, Problem> {
     let text = text.trim();
-    if text.starts_with('{') {
+    if text.starts_with('{') || text.starts_with('[') {
         let value: Value = serde_json::from_str(text)
             .map_err(|e| bad("descriptor", format!("not a JSON object: {e}")))?;
         return entries_of(&value);
@@ -55,12 +55,26 @@ fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, Problem> {
         .collect()
 }
 
-/// A descriptor as a JSON object of strings.
+/// A descriptor as a JSON array of `[key, value]` pairs (in the descriptor's order, which an
+/// envoyproxy/ratelimit rule tree is walked in), or an object of strings (its keys sorted).
 fn entries_of(value: &Value) -> Result<Vec<(String, String)>, Problem> {
+    if let Some(pairs) = value.as_array() {
+        return pairs
+            .iter()
+            .enumerate()
+            .map(|(i, pair)| match pair.as_array().map(Vec::as_slice) {
+                Some([Value::String(k), Value::String(v)]) => Ok((k.clone(), v.clone())),
+                _ => Err(bad(
+                    format!("descriptor[{i}]"),
+                    "must be a [key, value] pair of strings",
+                )),
+            })
+            .collect();
+    }
     let Some(object) = value.as_object() else {
         return Err(bad(
             "descriptor",
-            "must be an object of entries, {\"api_key\": \"k1\"}",
+            "must be [[key, value], ...] or an object of entries, {\"api_key\": \"k1\"}",
         ));
     };
     object

@@ -775,14 +775,20 @@ fn share_out(
     // An Envoy bucket of ours is kept (at one unit a second) rather than replaced by DENY_ALL
     // while the credit is short: a new one would start full, and its first fill would deepen
     // the debt that cut it (the unit is paid for at the next draws).
-    let held = targets
-        .iter()
-        .filter(|(id, _)| {
-            state.streams[id]
-                .strategy
-                .is_some_and(|s| s.per_second().is_some())
-        })
-        .count() as u64;
+    // Only while the debt is under one bucket: a store kept empty by other callers must not
+    // let the floor run up a debt without end (repaid later by starving them).
+    let held = if credit > -(capacity as f64) {
+        targets
+            .iter()
+            .filter(|(id, _)| {
+                state.streams[id]
+                    .strategy
+                    .is_some_and(|s| s.per_second().is_some())
+            })
+            .count() as u64
+    } else {
+        0
+    };
     let budget = (affordable.floor() as u64)
         .max(held)
         .min(rate.floor() as u64);

@@ -279,6 +279,19 @@ impl Actor for KeyActor {
                     state.finish_shutdown(&myself, Some(reply), now);
                 }
             }
+            KeyMsg::Forget { bucket } => {
+                let returns = state.book.give_back(&bucket, now);
+                state.returns_first.extend(returns);
+                // Owed to a bucket the store forgot: nothing left to debit it from.
+                let forgiven = bucket.last.forgive_owed();
+                state.shared.metrics.owed_units.inc_by(forgiven);
+                state.shared.metrics.owed_units_forgiven.inc_by(forgiven);
+                bucket.clear_denial();
+                if let Some(prelimit) = &bucket.prelimit {
+                    prelimit.fill();
+                }
+                bucket.fallback.fill();
+            }
             KeyMsg::Evict => {
                 let idle_for = now.saturating_sub(state.last_active);
                 if idle_for >= EVICTABLE_AFTER.as_micros() as u64

@@ -576,6 +576,13 @@ pub enum KeyMsg {
     /// The key state budget is short: stop (returning what the leases hold) if idle for
     /// [`crate::runtime::keys::registry::EVICTABLE_AFTER`].
     Evict,
+    /// The bucket's counter was reset in the store: give back what this node holds of it
+    /// (leases from before the reset credit nothing, their records went with the bucket;
+    /// leases since are credited) and forget what it owed and remembered.
+    Forget {
+        /// The bucket.
+        bucket: Arc<Bucket>,
+    },
     /// Return everything and stop.
     Shutdown(RpcReplyPort<()>),
 }

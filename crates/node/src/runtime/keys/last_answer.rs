@@ -184,6 +184,11 @@ impl LastAnswer {
     /// answer do not each spend all of it, so a stalled store gives an undershoot, never an
     /// N-fold overshoot. Denied, the wait until the share covers the cost.
     pub fn decide_while_slow(&self, cost: u64, now: Micros) -> Result<(), Duration> {
+        if !self.heard() {
+            // No answer to take a share of (see `stalled_estimate`): denied, to try again
+            // shortly, when the first answer will most likely be in.
+            return Err(NOT_HEARD_RETRY);
+        }
         let holders = self.holders.load(Ordering::Relaxed);
         let share = share_of(self.stalled_estimate(now), holders);
         let taken = self
@@ -208,6 +213,9 @@ impl LastAnswer {
         }
     }
 }
+
+/// How long a request denied for want of any answer from the store is told to wait.
+const NOT_HEARD_RETRY: Duration = Duration::from_secs(1);
 
 /// One node's share of `remaining` units when `holders` nodes (at least 1) may spend them on
 /// the same answer: rounded down, so that the shares never add up to more than there is.
@@ -259,6 +267,11 @@ mod tests {
             })
             .sum();
         assert_eq!(admitted, 0, "nothing admitted on an answer never given");
+        assert_eq!(
+            nodes[0].decide_while_slow(1, 1_000),
+            Err(NOT_HEARD_RETRY),
+            "told to try again shortly, not after the rule's refill"
+        );
         // Once the store answered, a node decides on its share of what it said.
         nodes[0].observe(40, Duration::from_secs(1), 2, 2_000);
         let admitted = (0..100)

@@ -11,6 +11,7 @@ use tollgate_lease::{Algorithm, CheckRequest, HeldLeases, LeaseStore, StoreError
 
 use super::Node;
 use crate::rules::{Mode, RuleKind};
+use crate::runtime::keys::bucket::KeyMsg;
 use crate::runtime::keys::bucket_id::BucketId;
 use crate::runtime::request::{Request, RequestError};
 
@@ -155,10 +156,11 @@ impl Node {
     }
 
     /// Drops what this node holds of the bucket of rule `rule_key` (a [`Counter::rule_key`])
-    /// for `identity`, after its counter was reset: the units its lease still held, any
-    /// denial it remembers, and what its pre-limit and LOCAL fallback counted. The next
-    /// request asks the store. Returns whether the node held
-    /// the bucket.
+    /// for `identity`, after its counter was reset: the units its leases still hold go back
+    /// to the store (a lease from before the reset credits nothing; one taken since is
+    /// credited, so hearing of a reset late, or twice, loses nothing), what it owed and any
+    /// denial it remembers are forgotten, and its pre-limit and LOCAL fallback start full.
+    /// The next request asks the store. Returns whether the node held the bucket.
     pub fn forget_held(&self, rule_key: &str, identity: &[u8]) -> bool {
         let rules = self.inner.rules.load();
         let Some(rule) = rules.rule(rule_key) else {
@@ -168,14 +170,14 @@ impl Node {
         let Some(bucket) = self.inner.shared.registry.bucket(&local) else {
             return false;
         };
-        bucket.reclaim();
-        bucket.clear_denial();
-        // The local stand-ins count what the store forgot: they start full too.
-        if let Some(prelimit) = &bucket.prelimit {
-            prelimit.fill();
-        }
-        bucket.fallback.fill();
-        true
+        // The bucket's actor gives back what the leases hold (a lease granted since the reset
+        // is credited, not lost) and forgets the rest; the local stand-ins start full too.
+        bucket
+            .actor
+            .cast(KeyMsg::Forget {
+                bucket: bucket.clone(),
+            })
+            .is_ok()
     }
 }
 

@@ -268,25 +268,44 @@ async fn a_clusters_batches_span_the_slots_of_one_node() {
     assert_eq!(counts.batched_requests + counts.alone, 1200, "{counts:?}");
 }
 
-/// Moves `slot` (empty) to the primary on `to`, telling every node at once.
-fn move_slot(cluster: &mut RedisCluster, slot: u16, to: u16) {
-    let to_id = cluster
-        .node(to)
-        .expect("node")
-        .cli(&["CLUSTER", "MYID"])
-        .expect("myid")
-        .trim()
-        .to_owned();
-    let mut ports = cluster.ports();
-    // The new owner first, then the others (the old owner must not be left without it).
-    ports.sort_by_key(|p| *p != to);
-    for port in ports {
+/// Moves `slot` (empty) from the primary on `from` to the one on `to` as a resharding tool
+/// does: the new owner IMPORTING, the old one MIGRATING, then the new owner takes the slot
+/// (which bumps its config epoch, so that gossip cannot bring the old owner's claim back: a
+/// bare `SETSLOT NODE` on every node was undone by gossip now and then on a busy machine,
+/// and calls bounced between the two owners), then the old owner and the others are told.
+fn move_slot(cluster: &mut RedisCluster, slot: u16, from: u16, to: u16) {
+    let id_of = |cluster: &mut RedisCluster, port: u16| {
+        cluster
+            .node(port)
+            .expect("node")
+            .cli(&["CLUSTER", "MYID"])
+            .expect("myid")
+            .trim()
+            .to_owned()
+    };
+    let (from_id, to_id) = (id_of(cluster, from), id_of(cluster, to));
+    let others: Vec<u16> = cluster
+        .ports()
+        .into_iter()
+        .filter(|p| *p != from && *p != to)
+        .collect();
+    let slot = slot.to_string();
+    let mut setslot = |port: u16, args: &[&str]| {
+        let mut command = vec!["CLUSTER", "SETSLOT", slot.as_str()];
+        command.extend_from_slice(args);
         let answer = cluster
             .node(port)
             .expect("node")
-            .cli(&["CLUSTER", "SETSLOT", &slot.to_string(), "NODE", &to_id])
+            .cli(&command)
             .expect("setslot");
-        assert!(answer.trim() == "OK", "SETSLOT on {port}: {answer}");
+        assert!(answer.trim() == "OK", "{command:?} on {port}: {answer}");
+    };
+    setslot(to, &["IMPORTING", &from_id]);
+    setslot(from, &["MIGRATING", &to_id]);
+    setslot(to, &["NODE", &to_id]);
+    setslot(from, &["NODE", &to_id]);
+    for port in others {
+        setslot(port, &["NODE", &to_id]);
     }
 }
 
@@ -335,7 +354,7 @@ async fn a_request_whose_slot_moved_goes_again_alone_and_counts_once() {
             .trim()
             .parse()
             .expect("slot");
-        move_slot(&mut cluster, slot, to);
+        move_slot(&mut cluster, slot, from, to);
         // A burst over many identities (a third of them on the old owner, so its shard has
         // calls in flight and queues), with two checks of the moved bucket in the middle:
         // exactly one is admitted, and nothing fails.

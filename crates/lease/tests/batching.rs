@@ -254,17 +254,13 @@ async fn a_clusters_batches_span_the_slots_of_one_node() {
     };
     burst("cold", 1, true).await;
     burst("cold", 2, false).await;
-    // Once the map is known (a node waits for it at start), calls to one node go together.
-    store.warm_up(BUDGET).await.expect("warm up");
+    // Nobody warmed the store up: it reads the slot map itself when it opens, and calls to
+    // one node go together from then on.
     assert_eq!(store.shards().len(), 3, "{:?}", store.shards());
-    let before = store.batch_counts().expect("batching on");
     burst("spread", 1, true).await;
     burst("spread", 2, false).await;
     let counts = store.batch_counts().expect("batching on");
-    assert!(
-        counts.batches > before.batches,
-        "{before:?} then {counts:?}"
-    );
+    assert!(counts.batches > 0, "{counts:?}");
     assert_eq!(counts.batched_requests + counts.alone, 1200, "{counts:?}");
 }
 
@@ -316,8 +312,8 @@ async fn a_request_whose_slot_moved_goes_again_alone_and_counts_once() {
         .expect("join")
         .expect("cluster starts");
     let store = open(RedisConfig::cluster(cluster.urls()));
-    // The slot map known, as a node's own start-up leaves it: the move below makes it stale.
-    store.warm_up(BUDGET).await.expect("warm up");
+    // Nobody warms the store up: it reads the slot map itself when it opens, and the move
+    // below makes that map stale.
     let limit = Limit::fixed_window(1, Duration::from_secs(3600)).expect("limit");
     // The store reads the slot map every 2 s: one that read it between the move and the burst
     // would batch correctly and take no detour, so the move is tried again, each time with a

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{deploy, upstream};
+use support::{deploy, start_shipped_envoy, upstream};
 use tollgate_server::app::App;
 use tollgate_server::config::{Config, Settings};
 use tollgate_testkit::Envoy;
@@ -186,24 +186,7 @@ struct Shipped {
 
 impl Shipped {
     fn start(file: &str, upstream: u16, tollgate: u16) -> Shipped {
-        let path = format!("{}/../deploy/envoy/{file}", env!("CARGO_MANIFEST_DIR"));
-        let config = std::fs::read_to_string(&path).expect("shipped envoy config");
-        let (port, admin) = (
-            free_port(false).expect("port"),
-            free_port(false).expect("port"),
-        );
-        let mut rewritten = config.clone();
-        for (from, to) in [
-            (9901, admin),
-            (10000, port),
-            (8000, upstream),
-            (8081, tollgate),
-        ] {
-            let (from, to) = (format!("port_value: {from} "), format!("port_value: {to} "));
-            assert!(rewritten.contains(&from), "{path} names {from}");
-            rewritten = rewritten.replace(&from, &to);
-        }
-        let envoy = Envoy::start(&rewritten, admin).expect("envoy starts");
+        let (envoy, port) = start_shipped_envoy(file, upstream, tollgate, &[]);
         Shipped { envoy, port }
     }
 

@@ -12,11 +12,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use support::{deploy, upstream};
+use support::{deploy, start_shipped_envoy, upstream};
 use tollgate_server::app::{App, Serving};
 use tollgate_server::config::{Config, Settings};
 use tollgate_testkit::Envoy;
-use tollgate_testkit::process::free_port;
 
 const CAPACITY: f64 = 100.0;
 const RATE: f64 = 20.0;
@@ -41,27 +40,14 @@ struct Edge {
 
 impl Edge {
     fn start(name: &str, upstream: u16, tollgate: u16) -> Edge {
-        let path = deploy("envoy/envoy-rlqs.yaml");
-        let config = std::fs::read_to_string(&path).expect("shipped envoy-rlqs config");
-        let (port, admin) = (
-            free_port(false).expect("port"),
-            free_port(false).expect("port"),
+        let name = format!("value: \"{name}\"");
+        let (envoy, port) = start_shipped_envoy(
+            "envoy-rlqs.yaml",
+            upstream,
+            tollgate,
+            &[("value: \"edge-1\"", &name)],
         );
-        let mut rewritten = config.replace("value: \"edge-1\"", &format!("value: \"{name}\""));
-        for (from, to) in [
-            (9901, admin),
-            (10000, port),
-            (8000, upstream),
-            (8081, tollgate),
-        ] {
-            let (from, to) = (format!("port_value: {from} "), format!("port_value: {to} "));
-            assert!(rewritten.contains(&from), "the config names {from}");
-            rewritten = rewritten.replace(&from, &to);
-        }
-        Edge {
-            envoy: Envoy::start(&rewritten, admin).expect("envoy starts"),
-            port,
-        }
+        Edge { envoy, port }
     }
 }
 

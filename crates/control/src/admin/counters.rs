@@ -90,11 +90,8 @@ fn request_of(domain: &str, entries: Vec<(String, String)>) -> Result<Request, P
     if entries.is_empty() {
         return Err(bad("descriptor", "has no entries"));
     }
-    let request = Request::new(domain).descriptor(entries);
-    request
-        .validate()
-        .map_err(|e| bad("descriptor", e.to_string()))?;
-    Ok(request)
+    // Validated where it is matched (`Node::charges`), as any request is.
+    Ok(Request::new(domain).descriptor(entries))
 }
 
 fn counter_problem(e: CounterError) -> Problem {

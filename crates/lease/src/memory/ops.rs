@@ -429,7 +429,7 @@ impl LeaseStore for MemoryStore {
                 for (expires_at, lease) in leases.iter() {
                     if expires_at > now {
                         held.leases += 1;
-                        held.units += lease_units(lease);
+                        held.units += ParsedLease::parse(lease).map_or(0, |l| l.units);
                     }
                 }
             }
@@ -447,13 +447,4 @@ impl LeaseStore for MemoryStore {
             forgot
         })
     }
-}
-
-/// The units a lease id says it was granted (`<id>:<units>:...`; 0 if it says none).
-fn lease_units(lease: &str) -> u64 {
-    lease
-        .split(':')
-        .nth(1)
-        .and_then(|u| u.parse().ok())
-        .unwrap_or(0)
 }

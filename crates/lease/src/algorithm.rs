@@ -12,10 +12,12 @@
 //! - [`entry_log`]: the sliding log and the concurrency slots, kept in a Redis sorted set.
 //! - [`zset`]: the in-memory twin of a Redis sorted set.
 //! - [`once_marks`]: the records that make a debit idempotent.
+//! - [`penalty_box`]: denials counted towards a rule's penalty, and its blocks.
 
 pub(crate) mod entry_log;
 pub(crate) mod fixed_window;
 pub(crate) mod once_marks;
+pub(crate) mod penalty_box;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 pub(crate) mod zset;

@@ -64,6 +64,14 @@ pub enum InvalidInput {
         /// What is wrong.
         reason: String,
     },
+    /// A penalty whose parameters make no sense.
+    #[error("penalty field `{field}`: {reason}")]
+    BadPenalty {
+        /// The field (`after`, `within`, `block`).
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// A lease request whose parameters make no sense.
     #[error("invalid lease request for {key}: {reason}")]
     BadLease {

@@ -119,6 +119,11 @@ impl BucketKey {
         format!("{}:allowance", self.key)
     }
 
+    /// The key of the bucket's penalty record: denials counted, or a block (same slot).
+    pub(crate) fn penalty_key(&self) -> String {
+        format!("{}:penalty", self.key)
+    }
+
     /// The key of the bucket's demand reports (same slot as the state).
     pub(crate) fn demand_key(&self) -> String {
         format!("{}:demand", self.key)

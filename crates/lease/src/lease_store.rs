@@ -11,6 +11,7 @@ use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
+use crate::ops::penalty::{Penalty, PenaltyState};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 
 /// A store of global rate-limit state. Each operation is atomic for the one identity its
@@ -74,16 +75,27 @@ pub trait LeaseStore: Send + Sync {
     /// one credits nothing after this) and its regional allowance. The next call finds the
     /// bucket full. Returns whether there was anything to forget.
     fn reset(&self, key: &BucketKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Adds `denials` to the count of `key`'s identity under `penalty` (0: reads its standing),
+    /// starting a block when the count reaches the penalty's `after` (see
+    /// [`crate::ops::penalty`]).
+    fn note_denials(
+        &self,
+        key: &BucketKey,
+        penalty: &Penalty,
+        denials: u64,
+    ) -> impl Future<Output = Result<PenaltyState, StoreError>> + Send;
 }
 
 /// Every key [`LeaseStore::reset`] forgets for `key`'s bucket.
-pub(crate) fn counter_keys(key: &BucketKey) -> [String; 5] {
+pub(crate) fn counter_keys(key: &BucketKey) -> [String; 6] {
     [
         key.as_str().to_owned(),
         format!("{key}:log"),
         format!("{key}:slots"),
         key.lease_key(),
         key.allowance_key(),
+        key.penalty_key(),
     ]
 }
 

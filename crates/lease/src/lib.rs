@@ -59,6 +59,7 @@ pub use ops::check::{BucketStatus, CheckItem, CheckOutcome, CheckRequest, Decisi
 pub use ops::counter::HeldLeases;
 pub use ops::debit::{DebitItem, DebitOnce, DebitRequest, MAX_ORIGIN_BYTES};
 pub use ops::lease::{LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, ReturnRequest};
+pub use ops::penalty::{Penalty, PenaltyState};
 pub use ops::slot::{SlotId, SlotRelease, SlotRenew};
 pub use redis::batch::{BatchConfig, BatchCounts};
 pub use redis::{RedisConfig, RedisStore};

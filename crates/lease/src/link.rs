@@ -32,6 +32,7 @@ use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
+use crate::ops::penalty::{Penalty, PenaltyState};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 
 /// How long one store call takes on the link: a log-normal distribution given by its median
@@ -96,6 +97,8 @@ pub struct LinkCalls {
     pub demand: AtomicU64,
     /// Counter reads and resets (support's calls).
     pub counter: AtomicU64,
+    /// Denials noted towards penalties.
+    pub penalty: AtomicU64,
     /// Calls that failed because the link was down.
     pub refused: AtomicU64,
 }
@@ -110,6 +113,7 @@ impl LinkCalls {
             &self.release,
             &self.debit,
             &self.demand,
+            &self.penalty,
         ]
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
@@ -417,6 +421,20 @@ impl LeaseStore for LinkedStore {
         let key = key.clone();
         self.call(|c| &c.counter, move |s| async move { s.reset(&key).await })
             .await
+    }
+
+    async fn note_denials(
+        &self,
+        key: &BucketKey,
+        penalty: &Penalty,
+        denials: u64,
+    ) -> Result<PenaltyState, StoreError> {
+        let (key, penalty) = (key.clone(), *penalty);
+        self.call(
+            |c| &c.penalty,
+            move |s| async move { s.note_denials(&key, &penalty, denials).await },
+        )
+        .await
     }
 }
 

@@ -10,12 +10,14 @@
 //! - [`debit`]: subtract units consumed elsewhere.
 //! - [`allowance`]: a region's demand-based share of a bucket that syncs with a peer region.
 //! - [`counter`]: read what the nodes hold of one bucket, or forget the bucket (a reset).
+//! - [`penalty`]: count an identity's denials and block it when a rule's penalty says so.
 
 pub mod allowance;
 pub mod check;
 pub mod counter;
 pub mod debit;
 pub mod lease;
+pub mod penalty;
 pub mod slot;
 
 use std::collections::HashSet;
@@ -98,6 +100,17 @@ pub(crate) fn check_allowances<'a>(
                 reason: format!("{:?} buckets take no allowance", limit.algorithm()),
             });
         }
+    }
+    Ok(())
+}
+
+/// Checks that per-item marks (penalized) come one per item.
+pub(crate) fn check_marks(items: usize, marks: usize) -> Result<(), InvalidInput> {
+    if items != marks {
+        return Err(InvalidInput::BadPenalty {
+            field: "penalized",
+            reason: format!("{marks} marks for {items} items"),
+        });
     }
     Ok(())
 }

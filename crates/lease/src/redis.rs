@@ -32,6 +32,7 @@ use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::nonce;
+use crate::ops::penalty::{Penalty, PenaltyState};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 use batch::{Answer, BatchCounts, Batcher, Entered};
 use connection::Connection;
@@ -403,6 +404,23 @@ fn allowance_args(
     }
 }
 
+/// The argument that names an item's penalty record to the scripts (the KEYS index of
+/// `<key>:penalty`, pushed after the others, or 0 when its rule has no penalty).
+fn penalty_arg(
+    key: &BucketKey,
+    penalized: bool,
+    extra: &mut Vec<String>,
+    args: &mut Vec<String>,
+    first_extra: usize,
+) {
+    if penalized {
+        args.push((first_extra + extra.len() + 1).to_string());
+        extra.push(key.penalty_key());
+    } else {
+        args.push("0".to_owned());
+    }
+}
+
 /// The three arguments that describe a bucket's limit to the scripts.
 fn limit_args(limit: &Limit, args: &mut Vec<String>) {
     let (p1, p2) = limit.script_params();
@@ -418,14 +436,15 @@ impl LeaseStore for RedisStore {
             .iter()
             .map(|i| state_key(&i.key, &i.limit).into_owned())
             .collect();
-        let mut args = Vec::with_capacity(2 + 8 * items.len());
+        let mut args = Vec::with_capacity(2 + 9 * items.len());
         let mut extra = vec![];
         args.push(nonce());
         args.push(if req.is_peek() { "1" } else { "0" }.to_owned());
-        for (item, a) in items.iter().zip(req.allowances()) {
+        for ((item, a), penalized) in items.iter().zip(req.allowances()).zip(req.penalized()) {
             limit_args(&item.limit, &mut args);
             args.push(item.cost.to_string());
             allowance_args(&item.key, a.as_ref(), &mut extra, &mut args, items.len());
+            penalty_arg(&item.key, *penalized, &mut extra, &mut args, items.len());
         }
         keys.extend(extra);
         let reply = self.run(BatchOp::Check, keys, args).await?;
@@ -435,11 +454,11 @@ impl LeaseStore for RedisStore {
     async fn acquire_leases(&self, req: &LeaseRequest) -> Result<Vec<LeaseGrant>, StoreError> {
         let asks = req.asks();
         let mut keys = Vec::with_capacity(2 * asks.len());
-        let mut args = Vec::with_capacity(2 + 10 * asks.len());
+        let mut args = Vec::with_capacity(2 + 11 * asks.len());
         let mut extra = vec![];
         args.push(nonce());
         args.push((req.ttl().as_micros() as u64).to_string());
-        for (ask, a) in asks.iter().zip(req.allowances()) {
+        for ((ask, a), penalized) in asks.iter().zip(req.allowances()).zip(req.penalized()) {
             keys.push(state_key(&ask.key, &ask.limit).into_owned());
             keys.push(ask.key.lease_key());
             limit_args(&ask.limit, &mut args);
@@ -447,6 +466,7 @@ impl LeaseStore for RedisStore {
             args.push(ask.min.to_string());
             args.push(format!("{:?}", ask.max_share));
             allowance_args(&ask.key, a.as_ref(), &mut extra, &mut args, 2 * asks.len());
+            penalty_arg(&ask.key, *penalized, &mut extra, &mut args, 2 * asks.len());
         }
         keys.extend(extra);
         let reply = self.run(BatchOp::LeaseAcquire, keys, args).await?;
@@ -538,6 +558,28 @@ impl LeaseStore for RedisStore {
         let keys = counter_keys(key);
         let reply = eval(&self.conn, &SCRIPTS.reset, &keys, &[], self.budget).await?;
         Ok(reply::counts(reply, 1, "reset reply")?[0] > 0)
+    }
+
+    async fn note_denials(
+        &self,
+        key: &BucketKey,
+        penalty: &Penalty,
+        denials: u64,
+    ) -> Result<PenaltyState, StoreError> {
+        let keys = [key.penalty_key()];
+        let args = [
+            denials.to_string(),
+            penalty.after().to_string(),
+            penalty.within().as_micros().to_string(),
+            penalty.block().as_micros().to_string(),
+        ];
+        let reply = eval(&self.conn, &SCRIPTS.note_denials, &keys, &args, self.budget).await?;
+        let counts = reply::counts(reply, 3, "note denials reply")?;
+        Ok(PenaltyState {
+            blocked_for: Duration::from_micros(counts[0]),
+            denials: counts[1],
+            started: counts[2] == 1,
+        })
     }
 
     async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {

@@ -9,6 +9,7 @@ use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
+use crate::ops::penalty::{Penalty, PenaltyState};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 use crate::redis::RedisStore;
 
@@ -152,6 +153,19 @@ impl LeaseStore for Store {
             Store::Memory(s) => s.reset(key).await,
             Store::Redis(s) => s.reset(key).await,
             Store::Linked(s) => s.reset(key).await,
+        }
+    }
+
+    async fn note_denials(
+        &self,
+        key: &BucketKey,
+        penalty: &Penalty,
+        denials: u64,
+    ) -> Result<PenaltyState, StoreError> {
+        match self {
+            Store::Memory(s) => s.note_denials(key, penalty, denials).await,
+            Store::Redis(s) => s.note_denials(key, penalty, denials).await,
+            Store::Linked(s) => s.note_denials(key, penalty, denials).await,
         }
     }
 }

@@ -14,7 +14,8 @@ use support::{Backend, check1};
 use tollgate_lease::{
     Allowance, BucketKey, CheckItem, CheckOutcome, CheckRequest, DebitItem, DebitRequest, Decision,
     DemandReport, DemandRequest, HeldLeases, LeaseAsk, LeaseGrant, LeaseId, LeaseRequest,
-    LeaseReturn, LeaseStore, Limit, ReturnRequest, SlotId, SlotRelease, SlotRenew,
+    LeaseReturn, LeaseStore, Limit, Penalty, PenaltyState, ReturnRequest, SlotId, SlotRelease,
+    SlotRenew,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -1064,6 +1065,124 @@ async fn an_idle_peer_leaves_nearly_everything(b: &Backend) {
     assert!((279..=284).contains(&rest.units), "{rest:?}");
 }
 
+fn penalty(after: u64, within: Duration, block: Duration) -> Penalty {
+    Penalty::new(after, within, block).expect("penalty")
+}
+
+async fn a_penalty_blocks_at_its_count_and_a_blocked_identity_spends_nothing(b: &Backend) {
+    let limit = Limit::token_bucket(10, 0.001).expect("l");
+    let key = b.fresh_key("penalty");
+    let p = penalty(3, HOUR, Duration::from_secs(2));
+    let s = b.store.note_denials(&key, &p, 2).await.expect("note");
+    assert_eq!((s.denials, s.blocked(), s.started), (2, false, false));
+    let s = b.store.note_denials(&key, &p, 1).await.expect("note");
+    assert!(s.started && s.blocked(), "{s:?}");
+    assert_eq!(s.denials, 0, "a block clears the count");
+    if b.exact_time() {
+        assert_eq!(s.blocked_for, Duration::from_secs(2));
+    }
+    // A penalized check is denied, says so, and consumes nothing.
+    let req = check1(&key, limit, 1)
+        .with_penalized(vec![true])
+        .expect("marks");
+    let out = b.store.check(&req).await.expect("check");
+    let status = &out.buckets[0];
+    assert!(!out.allowed() && status.blocked, "{out:?}");
+    assert!(
+        status.retry_after > Duration::from_secs(1) && status.retry_after <= Duration::from_secs(2),
+        "{status:?}"
+    );
+    assert_eq!(status.remaining, 10, "the bucket itself has room");
+    assert_eq!(remaining(b, &key, limit).await, 10, "nothing was consumed");
+    // So is a lease, and nothing is taken.
+    let ask = LeaseAsk {
+        key: key.clone(),
+        limit,
+        want: 5,
+        min: 1,
+        max_share: 1.0,
+    };
+    let req = LeaseRequest::new(vec![ask], ms(500))
+        .expect("lease")
+        .with_penalized(vec![true])
+        .expect("marks");
+    let grant = &b.store.acquire_leases(&req).await.expect("lease")[0];
+    assert_eq!((grant.units, grant.blocked), (0, true), "{grant:?}");
+    assert!(grant.retry_after > Duration::from_secs(1), "{grant:?}");
+    assert_eq!(remaining(b, &key, limit).await, 10);
+    // A caller that does not mark the item (a rule without the penalty) is not blocked.
+    assert!(check(b, &key, limit, 1).await.allowed());
+    // Denials during the block are not counted.
+    let s = b.store.note_denials(&key, &p, 50).await.expect("note");
+    assert!(s.blocked() && !s.started);
+    // The block ends on time, and the identity starts from a clean count.
+    b.advance(Duration::from_millis(2_100)).await;
+    let req = check1(&key, limit, 1)
+        .with_penalized(vec![true])
+        .expect("marks");
+    let out = b.store.check(&req).await.expect("check");
+    assert!(out.allowed() && !out.buckets[0].blocked, "{out:?}");
+    let s = b.store.note_denials(&key, &p, 0).await.expect("read");
+    assert_eq!(s, PenaltyState::default());
+}
+
+async fn penalty_denials_from_many_callers_add_up_to_one_block(b: &Backend) {
+    let key = b.fresh_key("penalty-many");
+    let p = penalty(10, HOUR, HOUR);
+    let store = Arc::new(b.store.clone());
+    let calls: Vec<_> = (0..25)
+        .map(|_| {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move { store.note_denials(&key, &p, 1).await.expect("note") })
+        })
+        .collect();
+    let mut states: Vec<PenaltyState> = vec![];
+    for call in calls {
+        states.push(call.await.expect("joined"));
+    }
+    assert_eq!(states.iter().filter(|s| s.started).count(), 1, "{states:?}");
+    assert_eq!(
+        states.iter().filter(|s| s.blocked()).count(),
+        16,
+        "{states:?}"
+    );
+    let mut counted: Vec<u64> = states
+        .iter()
+        .filter(|s| !s.blocked())
+        .map(|s| s.denials)
+        .collect();
+    counted.sort_unstable();
+    assert_eq!(
+        counted,
+        (1..=9).collect::<Vec<_>>(),
+        "each denial counted once"
+    );
+    // A reset of the key lifts the block.
+    assert!(b.store.reset(&key).await.expect("reset"));
+    assert!(
+        !b.store
+            .note_denials(&key, &p, 0)
+            .await
+            .expect("read")
+            .blocked()
+    );
+}
+
+async fn penalty_denials_count_within_their_window(b: &Backend) {
+    let key = b.fresh_key("penalty-window");
+    let p = penalty(3, Duration::from_secs(1), HOUR);
+    b.store.note_denials(&key, &p, 2).await.expect("note");
+    b.advance(Duration::from_millis(1_100)).await;
+    let s = b.store.note_denials(&key, &p, 1).await.expect("note");
+    assert_eq!(
+        (s.denials, s.blocked()),
+        (1, false),
+        "the first window ended"
+    );
+    let s = b.store.note_denials(&key, &p, 2).await.expect("note");
+    assert!(s.started, "{s:?}");
+}
+
 /// Calls the busy single Redis keeps in flight beside a case's.
 const BUSY_LOOPS: usize = 2;
 /// The busy cluster's: enough identities that every one of its 3 shards is busy.
@@ -1157,4 +1276,7 @@ conformance!(
     largest_cost_is_exact,
     allowance_splits_a_burst_and_follows_demand,
     an_idle_peer_leaves_nearly_everything,
+    a_penalty_blocks_at_its_count_and_a_blocked_identity_spends_nothing,
+    penalty_denials_from_many_callers_add_up_to_one_block,
+    penalty_denials_count_within_their_window,
 );

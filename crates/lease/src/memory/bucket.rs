@@ -23,6 +23,8 @@ pub(crate) enum Value {
     Marks(HashMap<String, u64>),
     /// Demand reports of a bucket with regional allowances.
     Demand(crate::ops::allowance::Demand),
+    /// An identity's denials counted towards a penalty, or its block.
+    Penalty(crate::algorithm::penalty_box::PenaltyRecord),
 }
 
 /// What one key costs beyond its name and its value's contents: the map's entry, the name's
@@ -33,7 +35,10 @@ impl Value {
     /// About how many bytes the value holds.
     fn bytes(&self) -> usize {
         let contents = match self {
-            Value::TokenBucket(_) | Value::FixedWindow(_) | Value::SlidingWindow(_) => 0,
+            Value::TokenBucket(_)
+            | Value::FixedWindow(_)
+            | Value::SlidingWindow(_)
+            | Value::Penalty(_) => 0,
             Value::Sorted(z) => z.bytes(),
             Value::Marks(m) => m.keys().map(|k| k.len() + 48).sum(),
             Value::Demand(d) => d

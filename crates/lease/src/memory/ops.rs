@@ -5,11 +5,13 @@ use std::time::Duration;
 
 use super::MemoryStore;
 use super::allowance::{Allowed, allowance_keys, load_demand};
-use super::bucket::{Bucket, Value};
+use super::bucket::{Bucket, Keys, Value};
 use super::lease::{
     ALLOWANCE_CODE, ParsedLease, credit_bucket, grant_size, lease_validity, store_leases,
 };
+use crate::algorithm::penalty_box::{self, PenaltyParams};
 use crate::algorithm::{EXPIRY_MARGIN_MS, once_marks};
+use crate::clock::Micros;
 use crate::error::StoreError;
 use crate::key::BucketKey;
 use crate::lease_store::{LeaseStore, counter_keys, state_key};
@@ -19,10 +21,19 @@ use crate::ops::check::{BucketStatus, CheckOutcome, CheckRequest, is_slot_bucket
 use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseId, LeaseRequest, ReturnRequest};
+use crate::ops::penalty::{Penalty, PenaltyState};
 use crate::ops::slot::{SlotId, SlotRelease, SlotRenew};
 
 fn us(d: u64) -> Duration {
     Duration::from_micros(d)
+}
+
+/// Microseconds left of a penalty block on `key`'s identity (0: none).
+fn block_left(keys: &Keys, key: &BucketKey, now: Micros) -> u64 {
+    match keys.get(&key.penalty_key(), now) {
+        Some(Value::Penalty(record)) => penalty_box::blocked_for(Some(record), now),
+        _ => 0,
+    }
 }
 
 impl LeaseStore for MemoryStore {
@@ -65,10 +76,21 @@ impl LeaseStore for MemoryStore {
                     )
                 })
                 .collect();
-            let all = admits.iter().all(|(v, a)| *v && *a);
+            let blocks: Vec<u64> = items
+                .iter()
+                .zip(req.penalized())
+                .map(|(i, penalized)| {
+                    if *penalized {
+                        block_left(keys, &i.key, now)
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let all = admits.iter().all(|(v, a)| *v && *a) && blocks.iter().all(|b| *b == 0);
             let mut out = Vec::with_capacity(items.len());
-            for ((item, (k, mut b, mut allowance)), (view_ok, allowance_ok)) in
-                items.iter().zip(buckets).zip(admits)
+            for (((item, (k, mut b, mut allowance)), (view_ok, allowance_ok)), block) in
+                items.iter().zip(buckets).zip(admits).zip(blocks)
             {
                 let consume = all && item.cost > 0 && !req.is_peek();
                 let entry = if consume {
@@ -88,6 +110,7 @@ impl LeaseStore for MemoryStore {
                     slot: entry
                         .filter(|_| is_slot_bucket(&item.limit))
                         .map(|s| SlotId(s.into())),
+                    blocked: false,
                 };
                 if let Some(a) = allowance.as_mut() {
                     if consume {
@@ -103,6 +126,11 @@ impl LeaseStore for MemoryStore {
                     status.reset_after = status
                         .reset_after
                         .max(us(a.bucket.reset_after(&a.limit, now)));
+                }
+                if block > 0 {
+                    status.allowed = false;
+                    status.blocked = true;
+                    status.retry_after = status.retry_after.max(us(block));
                 }
                 out.push(status);
                 if consume {
@@ -135,8 +163,9 @@ impl LeaseStore for MemoryStore {
         self.with_shard(&asks[0].key, &creates, |keys, now| {
             asks.iter()
                 .zip(req.allowances())
+                .zip(req.penalized())
                 .enumerate()
-                .map(|(position, (ask, allowance))| {
+                .map(|(position, ((ask, allowance), penalized))| {
                     let lease_key = ask.key.lease_key();
                     let mut leases = keys.take_sorted(&lease_key, now);
                     leases.remove_up_to(now);
@@ -150,7 +179,16 @@ impl LeaseStore for MemoryStore {
                         Some(a) => view_available.min(a.bucket.available(&a.limit, now)),
                         None => view_available,
                     };
-                    let grant = grant_size(available, ask.want, ask.min, ask.max_share);
+                    let block = if *penalized {
+                        block_left(keys, &ask.key, now)
+                    } else {
+                        0
+                    };
+                    let grant = if block > 0 {
+                        0
+                    } else {
+                        grant_size(available, ask.want, ask.min, ask.max_share)
+                    };
                     if grant == 0 {
                         let live_leases = leases.len() as u64;
                         store_leases(keys, &lease_key, leases, now);
@@ -171,9 +209,10 @@ impl LeaseStore for MemoryStore {
                             lease: None,
                             valid_for: Duration::ZERO,
                             remaining: available,
-                            retry_after: us(retry),
+                            retry_after: us(retry.max(block)),
                             reset_after: us(reset),
                             live_leases,
+                            blocked: block > 0,
                         };
                         b.restore(keys, &k);
                         if let Some(a) = allowance {
@@ -214,6 +253,7 @@ impl LeaseStore for MemoryStore {
                         retry_after: Duration::ZERO,
                         reset_after: us(reset),
                         live_leases,
+                        blocked: false,
                     };
                     b.store(keys, &k, &ask.limit, now);
                     store_leases(keys, &lease_key, leases, now);
@@ -445,6 +485,31 @@ impl LeaseStore for MemoryStore {
                 keys.remove(&name);
             }
             forgot
+        })
+    }
+
+    async fn note_denials(
+        &self,
+        key: &BucketKey,
+        penalty: &Penalty,
+        denials: u64,
+    ) -> Result<PenaltyState, StoreError> {
+        let name = key.penalty_key();
+        let params = PenaltyParams {
+            after: penalty.after(),
+            within_us: penalty.within().as_micros() as u64,
+            block_us: penalty.block().as_micros() as u64,
+        };
+        self.with_shard(key, &[name.as_str()], |keys, now| {
+            let record = match keys.get(&name, now) {
+                Some(Value::Penalty(r)) => Some(*r),
+                _ => None,
+            };
+            let (state, write) = penalty_box::note(record, denials, params, now);
+            if let Some((record, ttl_ms)) = write {
+                keys.put(&name, Value::Penalty(record), now + ttl_ms * 1000);
+            }
+            state
         })
     }
 }

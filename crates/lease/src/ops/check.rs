@@ -7,7 +7,7 @@ use crate::key::BucketKey;
 use crate::limit::{Algorithm, Limit};
 use crate::ops::allowance::Allowance;
 use crate::ops::slot::SlotId;
-use crate::ops::{Repeats, check_allowances, check_units, validate_keys};
+use crate::ops::{Repeats, check_allowances, check_marks, check_units, validate_keys};
 
 /// One bucket of a check.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +26,7 @@ pub struct CheckRequest {
     items: Vec<CheckItem>,
     peek: bool,
     allowances: Vec<Option<Allowance>>,
+    penalized: Vec<bool>,
 }
 
 impl CheckRequest {
@@ -44,10 +45,12 @@ impl CheckRequest {
             }
         }
         let allowances = vec![None; items.len()];
+        let penalized = vec![false; items.len()];
         Ok(Self {
             items,
             peek: false,
             allowances,
+            penalized,
         })
     }
 
@@ -65,6 +68,19 @@ impl CheckRequest {
     /// The allowance of each item.
     pub fn allowances(&self) -> &[Option<Allowance>] {
         &self.allowances
+    }
+
+    /// This request with the items whose rule has a penalty marked: such an item is denied
+    /// while its identity is blocked (see [`crate::ops::penalty`]), before anything is judged.
+    pub fn with_penalized(mut self, penalized: Vec<bool>) -> Result<Self, InvalidInput> {
+        check_marks(self.items.len(), penalized.len())?;
+        self.penalized = penalized;
+        Ok(self)
+    }
+
+    /// Per item, whether a penalty block denies it.
+    pub fn penalized(&self) -> &[bool] {
+        &self.penalized
     }
 
     /// This request as a peek: judged exactly as a check (allowed, remaining, and when denied
@@ -104,6 +120,9 @@ pub struct BucketStatus {
     pub reset_after: Duration,
     /// For a concurrency bucket of an admitted request: the slot to release when done.
     pub slot: Option<SlotId>,
+    /// Denied because the identity is in the rule's penalty box: `retry_after` is the time
+    /// left of the block.
+    pub blocked: bool,
 }
 
 /// A limit decision: a value, not an error.

@@ -9,7 +9,7 @@ use crate::error::InvalidInput;
 use crate::key::BucketKey;
 use crate::limit::{Algorithm, Limit};
 use crate::ops::allowance::Allowance;
-use crate::ops::{Repeats, check_allowances, check_units, validate_keys};
+use crate::ops::{Repeats, check_allowances, check_marks, check_units, validate_keys};
 
 /// The longest a lease may live.
 pub const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
@@ -37,6 +37,7 @@ pub struct LeaseRequest {
     asks: Vec<LeaseAsk>,
     ttl: Duration,
     allowances: Vec<Option<Allowance>>,
+    penalized: Vec<bool>,
 }
 
 impl LeaseRequest {
@@ -85,10 +86,12 @@ impl LeaseRequest {
             });
         }
         let allowances = vec![None; asks.len()];
+        let penalized = vec![false; asks.len()];
         Ok(Self {
             asks,
             ttl,
             allowances,
+            penalized,
         })
     }
 
@@ -106,6 +109,19 @@ impl LeaseRequest {
     /// The allowance of each ask.
     pub fn allowances(&self) -> &[Option<Allowance>] {
         &self.allowances
+    }
+
+    /// This request with the asks whose rule has a penalty marked: such an ask is granted
+    /// nothing while its identity is blocked (see [`crate::ops::penalty`]).
+    pub fn with_penalized(mut self, penalized: Vec<bool>) -> Result<Self, InvalidInput> {
+        check_marks(self.asks.len(), penalized.len())?;
+        self.penalized = penalized;
+        Ok(self)
+    }
+
+    /// Per ask, whether a penalty block refuses it.
+    pub fn penalized(&self) -> &[bool] {
+        &self.penalized
     }
 
     /// The asks, in request order.
@@ -161,6 +177,9 @@ pub struct LeaseGrant {
     /// decide on this answer while the store is slow divides what remains by the other nodes
     /// holding leases (`live_leases` less its own), so that they do not each spend all of it.
     pub live_leases: u64,
+    /// Refused because the identity is in the rule's penalty box: `retry_after` is the time
+    /// left of the block.
+    pub blocked: bool,
 }
 
 /// Unspent units to give back.

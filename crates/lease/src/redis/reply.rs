@@ -45,13 +45,13 @@ fn micros(v: &Value, what: &str) -> Result<Duration, StoreError> {
     int(v, what).map(Duration::from_micros)
 }
 
-/// `check`: per bucket `{allowed, remaining, retry_after_us, reset_after_us, slot}`.
+/// `check`: per bucket `{allowed, remaining, retry_after_us, reset_after_us, slot, blocked}`.
 pub(crate) fn check(v: Value, buckets: usize) -> Result<CheckOutcome, StoreError> {
     let rows = array(v, buckets, "check reply")?;
     let buckets = rows
         .into_iter()
         .map(|row| {
-            let f = array(row, 5, "check row")?;
+            let f = array(row, 6, "check row")?;
             let slot = text(&f[4], "slot")?;
             Ok(BucketStatus {
                 allowed: int(&f[0], "allowed")? == 1,
@@ -59,18 +59,20 @@ pub(crate) fn check(v: Value, buckets: usize) -> Result<CheckOutcome, StoreError
                 retry_after: micros(&f[2], "retry_after")?,
                 reset_after: micros(&f[3], "reset_after")?,
                 slot: (!slot.is_empty()).then(|| SlotId(slot.into())),
+                blocked: int(&f[5], "blocked")? == 1,
             })
         })
         .collect::<Result<_, StoreError>>()?;
     Ok(CheckOutcome { buckets })
 }
 
-/// `lease_acquire`: per ask `{units, lease, valid_for_us, remaining, retry_after_us, reset_after_us}`.
+/// `lease_acquire`: per ask `{units, lease, valid_for_us, remaining, retry_after_us,
+/// reset_after_us, live_leases, blocked}`.
 pub(crate) fn grants(v: Value, asks: usize) -> Result<Vec<LeaseGrant>, StoreError> {
     array(v, asks, "lease reply")?
         .into_iter()
         .map(|row| {
-            let f = array(row, 7, "lease row")?;
+            let f = array(row, 8, "lease row")?;
             let lease = text(&f[1], "lease id")?;
             Ok(LeaseGrant {
                 units: int(&f[0], "units")?,
@@ -80,6 +82,7 @@ pub(crate) fn grants(v: Value, asks: usize) -> Result<Vec<LeaseGrant>, StoreErro
                 retry_after: micros(&f[4], "retry_after")?,
                 reset_after: micros(&f[5], "reset_after")?,
                 live_leases: int(&f[6], "live_leases")?,
+                blocked: int(&f[7], "blocked")? == 1,
             })
         })
         .collect()
@@ -126,9 +129,10 @@ mod tests {
             Value::Int(0),
             Value::Int(200_000),
             Value::BulkString(b"17:1:ab".to_vec()),
+            Value::Int(0),
         ])]);
         let out = check(row, 1).expect("parses");
-        assert!(out.allowed());
+        assert!(out.allowed() && !out.buckets[0].blocked);
         assert_eq!(out.buckets[0].remaining, 9);
         assert_eq!(out.buckets[0].reset_after, Duration::from_millis(200));
         assert_eq!(

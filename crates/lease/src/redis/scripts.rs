@@ -104,12 +104,13 @@ pub(crate) struct Scripts {
     pub(crate) demand_report: Script,
     pub(crate) held_leases: Script,
     pub(crate) reset: Script,
+    pub(crate) note_denials: Script,
     pub(crate) batch: Script,
 }
 
 impl Scripts {
     /// Every script.
-    pub(crate) fn all(&self) -> [&Script; 10] {
+    pub(crate) fn all(&self) -> [&Script; 11] {
         [
             &self.check,
             &self.lease_acquire,
@@ -120,6 +121,7 @@ impl Scripts {
             &self.demand_report,
             &self.held_leases,
             &self.reset,
+            &self.note_denials,
             &self.batch,
         ]
     }
@@ -155,6 +157,11 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         Oom::Allowed,
     ),
     reset: Script::new("reset", include_str!("scripts/reset.lua"), Oom::Allowed),
+    note_denials: Script::new(
+        "note_denials",
+        include_str!("scripts/note_denials.lua"),
+        Oom::Refused,
+    ),
     batch: Script::batch(&[
         (BatchOp::Check as u8, CHECK),
         (BatchOp::LeaseAcquire as u8, LEASE_ACQUIRE),

@@ -5,13 +5,17 @@ KEYS[i]  state key of bucket i (a hash for counters; `<key>:log`, `<key>:slots` 
          then the allowance and demand keys of the items that have one
 ARGV[1]  nonce that makes concurrency slot ids unguessable
 ARGV[2]  1: a peek, judged as a check but consuming nothing; 0: a check
-ARGV[3 + 8(i-1) ...]  per bucket: algorithm code, p1, p2, cost, then its allowance: KEYS index
-         of the allowance key (0: none), region, interval us, unknown share
-Reply    per bucket: {allowed 0|1, remaining, retry_after_us, reset_after_us, slot id or ''}
+ARGV[3 + 9(i-1) ...]  per bucket: algorithm code, p1, p2, cost, then its allowance: KEYS index
+         of the allowance key (0: none), region, interval us, unknown share; then the KEYS
+         index of its penalty record (`<key>:penalty`; 0: its rule has no penalty)
+Reply    per bucket: {allowed 0|1, remaining, retry_after_us, reset_after_us, slot id or '',
+         blocked 0|1}
 
 Invariants:
   - every bucket is judged before any is changed: all consume or none does;
   - an item with an allowance is admitted only if its allowance admits too, and consumes both;
+  - an item whose identity is blocked (its penalty record's `until` is ahead) is denied with
+    the block's time left as its retry-after, and the request consumes nothing;
   - a denied request, a peek and a cost of 0 write nothing but the demand record and a token
     bucket allowance's tracked capacity (only expired entries are pruned);
   - `remaining` is counted after consumption when the request is admitted;
@@ -21,11 +25,11 @@ Invariants:
 local now = now_us()
 local nonce = ARGV[1]
 local peek = ARGV[2] == '1'
-local n = (#ARGV - 2) / 8
-local buckets, allowances, costs, ok, aok = {}, {}, {}, {}, {}
+local n = (#ARGV - 2) / 9
+local buckets, allowances, costs, ok, aok, blocks = {}, {}, {}, {}, {}, {}
 local all = true
 for i = 1, n do
-  local a = 3 + (i - 1) * 8
+  local a = 3 + (i - 1) * 9
   local alg, p1, p2 = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local b = load(alg, KEYS[i], p1, p2, now)
   local cost = tonumber(ARGV[a + 3])
@@ -33,7 +37,8 @@ for i = 1, n do
   buckets[i], allowances[i], costs[i] = b, al, cost
   ok[i] = admits(b, cost, now)
   aok[i] = (al == nil) or admits(al, cost, now)
-  if not (ok[i] and aok[i]) then all = false end
+  blocks[i] = blocked_for(KEYS, tonumber(ARGV[a + 8]), now)
+  if not (ok[i] and aok[i]) or blocks[i] > 0 then all = false end
 end
 
 local reply = {}
@@ -46,7 +51,7 @@ for i = 1, n do
   if not ok[i] then retry = retry_after(b, cost, now) end
   local slot = ''
   if b.alg == CONC and member then slot = member end
-  local allowed = 0
+  local allowed, blocked = 0, 0
   if ok[i] and aok[i] then allowed = 1 end
   local remaining, reset = available(b, now), reset_after(b, now)
   if al then
@@ -56,7 +61,10 @@ for i = 1, n do
     reset = math.max(reset, reset_after(al, now))
     store_allowance(al, take, now)
   end
-  reply[i] = {allowed, remaining, retry, reset, slot}
+  if blocks[i] > 0 then
+    allowed, blocked, retry = 0, 1, math.max(retry, blocks[i])
+  end
+  reply[i] = {allowed, remaining, retry, reset, slot, blocked}
   if take then store(b, now) end
 end
 return reply

@@ -5,17 +5,19 @@ KEYS[2i-1]  state key of bucket i;  KEYS[2i]  its lease table (`<key>:leases`); 
             allowance and demand keys of the asks that have one
 ARGV[1]     nonce that makes lease ids unguessable
 ARGV[2]     lease TTL, microseconds
-ARGV[3 + 10(i-1) ...]  per bucket: algorithm code, p1, p2, want, min, max_share, then its
+ARGV[3 + 11(i-1) ...]  per bucket: algorithm code, p1, p2, want, min, max_share, then its
             allowance: KEYS index of the allowance key (0: none), region, interval us,
-            unknown share
+            unknown share; then the KEYS index of its penalty record (0: no penalty)
 Reply       per bucket: {units, lease id or '', valid_for_us, remaining, retry_after_us, reset_after_us,
-            live leases (this one included)}
+            live leases (this one included), blocked 0|1}
 
 Grant: min(want, max(min, floor(available * max_share))), or 0 when fewer than `min` units
 are available (then retry_after is the time until `min` are). With an allowance, available is
 the smaller of the bucket's and the allowance's, and the grant is taken from both.
 
 Invariants:
+  - an identity in its rule's penalty box is granted nothing (retry_after: the block's time
+    left), and nothing is consumed;
   - granted units are consumed at once, exactly as a check of that cost would consume them;
   - a lease never outlives its window: fixed and sliding windows cap it at the window's end,
     the log at one window;
@@ -27,11 +29,11 @@ Invariants:
 local now = now_us()
 local nonce = ARGV[1]
 local ttl = tonumber(ARGV[2])
-local n = (#ARGV - 2) / 10
+local n = (#ARGV - 2) / 11
 local reply = {}
 for i = 1, n do
   local key, lease_key = KEYS[2 * i - 1], KEYS[2 * i]
-  local a = 3 + (i - 1) * 10
+  local a = 3 + (i - 1) * 11
   local alg, p1, p2 = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local want, min, share = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
   redis.call('ZREMRANGEBYSCORE', lease_key, '-inf', int(now))
@@ -41,8 +43,9 @@ for i = 1, n do
   local avail = view_avail
   if al then avail = math.min(avail, available(al, now)) end
 
+  local blocked = blocked_for(KEYS, tonumber(ARGV[a + 10]), now)
   local grant = 0
-  if avail >= min then
+  if avail >= min and blocked == 0 then
     grant = math.floor(avail * share)
     if grant < min then grant = min end
     if want < grant then grant = want end
@@ -57,7 +60,9 @@ for i = 1, n do
       reset = math.max(reset, reset_after(al, now))
       store_allowance(al, false, now)
     end
-    reply[i] = {0, '', 0, avail, retry, reset, redis.call('ZCARD', lease_key)}
+    local flag = 0
+    if blocked > 0 then flag, retry = 1, math.max(retry, blocked) end
+    reply[i] = {0, '', 0, avail, retry, reset, redis.call('ZCARD', lease_key), flag}
   else
     local entry = consume(b, grant, now, '')
     local valid, ws = ttl, 0
@@ -80,7 +85,7 @@ for i = 1, n do
     local id = entry or (int(now) .. '.' .. i .. ':' .. int(grant))
     local lease = id .. ':' .. int(ws) .. ':' .. code .. ':' .. nonce
     redis.call('ZADD', lease_key, int(now + valid), lease)
-    reply[i] = {grant, lease, valid, remaining, 0, reset, redis.call('ZCARD', lease_key)}
+    reply[i] = {grant, lease, valid, remaining, 0, reset, redis.call('ZCARD', lease_key), 0}
     store(b, now)
     store_leases(lease_key, now)
   end

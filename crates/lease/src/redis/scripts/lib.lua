@@ -16,6 +16,7 @@ State: token bucket    HASH  alg=1 tokens=<%.17g> ts=<us> [cap=<n>: an allowance
                        (<id> is the log entry's id, else <now>.<ask position>)
        allowance       <key>:allowance, the bucket's state at this region's share
        demand          HASH  <key>:demand  since=<us> last=<us>  r:<origin>=<region>|<units>|<until>
+       penalty         HASH  <key>:penalty ws=<us> n=<denials>  or  until=<us> (a block)
 Invariants:
   - a hash written by another algorithm (the rule changed) reads as no state;
   - every key expires once its state is neutral (bucket full, windows over, entries gone)
@@ -105,6 +106,14 @@ local function load(alg, key, p1, p2, now)
     b.entries, b.used = entries, used
   end
   return b
+end
+
+-- The time left (us) of a penalty block on the identity whose penalty record is keys[idx]
+-- (idx 0: the item's rule has no penalty; 0 when not blocked).
+local function blocked_for(keys, idx, now)
+  if idx == 0 then return 0 end
+  local u = tonumber(redis.call('HGET', keys[idx], 'until') or '0') or 0
+  return pos(u - now)
 end
 
 local function sw_estimate(b, now)

@@ -1,0 +1,84 @@
+//! The penalty box: a rule may say that an identity denied `after` times within `within` is
+//! blocked for `block`. The count and the block live in the store beside the bucket
+//! (`<key>:penalty`), so every node counts towards one total and every node learns the block:
+//!
+//! - [`LeaseStore::note_denials`](crate::LeaseStore::note_denials) adds the denials a node
+//!   handed out and starts the block when the count reaches `after`;
+//! - a check or a lease whose item is marked penalized (`with_penalized`) is refused while the
+//!   block lasts, before anything is judged, and consumes nothing.
+
+use std::time::Duration;
+
+use crate::error::InvalidInput;
+
+/// The shortest counting window and block.
+pub const MIN_PENALTY_DURATION: Duration = Duration::from_secs(1);
+/// The longest counting window and block.
+pub const MAX_PENALTY_DURATION: Duration = Duration::from_secs(7 * 86_400);
+/// The most denials a penalty may wait for.
+pub const MAX_PENALTY_AFTER: u64 = 1_000_000_000;
+
+/// After `after` denials within `within`, block the identity for `block`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Penalty {
+    after: u64,
+    within: Duration,
+    block: Duration,
+}
+
+impl Penalty {
+    /// A penalty, validated: `after` in 1..=10⁹, `within` and `block` in 1 s..=7 d (whole
+    /// milliseconds). The error names the field.
+    pub fn new(after: u64, within: Duration, block: Duration) -> Result<Self, InvalidInput> {
+        let bad = |field: &'static str, reason: String| InvalidInput::BadPenalty { field, reason };
+        if !(1..=MAX_PENALTY_AFTER).contains(&after) {
+            return Err(bad(
+                "after",
+                format!("{after} must be 1 to {MAX_PENALTY_AFTER} denials"),
+            ));
+        }
+        for (field, d) in [("within", within), ("block", block)] {
+            if !(MIN_PENALTY_DURATION..=MAX_PENALTY_DURATION).contains(&d) {
+                return Err(bad(field, format!("{d:?} must be between 1s and 7d")));
+            }
+        }
+        Ok(Self {
+            after,
+            within,
+            block,
+        })
+    }
+
+    /// Denials that start a block.
+    pub fn after(&self) -> u64 {
+        self.after
+    }
+
+    /// The window the denials are counted in (it opens at the first denial counted).
+    pub fn within(&self) -> Duration {
+        self.within
+    }
+
+    /// How long a block lasts.
+    pub fn block(&self) -> Duration {
+        self.block
+    }
+}
+
+/// An identity's standing in a rule's penalty box.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PenaltyState {
+    /// The time left of the block (zero: not blocked).
+    pub blocked_for: Duration,
+    /// Denials counted in the current window (zero while blocked).
+    pub denials: u64,
+    /// Whether this call started the block.
+    pub started: bool,
+}
+
+impl PenaltyState {
+    /// Whether the identity is blocked.
+    pub fn blocked(&self) -> bool {
+        !self.blocked_for.is_zero()
+    }
+}

@@ -16,7 +16,7 @@ use crate::runtime::outcome::Outcome;
 mod labels;
 pub mod rlqs;
 
-pub use labels::{Api, ApiResult, RuleLabels, StoreFailure, StoreOp};
+pub use labels::{Api, ApiResult, PenaltyLabels, RuleLabels, StoreFailure, StoreOp};
 use labels::{ApiLabels, ApiResultLabels, DecisionLabels, FailureLabels, OpLabels};
 
 /// Per-rule decision counters, resolved once per compiled rule.
@@ -85,6 +85,11 @@ pub struct Metrics {
     /// Owed units paid out of the late grant of the lease call that was out while they were
     /// admitted (the store had granted them from the same remainder).
     pub owed_units_paid_by_grant: Counter,
+    /// Blocks started by a rule's penalty, per rule and outcome (`blocked`; `shadow` for a
+    /// SHADOW rule, which blocks nobody).
+    pub penalties: Family<PenaltyLabels, Counter>,
+    /// Requests denied because their identity was in a rule's penalty box, per rule.
+    pub penalized_requests: Family<RuleLabels, Counter>,
     /// Owed units forgiven: the store could not be reached to take them (it was down, not
     /// late), or a late answer showed it had counted them already.
     pub owed_units_forgiven: Counter,
@@ -282,6 +287,8 @@ impl Metrics {
             owed_units: Counter::default(),
             owed_units_debited: Counter::default(),
             owed_units_paid_by_grant: Counter::default(),
+            penalties: Family::default(),
+            penalized_requests: Family::default(),
             store_stalls: Counter::default(),
             owed_units_forgiven: Counter::default(),
             slow_store_decisions: Counter::default(),
@@ -369,6 +376,16 @@ impl Metrics {
             "owed_units_debited",
             "Owed units debited in the store when it answered again",
             m.owed_units_debited.clone(),
+        );
+        registry.register(
+            "penalties",
+            "Blocks started by a rule's penalty box (outcome shadow: a SHADOW rule's, which blocks nobody)",
+            m.penalties.clone(),
+        );
+        registry.register(
+            "penalized_requests",
+            "Requests denied because their identity was in a rule's penalty box",
+            m.penalized_requests.clone(),
         );
         registry.register(
             "owed_units_paid_by_grant",

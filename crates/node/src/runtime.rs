@@ -19,6 +19,8 @@
 //!   their request (a late call handed off, debts debited when the store answers).
 //! - [`breaker`], [`sizing`], [`local`]: the pure pieces (breaker states, lease sizes, GCRA);
 //!   [`top_denied`]: the most-denied keys, in fixed memory.
+//! - [`penalties`]: the penalty box on a node: blocks it knows, denials on their way to the
+//!   store.
 //! - [`shared`]: settings and what every part shares.
 
 pub mod attempt;
@@ -34,6 +36,7 @@ pub mod local;
 pub mod matching;
 pub mod node;
 pub mod outcome;
+pub mod penalties;
 pub mod prepared;
 pub mod request;
 pub mod shared;

@@ -190,6 +190,7 @@ fn remote_denial(reason: i32) -> Option<Denial> {
         api::DenyReason::StoreUnavailable => Some(Denial::StoreUnavailable),
         api::DenyReason::CostExceedsLimit => Some(Denial::CostExceedsLimit),
         api::DenyReason::Blocked => Some(Denial::Blocked),
+        api::DenyReason::Penalized => Some(Denial::Penalized),
         api::DenyReason::Unspecified => None,
     }
 }

@@ -123,6 +123,9 @@ fn detail(problem: &Problem, own: bool, decision: &Decision, facts: &RequestFact
             "{method} {route}: this request costs more than the limit {rule} can ever admit."
         }
         (Some(Denial::Blocked), _) => "{method} {route}: blocked by {rule}.",
+        (Some(Denial::Penalized), _) => {
+            "{method} {route}: blocked by {rule} after repeated denials; retry after {retry_after} s."
+        }
         (_, Some(r)) if r.window.is_none() => {
             "{method} {route}: {quota} requests in flight at most ({rule}); retry after {retry_after} s."
         }

@@ -117,6 +117,11 @@ fn counter_json(c: &Counter) -> Value {
         "resetAfterMs": c.reset_after.as_millis() as u64,
         "leases": {"live": c.held.leases, "units": c.held.units},
         "heldByThisNode": c.held_here,
+        "penalty": c.penalty.map(|p| json!({
+            "blocked": p.blocked(),
+            "blockedForMs": p.blocked_for.as_micros().div_ceil(1000) as u64,
+            "denialsCounted": p.denials,
+        })),
     })
 }
 

@@ -27,7 +27,7 @@ pub struct StoredRule {
 
 /// An RFC 3339 UTC timestamp of the column `%s`.
 const TIME: &str = "to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')";
-pub(super) const RULE_COLUMNS: &str = "id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by, regional_policy";
+pub(super) const RULE_COLUMNS: &str = "id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by, regional_policy, penalty_json";
 
 pub(super) fn time(column: &str) -> String {
     TIME.replace("%s", column)
@@ -63,12 +63,16 @@ pub(super) async fn write_rule(
         .regional
         .as_ref()
         .map(|r| serde_json::to_value(r).unwrap_or(Value::Null));
+    let penalty = doc
+        .penalty
+        .as_ref()
+        .map(|p| serde_json::to_value(p).unwrap_or(Value::Null));
     tx.execute(
-        "INSERT INTO rate_limit_rules (id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by, regional_policy)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
+        "INSERT INTO rate_limit_rules (id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by, regional_policy, penalty_json)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
          ON CONFLICT (id) DO UPDATE SET domain = $2, name = $3, match_json = $4, per_json = $5, algorithm = $6,
              parameters = $7, mode = $8, fail_mode = $9, version = $10, updated_at = now(), updated_by = $11,
-             regional_policy = $12",
+             regional_policy = $12, penalty_json = $13",
         &[
             &doc.id,
             &doc.domain,
@@ -82,6 +86,7 @@ pub(super) async fn write_rule(
             &version,
             &actor,
             &regional,
+            &penalty,
         ],
     )
     .await?;
@@ -137,11 +142,14 @@ pub(super) fn stored(row: &Row) -> StoredRule {
         regional: row
             .get::<_, Option<Value>>(11)
             .and_then(|v| serde_json::from_value(v).ok()),
+        penalty: row
+            .get::<_, Option<Value>>(12)
+            .and_then(|v| serde_json::from_value(v).ok()),
     };
     StoredRule {
         doc,
         version: row.get(9),
         updated_by: row.get(10),
-        updated_at: row.get(12),
+        updated_at: row.get(13),
     }
 }

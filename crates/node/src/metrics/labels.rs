@@ -14,6 +14,17 @@ pub struct RuleLabels {
     pub rule: String,
 }
 
+/// A penalty's labels: the rule, and `blocked` or `shadow`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PenaltyLabels {
+    /// The rule's domain.
+    pub domain: String,
+    /// The rule's id.
+    pub rule: String,
+    /// `blocked`, or `shadow` for a SHADOW rule (it blocks nobody).
+    pub outcome: String,
+}
+
 /// Label values in snake_case, as Prometheus conventions have them.
 macro_rules! snake_label {
     ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {

@@ -57,6 +57,8 @@ pub struct CompiledRule {
     pub origin: String,
     /// Where its limit is held across regions, at what share (the limit above is scaled).
     pub placement: Placement,
+    /// The penalty box: after so many denials within a window, block the identity.
+    pub penalty: Option<tollgate_lease::Penalty>,
     /// The rate-limit header text of its limit, written once (see [`crate::headers`]).
     pub header_text: std::sync::OnceLock<Option<crate::headers::HeaderText>>,
 }
@@ -70,6 +72,12 @@ impl CompiledRule {
     /// Whether the peer region decides it (a HOME_REGION rule homed there).
     pub fn forwarded(&self) -> bool {
         matches!(self.placement.role, Role::Forwarded { .. })
+    }
+
+    /// Whether the store refuses its bucket while the identity is blocked: an ENFORCE rule
+    /// with a penalty (a SHADOW rule's penalty only counts).
+    pub fn enforces_penalty(&self) -> bool {
+        self.penalty.is_some() && self.mode == Mode::Enforce
     }
 
     /// The limit, for rules the store decides.
@@ -118,6 +126,7 @@ impl CompiledRule {
             counters,
             origin: "request override".into(),
             placement: Placement::LOCAL,
+            penalty: None,
             header_text: std::sync::OnceLock::new(),
         })
     }

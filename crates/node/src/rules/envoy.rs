@@ -51,6 +51,10 @@ pub struct EnvoyDescriptor {
     /// The limit at this depth.
     #[serde(default)]
     pub rate_limit: Option<EnvoyRateLimit>,
+    /// Tollgate's extension: the penalty box for the limit at this depth
+    /// (`{after: 10, within: 1m, block: 15m}`). envoyproxy/ratelimit itself refuses the key.
+    #[serde(default)]
+    pub penalty: Option<crate::rules::native::PenaltyDoc>,
     /// Count but never block.
     #[serde(default)]
     pub shadow_mode: bool,
@@ -145,6 +149,8 @@ pub struct ValidNode {
     pub value: Option<String>,
     /// The limit at this depth.
     pub limit: Option<NodeLimit>,
+    /// Its penalty box.
+    pub penalty: Option<tollgate_lease::Penalty>,
     /// Shadow mode.
     pub shadow: bool,
     /// Wildcard values share one counter.
@@ -198,12 +204,26 @@ fn validate_level(
             None => None,
             Some(rl) => Some(validate_limit(rl).map_err(|e| format!("{here}.rate_limit: {e}"))?),
         };
+        let penalty = match (&d.penalty, &limit) {
+            (None, _) => None,
+            (Some(p), Some(NodeLimit::Limited { requests, .. })) if *requests > 0 => Some(
+                p.validate(tollgate_lease::Algorithm::FixedWindow)
+                    .map_err(|e| format!("{here}.{e}"))?,
+            ),
+            (Some(_), _) => {
+                return Err(format!(
+                    "{here}.penalty: needs a `rate_limit` with `requests_per_unit` above 0 at \
+                     the same descriptor"
+                ));
+            }
+        };
         let path = format!("{parent}.{composite}");
         let children = validate_level(&d.descriptors, &path, &format!("{here}.descriptors"))?;
         out.push(ValidNode {
             key: d.key.clone(),
             value: d.value.clone(),
             limit,
+            penalty,
             shadow: d.shadow_mode,
             share_threshold: d.share_threshold,
             path,

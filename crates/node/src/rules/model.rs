@@ -171,6 +171,8 @@ pub struct Rule {
     pub fail_mode: FailMode,
     /// How the limit is held across two regions.
     pub regional: tollgate_regionsync::RegionalPolicy,
+    /// After so many denials within a window, block the identity for a while (None: never).
+    pub penalty: Option<tollgate_lease::Penalty>,
     /// Where it came from (file and line), for messages.
     pub origin: String,
 }

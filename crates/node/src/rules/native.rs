@@ -16,13 +16,15 @@
 //!     refillPerSecond: 10       # windows: limit + window ("30s", "5m", "1d" or seconds)
 //!     mode: ENFORCE             # ENFORCE (default), SHADOW, DISABLED
 //!     failMode: OPEN            # OPEN (default), CLOSED, LOCAL
+//!     penalty:                  # optional: after 10 denials within 1m, block for 15m
+//!       {after: 10, within: 1m, block: 15m}
 //! ```
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tollgate_lease::{Algorithm, LimitSpec};
+use tollgate_lease::{Algorithm, InvalidInput, LimitSpec, Penalty};
 use tollgate_regionsync::RegionalDoc;
 
 use crate::rules::model::{FailMode, Identity, Mode, Pattern, Rule, parse_duration};
@@ -114,6 +116,56 @@ pub struct RuleDoc {
     /// How the limit is held across two regions (default: SPLIT with the node's shares).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub regional: Option<RegionalDoc>,
+    /// The penalty box: after `after` denials within `within`, block for `block`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub penalty: Option<PenaltyDoc>,
+}
+
+/// A rule's penalty as written: `{after: 10, within: 1m, block: 15m}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PenaltyDoc {
+    /// Denials that start a block.
+    pub after: u64,
+    /// The window they are counted in (it opens at the first denial).
+    pub within: DurationValue,
+    /// How long a block lasts.
+    pub block: DurationValue,
+}
+
+impl PenaltyDoc {
+    /// Validates it for a rule of `algorithm`; the error names the field (`penalty.after`...).
+    pub fn validate(&self, algorithm: Algorithm) -> Result<Penalty, FieldError> {
+        if algorithm == Algorithm::Concurrency {
+            return Err(field_error(
+                "penalty",
+                "does not apply to CONCURRENCY (a denied slot says nothing about abuse)",
+            ));
+        }
+        let within = self
+            .within
+            .parse()
+            .map_err(|e| field_error("penalty.within", e))?;
+        let block = self
+            .block
+            .parse()
+            .map_err(|e| field_error("penalty.block", e))?;
+        Penalty::new(self.after, within, block).map_err(|e| match e {
+            InvalidInput::BadPenalty { field, reason } => {
+                field_error(format!("penalty.{field}"), reason)
+            }
+            other => field_error("penalty", other.to_string()),
+        })
+    }
+
+    /// The document of a validated penalty.
+    pub fn from_penalty(p: &Penalty) -> Self {
+        Self {
+            after: p.after(),
+            within: DurationValue::Text(format_duration(p.within())),
+            block: DurationValue::Text(format_duration(p.block())),
+        }
+    }
 }
 
 /// Writes whole numbers as integers (`100`, not `100.0`).
@@ -324,6 +376,11 @@ impl RuleDoc {
                 },
             )
         });
+        let penalty = match (&self.penalty, algorithm) {
+            (None, _) => Some(None),
+            (Some(doc), Some(algorithm)) => keep(&mut errors, doc.validate(algorithm).map(Some)),
+            (Some(_), None) => None,
+        };
         let name = keep(&mut errors, {
             let name = self
                 .name
@@ -349,7 +406,7 @@ impl RuleDoc {
             }
         });
         match (
-            id, domain, matches, identity, limit, mode, fail_mode, regional, name,
+            id, domain, matches, identity, limit, mode, fail_mode, regional, name, penalty,
         ) {
             (
                 Some(id),
@@ -361,6 +418,7 @@ impl RuleDoc {
                 Some(fail_mode),
                 Some(regional),
                 Some(name),
+                Some(penalty),
             ) if errors.is_empty() => Ok(Rule {
                 id,
                 domain,
@@ -371,6 +429,7 @@ impl RuleDoc {
                 mode,
                 fail_mode,
                 regional,
+                penalty,
                 origin,
             }),
             _ => Err(errors),
@@ -460,6 +519,7 @@ impl RuleDoc {
             fail_mode: Some(rule.fail_mode.to_string()),
             regional: (rule.regional != tollgate_regionsync::RegionalPolicy::default())
                 .then(|| rule.regional.to_doc()),
+            penalty: rule.penalty.as_ref().map(PenaltyDoc::from_penalty),
             ..RuleDoc::default()
         };
         match rule.limit.spec() {

@@ -195,6 +195,7 @@ impl RuleSet {
                     rule.fail_mode,
                     &rule.matches,
                     &rule.identity,
+                    rule.penalty,
                 )),
                 id: rule.id.clone(),
                 key: rule.id.clone(),
@@ -212,6 +213,7 @@ impl RuleSet {
                     rule: rule.id.clone(),
                 }),
                 origin: rule.origin.clone(),
+                penalty: rule.penalty,
                 header_text: std::sync::OnceLock::new(),
             });
             set.rules.push(compiled.clone());
@@ -512,6 +514,7 @@ impl EnvoyCompiler<'_> {
                 node.share_threshold,
                 format!("{:?}", self.placement),
                 self.fail_mode,
+                node.penalty,
             )),
             placement: self.placement.clone(),
             name: name.clone().unwrap_or_else(|| id.clone()),
@@ -533,6 +536,7 @@ impl EnvoyCompiler<'_> {
             }),
             origin: self.origin.to_owned(),
             id,
+            penalty: node.penalty,
             header_text: std::sync::OnceLock::new(),
         });
         self.rules.push(compiled.clone());

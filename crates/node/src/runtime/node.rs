@@ -112,6 +112,7 @@ impl Node {
             config,
             region: std::sync::OnceLock::new(),
             warm_up: std::sync::OnceLock::new(),
+            penalties: Default::default(),
         });
         let fallbacks = Fallbacks::new(shared.config.max_key_state_bytes / 8);
         let (supervisor, _) = Actor::spawn(None, KeySupervisor, shared.clone()).await?;
@@ -316,7 +317,12 @@ impl Node {
         let rules = self.inner.rules.load();
         let now = self.now();
         let hits = matching::hits(&rules, request, &self.inner.overrides, now).ok()?;
-        if hits.is_empty() || !hits.iter().all(|h| matching::leasable(&h.rule, h.cost)) {
+        // A rule with a penalty counts its denials and knows its blocks: the full path.
+        if hits.is_empty()
+            || !hits
+                .iter()
+                .all(|h| matching::leasable(&h.rule, h.cost) && h.rule.penalty.is_none())
+        {
             return None;
         }
         let mut out = Vec::with_capacity(hits.len());
@@ -463,7 +469,17 @@ impl Node {
                     );
                 }
                 RuleKind::Limited(_) if hit.rule.mode == Mode::Shadow => shadow.push(i),
-                RuleKind::Limited(_) => enforce.push(i),
+                RuleKind::Limited(_) => match self.known_block(hit, route, now) {
+                    Some(left) => {
+                        blocked = true;
+                        crate::runtime::penalties::count_penalized(&self.inner.shared, &hit.rule);
+                        attempt.record(
+                            i,
+                            hit.denied(Outcome::Denied, Denial::Penalized, left, left),
+                        );
+                    }
+                    None => enforce.push(i),
+                },
             }
         }
         let start = attempt.mark();
@@ -494,6 +510,16 @@ impl Node {
             if s.outcome == Some(Outcome::Denied) && s.rule.mode == Mode::Enforce {
                 self.inner.top_denied.record(&s.rule.id, &hit.identity);
             }
+            if route == Route::Fastest
+                && s.rule.penalty.is_some()
+                && matches!(s.outcome, Some(Outcome::Denied | Outcome::ShadowDenied))
+                && s.denial != Some(Denial::Penalized)
+                && let Ok(key) = hit.bucket_id().store_key()
+            {
+                // A denial of a client counts towards its rule's penalty (a draw's does not).
+                let shared = &self.inner.shared;
+                shared.penalties.count(shared, &s.rule, key);
+            }
             let counted = match s.outcome {
                 // Rules that admitted a request another rule denied are not counted as allowing.
                 Some(Outcome::Allowed) if !allowed => None,
@@ -523,6 +549,16 @@ impl Node {
                 .unwrap_or_default();
         }
         verdict
+    }
+
+    /// The time left of a block this node knows `hit`'s identity is under, for a request (a
+    /// draw is not a client's request).
+    fn known_block(&self, hit: &Hit, route: Route, now: u64) -> Option<Duration> {
+        if route != Route::Fastest || hit.rule.penalty.is_none() {
+            return None;
+        }
+        let key = hit.bucket_id().store_key().ok()?;
+        self.inner.shared.penalties.blocked_for(&key, now)
     }
 
     /// Gives back what `attempt` took since `mark`; its slots are released in the store in

@@ -31,12 +31,18 @@ pub enum Denial {
     /// The rule admits nothing (envoyproxy/ratelimit `requests_per_unit: 0`): retrying
     /// cannot help.
     Blocked,
+    /// The identity is in the rule's penalty box (denied too often): it is admitted again
+    /// when the block ends, `retry_after` from now.
+    Penalized,
 }
 
 impl Denial {
     /// Whether waiting can ever make the request fit.
     pub fn retryable(self) -> bool {
-        matches!(self, Denial::OverLimit | Denial::StoreUnavailable)
+        matches!(
+            self,
+            Denial::OverLimit | Denial::StoreUnavailable | Denial::Penalized
+        )
     }
 
     /// The name APIs use (`tollgate-reason` header, `CheckRateLimit`'s `reason`).
@@ -46,6 +52,7 @@ impl Denial {
             Denial::StoreUnavailable => "store-unavailable",
             Denial::CostExceedsLimit => "cost-exceeds-limit",
             Denial::Blocked => "blocked",
+            Denial::Penalized => "penalized",
         }
     }
 }

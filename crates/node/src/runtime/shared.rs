@@ -97,6 +97,8 @@ pub struct Shared {
     pub debts: Debts,
     /// How the node's start-up warm-up of its store went (None: not tried).
     pub warm_up: std::sync::OnceLock<WarmUp>,
+    /// The penalty boxes: blocks known, denials being counted.
+    pub penalties: crate::runtime::penalties::Penalties,
 }
 
 impl Shared {

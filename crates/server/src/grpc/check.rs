@@ -43,6 +43,7 @@ fn reason(denial: Option<Denial>) -> i32 {
         Some(Denial::StoreUnavailable) => DenyReason::StoreUnavailable,
         Some(Denial::CostExceedsLimit) => DenyReason::CostExceedsLimit,
         Some(Denial::Blocked) => DenyReason::Blocked,
+        Some(Denial::Penalized) => DenyReason::Penalized,
     }) as i32
 }
 

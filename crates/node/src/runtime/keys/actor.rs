@@ -193,6 +193,7 @@ impl Actor for KeyActor {
                                 }
                                 ask.bucket.refill_done();
                             } else if grant.units == 0
+                                && !grant.blocked
                                 && ask.returned == 0
                                 && state.waiting_beyond_held(&ask.bucket)
                             {
@@ -483,6 +484,13 @@ impl KeyState {
             now,
         );
         let Some(id) = grant.lease.filter(|_| grant.units > 0) else {
+            if grant.blocked {
+                // Every later decision for the identity is denied from memory, until the
+                // block ends.
+                self.shared
+                    .penalties
+                    .learn(bucket.key.clone(), grant.retry_after, now);
+            }
             bucket.deny_until(min, grant.retry_after, self.shared.config.lease.ttl, now);
             bucket.refill_done();
             return;

@@ -35,8 +35,13 @@ pub(crate) fn lease(
         .iter()
         .map(|a| shared.allowance_of(&a.bucket.rule, &a.bucket.limit))
         .collect();
-    let request =
-        LeaseRequest::new(lease_asks, policy.ttl).and_then(|r| r.with_allowances(allowances));
+    let penalized = asks
+        .iter()
+        .map(|a| a.bucket.rule.enforces_penalty())
+        .collect();
+    let request = LeaseRequest::new(lease_asks, policy.ttl)
+        .and_then(|r| r.with_allowances(allowances))
+        .and_then(|r| r.with_penalized(penalized));
     let shared = shared.clone();
     let myself = myself.clone();
     let identity = identity.to_vec();

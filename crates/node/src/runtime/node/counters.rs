@@ -41,6 +41,8 @@ pub struct Counter {
     pub held: HeldLeases,
     /// The units this node holds of it, unspent.
     pub held_here: u64,
+    /// The rule's penalty box for this identity (None: the rule has no penalty).
+    pub penalty: Option<tollgate_lease::PenaltyState>,
 }
 
 /// One bucket a reset forgot.
@@ -93,6 +95,7 @@ impl Node {
                 reset_after: Duration::ZERO,
                 held: HeldLeases::default(),
                 held_here: 0,
+                penalty: None,
             };
             if let RuleKind::Limited(limit) = rule.kind {
                 let key = id
@@ -106,6 +109,9 @@ impl Node {
                 counter.remaining = Some(peek.buckets[0].remaining);
                 counter.reset_after = peek.buckets[0].reset_after;
                 counter.held = store.held_leases(&key).await?;
+                if let Some(penalty) = rule.penalty {
+                    counter.penalty = Some(store.note_denials(&key, &penalty, 0).await?);
+                }
                 counter.held_here = self
                     .inner
                     .shared
@@ -166,7 +172,12 @@ impl Node {
         let Some(rule) = rules.rule(rule_key) else {
             return false;
         };
-        let local = BucketId::new(rule, identity).local_key();
+        let id = BucketId::new(rule, identity);
+        if let Ok(key) = id.store_key() {
+            // A reset lifts a block too.
+            self.inner.shared.penalties.forget(&key);
+        }
+        let local = id.local_key();
         let Some(bucket) = self.inner.shared.registry.bucket(&local) else {
             return false;
         };

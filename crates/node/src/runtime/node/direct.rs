@@ -59,7 +59,16 @@ impl Node {
                     .and_then(|l| self.inner.shared.allowance_of(&hit.rule, &l))
             })
             .collect();
-        let request = match CheckRequest::new(items).and_then(|r| r.with_allowances(allowances)) {
+        let penalized = group
+            .iter()
+            .zip(&item_of)
+            .filter(|(_, item)| item.is_some())
+            .map(|(&i, _)| hits[i].rule.enforces_penalty())
+            .collect();
+        let request = match CheckRequest::new(items)
+            .and_then(|r| r.with_allowances(allowances))
+            .and_then(|r| r.with_penalized(penalized))
+        {
             Ok(r) => r,
             Err(e) => {
                 // Only a cost above a bucket's capacity is refused here: it can never fit.
@@ -102,6 +111,20 @@ impl Node {
                         i,
                         if b.allowed {
                             hits[i].admitted(Outcome::Allowed, b.remaining, b.reset_after)
+                        } else if b.blocked {
+                            let shared = &self.inner.shared;
+                            shared.penalties.learn(
+                                request.items()[at].key.clone(),
+                                b.retry_after,
+                                shared.clock.now_micros(),
+                            );
+                            crate::runtime::penalties::count_penalized(shared, &hits[i].rule);
+                            hits[i].denied(
+                                Outcome::Denied,
+                                Denial::Penalized,
+                                b.retry_after,
+                                b.retry_after,
+                            )
                         } else if route == Route::Store {
                             // A refused draw learns what the bucket holds, for a smaller one.
                             RuleStatus {
@@ -298,3 +321,4 @@ fn settle_late_check(
         .collect();
     background::settle(shared.clone(), owed);
 }
+

@@ -1,0 +1,203 @@
+//! The penalty box on a node (`docs/penalty-box.md`): the blocks it knows of, and the
+//! denials it has handed out under rules with a penalty, on their way to the store.
+//!
+//! - **Counting.** Every denial of a request by a rule with a penalty (by the store, by a
+//!   lease's memory of a store denial, by the pre-limit) is counted here and added to the
+//!   identity's count in the store (`note_denials`) by one flush at a time, so the count is
+//!   one total over every node and a node that denies from memory counts too. Denials that
+//!   arrive while a flush is out ride on the next one.
+//! - **Knowing.** A block is learnt from the store: the flush that started it, or any check or
+//!   lease the store refused because of it. From then on this node denies the identity from
+//!   memory, without a store call, until the block ends.
+//! - **Bounds.** At most [`MAX_BLOCKS`] blocks are held (past it, the one nearest its end
+//!   goes; the store still refuses that identity's leases) and at most [`MAX_PENDING`]
+//!   identities wait to be counted (past it, a new identity's denials wait for the next
+//!   flush): nothing a client sends grows them without bound.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use parking_lot::Mutex;
+use tollgate_lease::{BucketKey, LeaseStore, Micros};
+
+use crate::metrics::{PenaltyLabels, RuleLabels};
+use crate::rules::{CompiledRule, Mode};
+use crate::runtime::shared::Shared;
+
+/// The most blocks a node holds.
+pub const MAX_BLOCKS: usize = 65_536;
+/// The most identities whose denials wait to be counted in the store.
+pub const MAX_PENDING: usize = 65_536;
+/// Store calls one flush keeps in flight.
+const FLUSH_CONCURRENCY: usize = 64;
+
+/// What a node knows of its rules' penalty boxes.
+#[derive(Debug, Default)]
+pub struct Penalties {
+    /// Bucket → when its block ends (node clock).
+    blocks: Mutex<HashMap<BucketKey, Micros>>,
+    /// `blocks.len()`, read without the lock: most decisions find no block at all.
+    held: AtomicUsize,
+    /// Denials not yet counted in the store, per bucket.
+    pending: Mutex<HashMap<BucketKey, Pending>>,
+    /// Whether a flush is out.
+    flushing: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Pending {
+    rule: Arc<CompiledRule>,
+    denials: u64,
+}
+
+impl Penalties {
+    /// The time left of `key`'s block, if this node knows of one.
+    pub fn blocked_for(&self, key: &BucketKey, now: Micros) -> Option<Duration> {
+        if self.held.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut blocks = self.blocks.lock();
+        match blocks.get(key) {
+            Some(&until) if until > now => Some(Duration::from_micros(until - now)),
+            Some(_) => {
+                blocks.remove(key);
+                self.held.store(blocks.len(), Ordering::Relaxed);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Learns that `key` is blocked for `left` from `now`.
+    pub fn learn(&self, key: BucketKey, left: Duration, now: Micros) {
+        let until = now + left.as_micros() as u64;
+        let mut blocks = self.blocks.lock();
+        if blocks.len() >= MAX_BLOCKS && !blocks.contains_key(&key) {
+            blocks.retain(|_, end| *end > now);
+            if blocks.len() >= MAX_BLOCKS
+                && let Some(nearest) = blocks
+                    .iter()
+                    .min_by_key(|(_, end)| **end)
+                    .map(|(k, _)| k.clone())
+            {
+                blocks.remove(&nearest);
+            }
+        }
+        blocks.insert(key, until);
+        self.held.store(blocks.len(), Ordering::Relaxed);
+    }
+
+    /// Blocks held.
+    pub fn blocks(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Forgets `key`'s block (its counters were reset).
+    pub fn forget(&self, key: &BucketKey) {
+        let mut blocks = self.blocks.lock();
+        blocks.remove(key);
+        self.held.store(blocks.len(), Ordering::Relaxed);
+    }
+
+    /// Counts one denial of `key`'s identity by `rule` (which has a penalty), and starts a
+    /// flush to the store unless one is out.
+    pub(crate) fn count(&self, shared: &Arc<Shared>, rule: &Arc<CompiledRule>, key: BucketKey) {
+        {
+            let mut pending = self.pending.lock();
+            if pending.len() >= MAX_PENDING && !pending.contains_key(&key) {
+                return;
+            }
+            pending
+                .entry(key)
+                .or_insert_with(|| Pending {
+                    rule: rule.clone(),
+                    denials: 0,
+                })
+                .denials += 1;
+        }
+        if !self.flushing.swap(true, Ordering::AcqRel) {
+            tokio::spawn(flush(shared.clone()));
+        }
+    }
+}
+
+/// Adds the pending denials to the store's counts until none are left; learns the blocks the
+/// store answers with.
+async fn flush(shared: Arc<Shared>) {
+    let penalties = &shared.penalties;
+    loop {
+        let batch = std::mem::take(&mut *penalties.pending.lock());
+        if batch.is_empty() {
+            penalties.flushing.store(false, Ordering::Release);
+            // A denial counted between the take and the store above found a flush out.
+            if penalties.pending.lock().is_empty()
+                || penalties.flushing.swap(true, Ordering::AcqRel)
+            {
+                return;
+            }
+            continue;
+        }
+        futures::stream::iter(batch)
+            .for_each_concurrent(FLUSH_CONCURRENCY, |(key, pending)| {
+                note(&shared, key, pending)
+            })
+            .await;
+    }
+}
+
+async fn note(shared: &Shared, key: BucketKey, pending: Pending) {
+    let Some(penalty) = pending.rule.penalty else {
+        return;
+    };
+    match shared
+        .store
+        .inner()
+        .note_denials(&key, &penalty, pending.denials)
+        .await
+    {
+        Ok(state) => {
+            let rule = &pending.rule;
+            let enforced = rule.mode == Mode::Enforce;
+            if state.started {
+                shared
+                    .metrics
+                    .penalties
+                    .get_or_create(&PenaltyLabels {
+                        domain: rule.domain.clone(),
+                        rule: rule.id.clone(),
+                        outcome: if enforced { "blocked" } else { "shadow" }.into(),
+                    })
+                    .inc();
+                if enforced {
+                    tracing::info!(rule = %rule.id, block_s = penalty.block().as_secs(), "an identity entered the penalty box");
+                } else {
+                    tracing::info!(rule = %rule.id, "a SHADOW penalty would have blocked an identity");
+                }
+            }
+            if state.blocked() && enforced {
+                shared
+                    .penalties
+                    .learn(key, state.blocked_for, shared.clock.now_micros());
+            }
+        }
+        Err(e) => {
+            // The count lags by these denials; the limit itself still holds.
+            tracing::debug!(error = %e, rule = %pending.rule.id, "denials not counted towards a penalty");
+        }
+    }
+}
+
+/// Counts a request a known block denied.
+pub(crate) fn count_penalized(shared: &Shared, rule: &CompiledRule) {
+    shared
+        .metrics
+        .penalized_requests
+        .get_or_create(&RuleLabels {
+            domain: rule.domain.clone(),
+            rule: rule.id.clone(),
+        })
+        .inc();
+}

@@ -11,7 +11,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "mode_overrides",
         include_str!("../migrations/0002_mode_overrides.sql"),
     ),
-    (3, "penalties", include_str!("../migrations/0003_penalties.sql")),
+    (
+        3,
+        "penalties",
+        include_str!("../migrations/0003_penalties.sql"),
+    ),
 ];
 
 /// An arbitrary constant: the advisory lock that serialises migrations.

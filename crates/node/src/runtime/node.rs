@@ -501,11 +501,23 @@ impl Node {
             }
         }
         let (statuses, slots) = attempt.finish();
-        let statuses: Vec<RuleStatus> = statuses
+        let mut statuses: Vec<RuleStatus> = statuses
             .into_iter()
             .zip(&hits)
             .map(|(s, hit)| s.unwrap_or_else(|| hit.unevaluated()))
             .collect();
+        for (s, hit) in statuses.iter_mut().zip(&hits) {
+            // A denial the store's answer showed to be a block (learnt while this request
+            // waited for it) says so.
+            if s.denial == Some(Denial::OverLimit)
+                && s.outcome == Some(Outcome::Denied)
+                && let Some(left) = self.known_block(hit, route, self.now())
+            {
+                crate::runtime::penalties::count_penalized(&self.inner.shared, &hit.rule);
+                s.denial = Some(Denial::Penalized);
+                s.retry_after = left;
+            }
+        }
         for (s, hit) in statuses.iter().zip(&hits) {
             if s.outcome == Some(Outcome::Denied) && s.rule.mode == Mode::Enforce {
                 self.inner.top_denied.record(&s.rule.id, &hit.identity);

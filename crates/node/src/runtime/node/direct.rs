@@ -321,4 +321,3 @@ fn settle_late_check(
         .collect();
     background::settle(shared.clone(), owed);
 }
-

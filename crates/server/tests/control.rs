@@ -146,6 +146,12 @@ async fn invalid_rules_get_problem_details_naming_the_field() {
             "share",
         ),
         (
+            "penalty of no denials",
+            r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","penalty":{"after":0,"within":"1m","block":"1m"}}"#.into(),
+            400,
+            "penalty.after",
+        ),
+        (
             "id mismatch",
             r#"{"id":"other","algorithm":"FIXED_WINDOW","limit":5,"window":"1m"}"#.into(),
             400,
@@ -359,6 +365,19 @@ async fn hostile_input_gets_problem_details_and_writes_nothing() {
     assert_eq!(
         stored["regional"],
         json!({"policy": "HOME_REGION", "homeRegion": "eu", "fallbackShare": 0.2})
+    );
+    // So is a penalty.
+    let penalized = r#"{"domain":"api","algorithm":"FIXED_WINDOW","limit":5,"window":"1m","penalty":{"after":10,"within":"1m","block":"15m"}}"#;
+    assert_eq!(
+        call(admin, "PUT", &rule_path("login"), &[], Some(penalized))
+            .await
+            .status,
+        201
+    );
+    let stored = get_json(admin, &rule_path("login")).await;
+    assert_eq!(
+        stored["penalty"],
+        json!({"after": 10, "within": "1m", "block": "15m"})
     );
     node.stop().await;
 }

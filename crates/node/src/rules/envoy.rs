@@ -299,4 +299,23 @@ mod tests {
         );
         assert!(err("domain: d\ndescriptors:\n  - key: a\n    colour: blue\n").contains("colour"));
     }
+
+    #[test]
+    fn a_penalty_sits_beside_a_limit() {
+        let nodes = validate("domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5}\n    penalty: {after: 10, within: 1m, block: 15m}\n")
+            .expect("valid");
+        assert_eq!(nodes[0].penalty.map(|p| p.after()), Some(10));
+        let err = |yaml: &str| validate(yaml).expect_err("invalid");
+        let alone = err(
+            "domain: d\ndescriptors:\n  - key: ip\n    penalty: {after: 10, within: 1m, block: 15m}\n",
+        );
+        assert!(
+            alone.contains("descriptors[0].penalty") && alone.contains("rate_limit"),
+            "{alone}"
+        );
+        let bad = err(
+            "domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5}\n    penalty: {after: 0, within: 1m, block: 15m}\n",
+        );
+        assert!(bad.contains("penalty.after"), "{bad}");
+    }
 }

@@ -617,6 +617,45 @@ mod tests {
     }
 
     #[test]
+    fn a_penalty_is_validated_field_by_field_and_round_trips() {
+        let rule = doc("{id: login, domain: d, match: {ip: '*'}, algorithm: FIXED_WINDOW, limit: 5, window: 1m, penalty: {after: 10, within: 1m, block: 15m}}")
+            .validate(None, String::new())
+            .expect("valid");
+        let p = rule.penalty.expect("penalty");
+        assert_eq!(
+            (p.after(), p.within(), p.block()),
+            (10, Duration::from_secs(60), Duration::from_secs(900))
+        );
+        assert_eq!(
+            RuleDoc::from_rule(&rule).validate(None, String::new()),
+            Ok(rule)
+        );
+        let field = |penalty: &str| {
+            doc(&format!("{{id: a, domain: d, algorithm: FIXED_WINDOW, limit: 5, window: 1m, penalty: {penalty}}}"))
+                .validate(None, String::new())
+                .expect_err("invalid")
+                .field
+        };
+        assert_eq!(field("{after: 0, within: 1m, block: 1m}"), "penalty.after");
+        assert_eq!(
+            field("{after: 3, within: 0.5, block: 1m}"),
+            "penalty.within"
+        );
+        assert_eq!(field("{after: 3, within: 1m, block: 8d}"), "penalty.block");
+        assert_eq!(
+            field("{after: 3, within: 1m, block: soon}"),
+            "penalty.block"
+        );
+        let concurrency = doc("{id: a, domain: d, algorithm: CONCURRENCY, maxInFlight: 5, slotTtl: 1m, penalty: {after: 3, within: 1m, block: 1m}}")
+            .validate(None, String::new())
+            .expect_err("invalid");
+        assert_eq!(concurrency.field, "penalty");
+        let unknown: Result<RuleDoc, _> =
+            yaml_serde::from_str("{id: a, penalty: {after: 3, within: 1m, block: 1m, ban: yes}}");
+        assert!(unknown.is_err(), "unknown penalty fields are refused");
+    }
+
+    #[test]
     fn errors_name_the_field() {
         let field = |yaml: &str| {
             doc(yaml)

@@ -1,10 +1,11 @@
 //! Two regions on loopback, each with its own real Redis and two nodes, linked through TCP
 //! proxies the tests can cut: ASYNC_SYNC's overshoot against its bound, SPLIT's shares and
 //! failover, HOME_REGION's forwarding and fallback, and a region link fed duplicated,
-//! reordered, dropped, corrupted and forged batches.
+//! reordered, dropped, corrupted and forged batches, and penalty blocks held in both regions.
 
 mod allowances;
 mod link;
+mod penalties;
 mod support;
 
 use std::time::Duration;

@@ -37,19 +37,32 @@ pub(crate) fn start_shipped_envoy(
         assert!(config.contains(from), "{} names {from}", path.display());
         config = config.replace(from, to);
     }
-    let (port, admin) = (
-        free_port(false).expect("port"),
-        free_port(false).expect("port"),
-    );
-    for (from, to) in [
-        (9901, admin),
-        (10000, port),
-        (8000, upstream),
-        (8081, tollgate),
-    ] {
-        let (from, to) = (format!("port_value: {from} "), format!("port_value: {to} "));
-        assert!(config.contains(&from), "{} names {from}", path.display());
-        config = config.replace(&from, &to);
+    // A port found free can be taken by another test before Envoy binds it: then again, on
+    // other ports.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let (port, admin) = (
+            free_port(false).expect("port"),
+            free_port(false).expect("port"),
+        );
+        let mut config = config.clone();
+        for (from, to) in [
+            (9901, admin),
+            (10000, port),
+            (8000, upstream),
+            (8081, tollgate),
+        ] {
+            let (from, to) = (format!("port_value: {from} "), format!("port_value: {to} "));
+            assert!(config.contains(&from), "{} names {from}", path.display());
+            config = config.replace(&from, &to);
+        }
+        match Envoy::start(&config, admin) {
+            Ok(envoy) => return (envoy, port),
+            Err(e) if attempts < 3 && format!("{e:#}").contains("Address already in use") => {
+                eprintln!("envoy's port was taken before it bound it; again on others: {e:#}");
+            }
+            Err(e) => panic!("envoy starts: {e:?}"),
+        }
     }
-    (Envoy::start(&config, admin).expect("envoy starts"), port)
 }

@@ -7,7 +7,8 @@
 //! to [`MAX_BODY_BYTES`]; unknown fields are refused.
 //!
 //! Support reads a descriptor's live counters (`GET /admin/v1/counters`) and resets them
-//! (`POST /admin/v1/counters/reset`, write tokens only): see [`counters`].
+//! (`POST /admin/v1/counters/reset`, write tokens only), and lifts penalty blocks
+//! (`POST /admin/v1/penalties/lift`, write tokens only): see [`counters`].
 //!
 //! The kill switch is a mode override, `PUT /admin/v1/mode-overrides/{id} {"mode":
 //! "DISABLED"}`, for any rule the nodes enforce (from a file or stored): nodes stop enforcing
@@ -157,6 +158,10 @@ pub fn router(state: AdminState) -> Router {
         .route(
             "/admin/v1/counters/reset",
             axum::routing::post(counters::reset).fallback(only("POST")),
+        )
+        .route(
+            "/admin/v1/penalties/lift",
+            axum::routing::post(counters::lift).fallback(only("POST")),
         )
         .route("/admin/v1/openapi.yaml", get(openapi).fallback(only("GET")))
         .fallback(|| async { Problem::not_found("no such endpoint") })

@@ -90,8 +90,13 @@ impl RuleSync {
 
     fn forget(&self, notice: &ResetNotice) {
         if let (Some(node), Some(identity)) = (&self.node, notice.identity()) {
-            let held = node.forget_held(&notice.rule_key, &identity);
-            tracing::debug!(rule = %notice.rule_key, held, "a counter was reset");
+            if notice.penalty_only {
+                let known = node.forget_block(&notice.rule_key, &identity);
+                tracing::debug!(rule = %notice.rule_key, known, "a penalty block was lifted");
+            } else {
+                let held = node.forget_held(&notice.rule_key, &identity);
+                tracing::debug!(rule = %notice.rule_key, held, "a counter was reset");
+            }
         }
     }
 

@@ -124,6 +124,21 @@ impl BucketKey {
         format!("{}:penalty", self.key)
     }
 
+    /// The key of the bucket's SHADOW penalty record (same slot): counted apart, never
+    /// enforced.
+    pub(crate) fn shadow_penalty_key(&self) -> String {
+        format!("{}:penalty:shadow", self.key)
+    }
+
+    /// The penalty record `penalty` counts in.
+    pub(crate) fn penalty_key_of(&self, penalty: &crate::ops::penalty::Penalty) -> String {
+        if penalty.is_shadow() {
+            self.shadow_penalty_key()
+        } else {
+            self.penalty_key()
+        }
+    }
+
     /// The key of the bucket's demand reports (same slot as the state).
     pub(crate) fn demand_key(&self) -> String {
         format!("{}:demand", self.key)

@@ -85,10 +85,14 @@ pub trait LeaseStore: Send + Sync {
         penalty: &Penalty,
         denials: u64,
     ) -> impl Future<Output = Result<PenaltyState, StoreError>> + Send;
+
+    /// Lifts `key`'s identity's penalty block and forgets its denial counts (a SHADOW rule's
+    /// too); the bucket is untouched. Returns whether an enforced block was lifted.
+    fn lift_block(&self, key: &BucketKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// Every key [`LeaseStore::reset`] forgets for `key`'s bucket.
-pub(crate) fn counter_keys(key: &BucketKey) -> [String; 6] {
+pub(crate) fn counter_keys(key: &BucketKey) -> [String; 7] {
     [
         key.as_str().to_owned(),
         format!("{key}:log"),
@@ -96,6 +100,7 @@ pub(crate) fn counter_keys(key: &BucketKey) -> [String; 6] {
         key.lease_key(),
         key.allowance_key(),
         key.penalty_key(),
+        key.shadow_penalty_key(),
     ]
 }
 

@@ -436,6 +436,15 @@ impl LeaseStore for LinkedStore {
         )
         .await
     }
+
+    async fn lift_block(&self, key: &BucketKey) -> Result<bool, StoreError> {
+        let key = key.clone();
+        self.call(
+            |c| &c.penalty,
+            move |s| async move { s.lift_block(&key).await },
+        )
+        .await
+    }
 }
 
 #[cfg(test)]

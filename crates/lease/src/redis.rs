@@ -566,7 +566,7 @@ impl LeaseStore for RedisStore {
         penalty: &Penalty,
         denials: u64,
     ) -> Result<PenaltyState, StoreError> {
-        let keys = [key.penalty_key()];
+        let keys = [key.penalty_key_of(penalty)];
         let args = [
             denials.to_string(),
             penalty.after().to_string(),
@@ -580,6 +580,12 @@ impl LeaseStore for RedisStore {
             denials: counts[1],
             started: counts[2] == 1,
         })
+    }
+
+    async fn lift_block(&self, key: &BucketKey) -> Result<bool, StoreError> {
+        let keys = [key.penalty_key(), key.shadow_penalty_key()];
+        let reply = eval(&self.conn, &SCRIPTS.penalty_lift, &keys, &[], self.budget).await?;
+        Ok(reply::counts(reply, 1, "penalty lift reply")?[0] == 1)
     }
 
     async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {

@@ -168,4 +168,12 @@ impl LeaseStore for Store {
             Store::Linked(s) => s.note_denials(key, penalty, denials).await,
         }
     }
+
+    async fn lift_block(&self, key: &BucketKey) -> Result<bool, StoreError> {
+        match self {
+            Store::Memory(s) => s.lift_block(key).await,
+            Store::Redis(s) => s.lift_block(key).await,
+            Store::Linked(s) => s.lift_block(key).await,
+        }
+    }
 }

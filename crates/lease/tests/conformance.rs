@@ -1087,7 +1087,8 @@ async fn a_penalty_blocks_at_its_count_and_a_blocked_identity_spends_nothing(b: 
         .expect("marks");
     let out = b.store.check(&req).await.expect("check");
     let status = &out.buckets[0];
-    assert!(!out.allowed() && status.blocked, "{out:?}");
+    assert!(!out.allowed() && !status.blocked_for.is_zero(), "{out:?}");
+    assert!(status.retry_after >= status.blocked_for);
     assert!(
         status.retry_after > Duration::from_secs(1) && status.retry_after <= Duration::from_secs(2),
         "{status:?}"
@@ -1107,7 +1108,8 @@ async fn a_penalty_blocks_at_its_count_and_a_blocked_identity_spends_nothing(b: 
         .with_penalized(vec![true])
         .expect("marks");
     let grant = &b.store.acquire_leases(&req).await.expect("lease")[0];
-    assert_eq!((grant.units, grant.blocked), (0, true), "{grant:?}");
+    assert_eq!(grant.units, 0, "{grant:?}");
+    assert!(grant.blocked_for > Duration::from_secs(1), "{grant:?}");
     assert!(grant.retry_after > Duration::from_secs(1), "{grant:?}");
     assert_eq!(remaining(b, &key, limit).await, 10);
     // A caller that does not mark the item (a rule without the penalty) is not blocked.
@@ -1121,7 +1123,10 @@ async fn a_penalty_blocks_at_its_count_and_a_blocked_identity_spends_nothing(b: 
         .with_penalized(vec![true])
         .expect("marks");
     let out = b.store.check(&req).await.expect("check");
-    assert!(out.allowed() && !out.buckets[0].blocked, "{out:?}");
+    assert!(
+        out.allowed() && out.buckets[0].blocked_for.is_zero(),
+        "{out:?}"
+    );
     let s = b.store.note_denials(&key, &p, 0).await.expect("read");
     assert_eq!(s, PenaltyState::default());
 }
@@ -1162,6 +1167,38 @@ async fn penalty_denials_from_many_callers_add_up_to_one_block(b: &Backend) {
     assert!(
         !b.store
             .note_denials(&key, &p, 0)
+            .await
+            .expect("read")
+            .blocked()
+    );
+}
+
+async fn a_shadow_penalty_is_counted_apart_and_never_enforced(b: &Backend) {
+    let limit = Limit::token_bucket(10, 0.001).expect("l");
+    let key = b.fresh_key("penalty-shadow");
+    let p = penalty(2, HOUR, HOUR);
+    let s = b
+        .store
+        .note_denials(&key, &p.shadowed(), 5)
+        .await
+        .expect("note");
+    assert!(
+        s.started,
+        "a shadow penalty blocks in its own record: {s:?}"
+    );
+    // The rule turned ENFORCE: its own record is clean, and nothing refuses the identity.
+    assert_eq!(
+        b.store.note_denials(&key, &p, 0).await.expect("read"),
+        PenaltyState::default()
+    );
+    let req = check1(&key, limit, 1)
+        .with_penalized(vec![true])
+        .expect("marks");
+    assert!(b.store.check(&req).await.expect("check").allowed());
+    assert!(b.store.reset(&key).await.expect("reset"));
+    assert!(
+        !b.store
+            .note_denials(&key, &p.shadowed(), 0)
             .await
             .expect("read")
             .blocked()
@@ -1279,4 +1316,5 @@ conformance!(
     a_penalty_blocks_at_its_count_and_a_blocked_identity_spends_nothing,
     penalty_denials_from_many_callers_add_up_to_one_block,
     penalty_denials_count_within_their_window,
+    a_shadow_penalty_is_counted_apart_and_never_enforced,
 );

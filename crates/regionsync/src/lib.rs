@@ -41,7 +41,7 @@ use tollgate_lease::{Limit, Micros, SharedClock, Store};
 use crate::actor::{SyncActor, SyncMsg, SyncParts};
 use crate::consumption::ConsumptionLog;
 use crate::link::{LinkService, PeerClient};
-use crate::messages::{ForwardReply, ForwardRequest, Origin};
+use crate::messages::{ForwardReply, ForwardRequest, Origin, PenaltyBatch, PenaltyBlock};
 use crate::metrics::{OutcomeLabel, RegionMetrics};
 use crate::peer::{Liveness, PeerTracker};
 use crate::policy::{PeerState, RegionView};
@@ -60,6 +60,20 @@ pub trait RegionHost: Send + Sync + 'static {
         &self,
         request: ForwardRequest,
     ) -> BoxFuture<'static, Result<ForwardReply, ForwardError>>;
+
+    /// Blocks `identity` under `rule`'s penalty for `left`, as the peer region did: in this
+    /// region's store, and on this node. Returns whether the block is held (false: the rule
+    /// has no enforced penalty here, or the store did not take it). A host without penalty
+    /// boxes holds none.
+    fn impose_block(
+        &self,
+        rule: String,
+        identity: Vec<u8>,
+        left: Duration,
+    ) -> BoxFuture<'static, bool> {
+        let _ = (rule, identity, left);
+        Box::pin(async { false })
+    }
 }
 
 /// Why the home region could not decide a forwarded request.
@@ -379,6 +393,31 @@ impl RegionSync {
     /// Takes back `units` recorded at `at` that went back to this region's store unspent.
     pub fn unrecord(&self, rule: &str, identity: &[u8], limit: &Limit, units: u64, at: Micros) {
         self.log.unrecord(rule, identity, limit, units, at);
+    }
+
+    /// Tells the peer region that `identity` entered `rule`'s penalty box for `left`, so that
+    /// it holds the block too. In the background; a peer that is down, or older than link
+    /// version 3, does not hold it (logged at debug).
+    pub fn share_block(&self, rule: &str, identity: &[u8], left: Duration) {
+        if self.peer.state() == PeerState::Down {
+            return;
+        }
+        let batch = PenaltyBatch {
+            origin: self.origin.clone(),
+            blocks: vec![PenaltyBlock {
+                rule: rule.to_owned(),
+                identity: identity.to_vec(),
+                left_us: left.as_micros() as u64,
+            }],
+        };
+        let client = self.client.clone();
+        let timeout = self.config.forward_deadline.max(Duration::from_secs(1));
+        let rule = rule.to_owned();
+        tokio::spawn(async move {
+            if let Err(e) = client.penalty(&batch, timeout).await {
+                tracing::debug!(error = %e, rule, "the peer region did not take a penalty block");
+            }
+        });
     }
 
     /// Asks the home region to decide a HOME_REGION request. None when it cannot (peer down,

@@ -23,7 +23,8 @@ use tonic::{Request, Response, Status};
 
 use crate::codec::{self, MAX_MESSAGE_BYTES};
 use crate::messages::{
-    Batch, BatchAck, DemandAck, DemandBatch, ForwardReply, ForwardRequest, Ping, Pong,
+    Batch, BatchAck, DemandAck, DemandBatch, ForwardReply, ForwardRequest, PenaltyAck,
+    PenaltyBatch, Ping, Pong,
 };
 use crate::receiver::Receiver;
 use crate::throttle::Throttled;
@@ -191,6 +192,7 @@ impl PeerClient {
                 Method::Heartbeat => client.heartbeat(request).await,
                 Method::Forward => client.forward(request).await,
                 Method::Demand => client.demand(request).await,
+                Method::Penalty => client.penalty(request).await,
             }
         };
         let call = tracing::Instrument::instrument(
@@ -228,6 +230,16 @@ impl PeerClient {
         Ok(self.call(Method::Demand, batch, timeout).await?.0)
     }
 
+    /// Ships penalty blocks started in this region (link version 3; a version 2 peer answers
+    /// UNIMPLEMENTED).
+    pub async fn penalty(
+        &self,
+        batch: &PenaltyBatch,
+        timeout: Duration,
+    ) -> Result<PenaltyAck, LinkError> {
+        Ok(self.call(Method::Penalty, batch, timeout).await?.0)
+    }
+
     /// A liveness probe.
     pub async fn heartbeat(&self, ping: &Ping, timeout: Duration) -> Result<Pong, LinkError> {
         Ok(self.call(Method::Heartbeat, ping, timeout).await?.0)
@@ -249,6 +261,7 @@ enum Method {
     Heartbeat,
     Forward,
     Demand,
+    Penalty,
 }
 
 /// The link service this region serves to its peer.
@@ -408,5 +421,10 @@ impl RegionSyncService for LinkService {
     async fn demand(&self, request: Request<Frame>) -> Result<Response<Frame>, Status> {
         let batch: DemandBatch = self.decode(request.into_inner())?;
         frame(&self.receiver.record_demand(batch).await?)
+    }
+
+    async fn penalty(&self, request: Request<Frame>) -> Result<Response<Frame>, Status> {
+        let batch: PenaltyBatch = self.decode(request.into_inner())?;
+        frame(&self.receiver.impose(batch).await?)
     }
 }

@@ -86,6 +86,34 @@ pub struct DemandAck {
     pub recorded: u32,
 }
 
+/// Penalty blocks started in the sender's region (link version 3): the receiver holds each in
+/// its own store for the time left.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PenaltyBatch {
+    /// The sender.
+    pub origin: Origin,
+    /// The blocks.
+    pub blocks: Vec<PenaltyBlock>,
+}
+
+/// One identity blocked by one rule's penalty.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PenaltyBlock {
+    /// The rule (its counters' key).
+    pub rule: String,
+    /// The identity its counter is keyed by.
+    pub identity: Vec<u8>,
+    /// Microseconds left of the block when it was sent.
+    pub left_us: u64,
+}
+
+/// The receiver's answer to a [`PenaltyBatch`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PenaltyAck {
+    /// Blocks now held in the receiver's store (rules with an enforced penalty there).
+    pub imposed: u32,
+}
+
 /// A liveness probe.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Ping {

@@ -28,7 +28,7 @@ use crate::RegionHost;
 use crate::consumption::{epoch_length, epoch_until};
 use crate::messages::{
     Batch, BatchAck, DemandAck, DemandBatch, DemandItem, ForwardReply, ForwardRequest, Origin,
-    Ping, Pong,
+    PenaltyAck, PenaltyBatch, Ping, Pong,
 };
 use crate::metrics::{ReasonLabel, RegionMetrics};
 
@@ -371,6 +371,35 @@ impl Receiver {
             Some(e) => Err(ReportError::Store(e)),
             None => Ok(recorded),
         }
+    }
+
+    /// Holds the peer's penalty blocks in this region: each identity blocked for the time left
+    /// under the same rule here (a rule whose penalty is not enforced here is skipped). A
+    /// malformed batch is refused whole.
+    pub async fn impose(&self, batch: PenaltyBatch) -> Result<PenaltyAck, Status> {
+        self.check_envelope(&batch.origin, batch.blocks.len(), "penalty", "blocks")?;
+        for block in &batch.blocks {
+            BucketKey::new(&block.identity, &block.rule)
+                .map_err(|e| self.invalid(format!("block of {:?}: {e}", block.rule)))?;
+            if block.left_us > MAX_PERIOD.as_micros() as u64 {
+                return Err(self.invalid(format!(
+                    "block of {:?} for {} µs",
+                    block.rule, block.left_us
+                )));
+            }
+        }
+        let mut imposed = 0;
+        for block in batch.blocks {
+            let left = Duration::from_micros(block.left_us);
+            if self
+                .host
+                .impose_block(block.rule, block.identity, left)
+                .await
+            {
+                imposed += 1;
+            }
+        }
+        Ok(PenaltyAck { imposed })
     }
 
     /// Makes a HOME_REGION decision for the peer.

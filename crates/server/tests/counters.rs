@@ -1,8 +1,9 @@
 //! Support's view of a key, against a real PostgreSQL and Redis with two nodes: reading a
 //! descriptor's live counters (remaining, leased units outstanding, what this node holds),
 //! resetting them (one rule or all; write tokens only; written to the rule's history), and the
-//! reset taking effect on the other node too (it drops the units its lease held), with bad
-//! input answered as problem+json naming the field.
+//! reset taking effect on the other node too (it drops the units its lease held), a penalty
+//! block seen and lifted on every node, with bad input answered as problem+json naming the
+//! field.
 
 mod support;
 
@@ -18,6 +19,8 @@ use tollgate_server::config::Settings;
 const RULES: &str = "domain: public-api\nrules:
   - {id: per-key, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 0.001}
   - {id: per-key-daily, match: {api_key: '*'}, algorithm: FIXED_WINDOW, limit: 1000, window: 24h}
+  - {id: login, domain: auth, match: {ip: '*'}, algorithm: TOKEN_BUCKET, capacity: 5,
+     refillPerSecond: 100, penalty: {after: 10, within: 1m, block: 1h}}
 ";
 
 const WRITE: [(&str, &str); 1] = [("authorization", "Bearer w-secret")];
@@ -329,4 +332,118 @@ async fn bad_counter_requests_get_problem_details_naming_the_field() {
     );
     assert_eq!(none["counters"], json!([]));
     node.stop().await;
+}
+
+fn ip(address: &str) -> Request {
+    Request::new("auth").descriptor([("ip", address)])
+}
+
+fn penalized(v: &tollgate_node::Verdict) -> bool {
+    v.denial() == Some(tollgate_node::runtime::verdict::Denial::Penalized)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn support_sees_a_penalty_block_and_lifts_it_on_every_node() {
+    let pg = postgres().await;
+    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let (mut a, mut b) = two_nodes(&pg.url(), &redis.url()).await;
+    let admin = a.admin_port();
+
+    // The client hammers node a into an hour's block; node b blocks it too.
+    let started = Instant::now();
+    loop {
+        let v = a.node.check(&ip("203.0.113.7")).await.expect("valid");
+        if penalized(&v) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "no block: {v:?}"
+        );
+        tokio::task::yield_now().await;
+    }
+    let v = b.node.check(&ip("203.0.113.7")).await.expect("valid");
+    assert!(penalized(&v), "{v:?}");
+
+    let answer = call(
+        admin,
+        "GET",
+        "/admin/v1/counters?domain=auth&descriptor=ip=203.0.113.7",
+        &READ,
+        None,
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    let read = json_of(&answer);
+    let penalty = &counter(&read, "login")["penalty"];
+    assert_eq!(penalty["blocked"], json!(true), "{penalty}");
+    assert!(
+        penalty["blockedForMs"].as_u64().expect("ms") > 3_500_000,
+        "{penalty}"
+    );
+
+    // Only write tokens lift; a rule that matches nothing is a problem naming the field.
+    let lift = |headers: &'static [(&'static str, &'static str)], body: &'static str| async move {
+        call(
+            admin,
+            "POST",
+            "/admin/v1/penalties/lift",
+            headers,
+            Some(body),
+        )
+        .await
+    };
+    let body = r#"{"domain":"auth","descriptor":{"ip":"203.0.113.7"}}"#;
+    assert_eq!(lift(&READ, body).await.status, 403);
+    let wrong = lift(
+        &WRITE,
+        r#"{"domain":"auth","descriptor":{"ip":"203.0.113.7"},"rule":"nope"}"#,
+    )
+    .await;
+    assert_eq!(wrong.status, 400, "{wrong:?}");
+    assert!(wrong.body.contains("rule"), "{wrong:?}");
+    let lifted = lift(&WRITE, body).await;
+    assert_eq!(lifted.status, 200, "{lifted:?}");
+    assert_eq!(
+        json_of(&lifted)["lifted"],
+        json!([{"rule": "login", "identity": "203.0.113.7", "wasBlocked": true}])
+    );
+
+    // Node a lifted it itself; node b is told over PostgreSQL, within a second.
+    assert!(
+        a.node
+            .check(&ip("203.0.113.7"))
+            .await
+            .expect("valid")
+            .allowed
+    );
+    let told = Instant::now();
+    loop {
+        let v = b.node.check(&ip("203.0.113.7")).await.expect("valid");
+        if v.allowed {
+            break;
+        }
+        assert!(
+            told.elapsed() < Duration::from_secs(1),
+            "node b still blocks after the lift: {v:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let history = call(
+        admin,
+        "GET",
+        &format!("{}/history", rule_path("login")),
+        &READ,
+        None,
+    )
+    .await;
+    assert!(
+        history.body.contains("penalty-lifted"),
+        "the lift is in the rule's history: {history:?}"
+    );
+    a.stop().await;
+    b.stop().await;
 }

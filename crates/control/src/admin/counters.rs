@@ -153,9 +153,36 @@ pub(super) async fn read(
 }
 
 pub(super) async fn reset(
+    state: State<AdminState>,
+    caller: axum::Extension<Caller>,
+    body: axum::body::Body,
+) -> Result<Response, Problem> {
+    reset_or_lift(state, caller, body, Clearing::Counters).await
+}
+
+/// `POST /admin/v1/penalties/lift`: lifts the penalty blocks of a descriptor's identity.
+pub(super) async fn lift(
+    state: State<AdminState>,
+    caller: axum::Extension<Caller>,
+    body: axum::body::Body,
+) -> Result<Response, Problem> {
+    reset_or_lift(state, caller, body, Clearing::Penalties).await
+}
+
+/// What a support call clears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Clearing {
+    /// The key's counters, block included.
+    Counters,
+    /// Only the key's penalty blocks.
+    Penalties,
+}
+
+async fn reset_or_lift(
     State(state): State<AdminState>,
     axum::Extension(Caller(caller)): axum::Extension<Caller>,
     body: axum::body::Body,
+    clearing: Clearing,
 ) -> Result<Response, Problem> {
     let body: ResetBody = body_json(body, state.client_timeout).await?;
     let node = state
@@ -167,15 +194,19 @@ pub(super) async fn reset(
     }
     let entries = entries_of(&body.descriptor)?;
     let request = request_of(&body.domain, entries)?;
-    let resets = node
-        .reset_counters(&request, body.rule.as_deref())
-        .await
-        .map_err(counter_problem)?;
+    let resets = match clearing {
+        Clearing::Counters => node.reset_counters(&request, body.rule.as_deref()).await,
+        Clearing::Penalties => node.lift_penalties(&request, body.rule.as_deref()).await,
+    }
+    .map_err(counter_problem)?;
     let records: Vec<ResetRecord> = resets
         .iter()
         .map(|r| ResetRecord {
             rule: r.rule.clone(),
-            notice: ResetNotice::new(&r.rule_key, &r.identity),
+            notice: match clearing {
+                Clearing::Counters => ResetNotice::new(&r.rule_key, &r.identity),
+                Clearing::Penalties => ResetNotice::lifted(&r.rule_key, &r.identity),
+            },
             domain: body.domain.clone(),
             identity: String::from_utf8_lossy(&r.identity).into_owned(),
             existed: r.existed,
@@ -189,12 +220,21 @@ pub(super) async fn reset(
             "the counters were reset, but the history and the other nodes could not be told: {e}"
         ))
     })?;
-    tracing::info!(by = %caller, domain = %body.domain, buckets = resets.len(), "counters reset");
+    let (field, existed) = match clearing {
+        Clearing::Counters => {
+            tracing::info!(by = %caller, domain = %body.domain, buckets = resets.len(), "counters reset");
+            ("reset", "existed")
+        }
+        Clearing::Penalties => {
+            tracing::info!(by = %caller, domain = %body.domain, rules = resets.len(), "penalty blocks lifted");
+            ("lifted", "wasBlocked")
+        }
+    };
     Ok(axum::Json(json!({
-        "reset": resets.iter().map(|r| json!({
+        field: resets.iter().map(|r| json!({
             "rule": r.rule,
             "identity": String::from_utf8_lossy(&r.identity),
-            "existed": r.existed,
+            existed: r.existed,
         })).collect::<Vec<_>>(),
     }))
     .into_response())

@@ -19,6 +19,10 @@ pub struct ResetNotice {
     pub rule_key: String,
     /// The identity, hex-encoded (an identity is bytes).
     pub identity_hex: String,
+    /// Only the penalty block was lifted: nodes forget the block they know and keep the
+    /// rest of the bucket.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub penalty_only: bool,
 }
 
 impl ResetNotice {
@@ -27,6 +31,15 @@ impl ResetNotice {
         Self {
             rule_key: rule_key.to_owned(),
             identity_hex: identity.iter().map(|b| format!("{b:02x}")).collect(),
+            penalty_only: false,
+        }
+    }
+
+    /// The notice of a lifted penalty block.
+    pub fn lifted(rule_key: &str, identity: &[u8]) -> Self {
+        Self {
+            penalty_only: true,
+            ..Self::new(rule_key, identity)
         }
     }
 
@@ -53,13 +66,24 @@ pub struct ResetRecord {
     pub domain: String,
     /// The identity as text (lossy), for people reading the history.
     pub identity: String,
-    /// Whether the store had anything of the bucket.
+    /// Whether the store had anything of the bucket (a lift: whether a block was lifted).
     pub existed: bool,
 }
 
+impl ResetRecord {
+    /// The history's name for it.
+    fn change(&self) -> &'static str {
+        if self.notice.penalty_only {
+            "penalty-lifted"
+        } else {
+            "counter-reset"
+        }
+    }
+}
+
 impl RuleStore {
-    /// Records resets in their rules' histories (change `counter-reset`, by `actor`) and
-    /// notifies the nodes, in one transaction.
+    /// Records resets in their rules' histories (change `counter-reset`, or `penalty-lifted`
+    /// for a lift, by `actor`) and notifies the nodes, in one transaction.
     pub async fn record_resets(
         &self,
         resets: &[ResetRecord],
@@ -81,8 +105,8 @@ impl RuleStore {
             });
             tx.execute(
                 "INSERT INTO rate_limit_rule_history (rule_id, change, version, revision, changed_by, old_rule, new_rule)
-                 VALUES ($1, 'counter-reset', $2, $3, $4, NULL, $5)",
-                &[&reset.rule, &version, &revision, &actor, &detail],
+                 VALUES ($1, $6, $2, $3, $4, NULL, $5)",
+                &[&reset.rule, &version, &revision, &actor, &detail, &reset.change()],
             )
             .await?;
             let payload = serde_json::to_string(&reset.notice)
@@ -108,6 +132,7 @@ mod tests {
         let bad = ResetNotice {
             rule_key: "r".into(),
             identity_hex: "abc".into(),
+            penalty_only: false,
         };
         assert_eq!(bad.identity(), None);
     }

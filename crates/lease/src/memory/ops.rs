@@ -110,7 +110,7 @@ impl LeaseStore for MemoryStore {
                     slot: entry
                         .filter(|_| is_slot_bucket(&item.limit))
                         .map(|s| SlotId(s.into())),
-                    blocked: false,
+                    blocked_for: Duration::ZERO,
                 };
                 if let Some(a) = allowance.as_mut() {
                     if consume {
@@ -129,7 +129,7 @@ impl LeaseStore for MemoryStore {
                 }
                 if block > 0 {
                     status.allowed = false;
-                    status.blocked = true;
+                    status.blocked_for = us(block);
                     status.retry_after = status.retry_after.max(us(block));
                 }
                 out.push(status);
@@ -212,7 +212,7 @@ impl LeaseStore for MemoryStore {
                             retry_after: us(retry.max(block)),
                             reset_after: us(reset),
                             live_leases,
-                            blocked: block > 0,
+                            blocked_for: us(block),
                         };
                         b.restore(keys, &k);
                         if let Some(a) = allowance {
@@ -253,7 +253,7 @@ impl LeaseStore for MemoryStore {
                         retry_after: Duration::ZERO,
                         reset_after: us(reset),
                         live_leases,
-                        blocked: false,
+                        blocked_for: Duration::ZERO,
                     };
                     b.store(keys, &k, &ask.limit, now);
                     store_leases(keys, &lease_key, leases, now);
@@ -494,7 +494,7 @@ impl LeaseStore for MemoryStore {
         penalty: &Penalty,
         denials: u64,
     ) -> Result<PenaltyState, StoreError> {
-        let name = key.penalty_key();
+        let name = key.penalty_key_of(penalty);
         let params = PenaltyParams {
             after: penalty.after(),
             within_us: penalty.within().as_micros() as u64,
@@ -510,6 +510,16 @@ impl LeaseStore for MemoryStore {
                 keys.put(&name, Value::Penalty(record), now + ttl_ms * 1000);
             }
             state
+        })
+    }
+
+    async fn lift_block(&self, key: &BucketKey) -> Result<bool, StoreError> {
+        let (name, shadow) = (key.penalty_key(), key.shadow_penalty_key());
+        self.with_shard(key, &[], |keys, now| {
+            let lifted = block_left(keys, key, now) > 0;
+            keys.remove(&name);
+            keys.remove(&shadow);
+            lifted
         })
     }
 }

@@ -71,7 +71,8 @@ impl CheckRequest {
     }
 
     /// This request with the items whose rule has a penalty marked: such an item is denied
-    /// while its identity is blocked (see [`crate::ops::penalty`]), before anything is judged.
+    /// while its identity is blocked (see [`crate::ops::penalty`]), and the request consumes
+    /// nothing.
     pub fn with_penalized(mut self, penalized: Vec<bool>) -> Result<Self, InvalidInput> {
         check_marks(self.items.len(), penalized.len())?;
         self.penalized = penalized;
@@ -120,9 +121,9 @@ pub struct BucketStatus {
     pub reset_after: Duration,
     /// For a concurrency bucket of an admitted request: the slot to release when done.
     pub slot: Option<SlotId>,
-    /// Denied because the identity is in the rule's penalty box: `retry_after` is the time
-    /// left of the block.
-    pub blocked: bool,
+    /// The time left of the penalty block that denied it (zero: none). `retry_after` is at
+    /// least this.
+    pub blocked_for: Duration,
 }
 
 /// A limit decision: a value, not an error.

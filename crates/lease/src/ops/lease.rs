@@ -177,9 +177,9 @@ pub struct LeaseGrant {
     /// decide on this answer while the store is slow divides what remains by the other nodes
     /// holding leases (`live_leases` less its own), so that they do not each spend all of it.
     pub live_leases: u64,
-    /// Refused because the identity is in the rule's penalty box: `retry_after` is the time
-    /// left of the block.
-    pub blocked: bool,
+    /// The time left of the penalty block that refused it (zero: none). `retry_after` is at
+    /// least this.
+    pub blocked_for: Duration,
 }
 
 /// Unspent units to give back.

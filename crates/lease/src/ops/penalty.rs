@@ -24,6 +24,7 @@ pub struct Penalty {
     after: u64,
     within: Duration,
     block: Duration,
+    shadow: bool,
 }
 
 impl Penalty {
@@ -46,7 +47,23 @@ impl Penalty {
             after,
             within,
             block,
+            shadow: false,
         })
+    }
+
+    /// The same penalty of a SHADOW rule: counted, and its blocks kept apart
+    /// (`<key>:penalty:shadow`), so that no store call ever enforces them, even after the
+    /// rule turns ENFORCE.
+    pub fn shadowed(self) -> Self {
+        Self {
+            shadow: true,
+            ..self
+        }
+    }
+
+    /// Whether it is a SHADOW rule's.
+    pub fn is_shadow(&self) -> bool {
+        self.shadow
     }
 
     /// Denials that start a block.

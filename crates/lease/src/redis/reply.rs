@@ -45,7 +45,8 @@ fn micros(v: &Value, what: &str) -> Result<Duration, StoreError> {
     int(v, what).map(Duration::from_micros)
 }
 
-/// `check`: per bucket `{allowed, remaining, retry_after_us, reset_after_us, slot, blocked}`.
+/// `check`: per bucket `{allowed, remaining, retry_after_us, reset_after_us, slot,
+/// blocked_for_us}`.
 pub(crate) fn check(v: Value, buckets: usize) -> Result<CheckOutcome, StoreError> {
     let rows = array(v, buckets, "check reply")?;
     let buckets = rows
@@ -59,7 +60,7 @@ pub(crate) fn check(v: Value, buckets: usize) -> Result<CheckOutcome, StoreError
                 retry_after: micros(&f[2], "retry_after")?,
                 reset_after: micros(&f[3], "reset_after")?,
                 slot: (!slot.is_empty()).then(|| SlotId(slot.into())),
-                blocked: int(&f[5], "blocked")? == 1,
+                blocked_for: micros(&f[5], "blocked_for")?,
             })
         })
         .collect::<Result<_, StoreError>>()?;
@@ -67,7 +68,7 @@ pub(crate) fn check(v: Value, buckets: usize) -> Result<CheckOutcome, StoreError
 }
 
 /// `lease_acquire`: per ask `{units, lease, valid_for_us, remaining, retry_after_us,
-/// reset_after_us, live_leases, blocked}`.
+/// reset_after_us, live_leases, blocked_for_us}`.
 pub(crate) fn grants(v: Value, asks: usize) -> Result<Vec<LeaseGrant>, StoreError> {
     array(v, asks, "lease reply")?
         .into_iter()
@@ -82,7 +83,7 @@ pub(crate) fn grants(v: Value, asks: usize) -> Result<Vec<LeaseGrant>, StoreErro
                 retry_after: micros(&f[4], "retry_after")?,
                 reset_after: micros(&f[5], "reset_after")?,
                 live_leases: int(&f[6], "live_leases")?,
-                blocked: int(&f[7], "blocked")? == 1,
+                blocked_for: micros(&f[7], "blocked_for")?,
             })
         })
         .collect()
@@ -132,7 +133,7 @@ mod tests {
             Value::Int(0),
         ])]);
         let out = check(row, 1).expect("parses");
-        assert!(out.allowed() && !out.buckets[0].blocked);
+        assert!(out.allowed() && out.buckets[0].blocked_for.is_zero());
         assert_eq!(out.buckets[0].remaining, 9);
         assert_eq!(out.buckets[0].reset_after, Duration::from_millis(200));
         assert_eq!(

@@ -105,12 +105,13 @@ pub(crate) struct Scripts {
     pub(crate) held_leases: Script,
     pub(crate) reset: Script,
     pub(crate) note_denials: Script,
+    pub(crate) penalty_lift: Script,
     pub(crate) batch: Script,
 }
 
 impl Scripts {
     /// Every script.
-    pub(crate) fn all(&self) -> [&Script; 11] {
+    pub(crate) fn all(&self) -> [&Script; 12] {
         [
             &self.check,
             &self.lease_acquire,
@@ -122,6 +123,7 @@ impl Scripts {
             &self.held_leases,
             &self.reset,
             &self.note_denials,
+            &self.penalty_lift,
             &self.batch,
         ]
     }
@@ -161,6 +163,11 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         "note_denials",
         include_str!("scripts/note_denials.lua"),
         Oom::Refused,
+    ),
+    penalty_lift: Script::new(
+        "penalty_lift",
+        include_str!("scripts/penalty_lift.lua"),
+        Oom::Allowed,
     ),
     batch: Script::batch(&[
         (BatchOp::Check as u8, CHECK),

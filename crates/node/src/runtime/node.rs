@@ -511,6 +511,7 @@ impl Node {
             // waited for it) says so.
             if s.denial == Some(Denial::OverLimit)
                 && s.outcome == Some(Outcome::Denied)
+                && hit.rule.penalty.is_some()
                 && let Some(left) = self.known_block(hit, route, self.now())
             {
                 crate::runtime::penalties::count_penalized(&self.inner.shared, &hit.rule);
@@ -525,12 +526,12 @@ impl Node {
             if route == Route::Fastest
                 && s.rule.penalty.is_some()
                 && matches!(s.outcome, Some(Outcome::Denied | Outcome::ShadowDenied))
-                && s.denial != Some(Denial::Penalized)
+                && matches!(s.denial, Some(Denial::OverLimit) | None)
                 && let Ok(key) = hit.bucket_id().store_key()
             {
                 // A denial of a client counts towards its rule's penalty (a draw's does not).
                 let shared = &self.inner.shared;
-                shared.penalties.count(shared, &s.rule, key);
+                shared.penalties.count(shared, &s.rule, &hit.identity, key);
             }
             let counted = match s.outcome {
                 // Rules that admitted a request another rule denied are not counted as allowing.

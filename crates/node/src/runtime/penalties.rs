@@ -8,11 +8,15 @@
 //!   arrive while a flush is out ride on the next one.
 //! - **Knowing.** A block is learnt from the store: the flush that started it, or any check or
 //!   lease the store refused because of it. From then on this node denies the identity from
-//!   memory, without a store call, until the block ends.
-//! - **Bounds.** At most [`MAX_BLOCKS`] blocks are held (past it, the one nearest its end
-//!   goes; the store still refuses that identity's leases) and at most [`MAX_PENDING`]
-//!   identities wait to be counted (past it, a new identity's denials wait for the next
-//!   flush): nothing a client sends grows them without bound.
+//!   memory, without a store call, until the block ends. The node whose flush started a block
+//!   tells the peer region, which holds it in its own store (`impose`).
+//! - **Bounds.** At most [`MAX_BLOCKS`] blocks are held (past it, an eighth of them go,
+//!   those nearest their end; the store still refuses those identities' leases) and at most
+//!   [`MAX_PENDING`] identities wait to be counted (past it, a new identity's denials are not
+//!   counted until a flush makes room): nothing a client sends grows them without bound.
+//! - **Flushes** call the store directly (not through the circuit breaker): each call is
+//!   bounded by the store's budget, at most 64 are out at once, and a failed one drops its
+//!   counts.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,6 +54,7 @@ pub struct Penalties {
 #[derive(Debug)]
 struct Pending {
     rule: Arc<CompiledRule>,
+    identity: Vec<u8>,
     denials: u64,
 }
 
@@ -76,14 +81,20 @@ impl Penalties {
         let until = now + left.as_micros() as u64;
         let mut blocks = self.blocks.lock();
         if blocks.len() >= MAX_BLOCKS && !blocks.contains_key(&key) {
+            // Full: the ended blocks go, then an eighth of the map, those nearest their end
+            // (one pass makes room for many blocks, so a flood pays it rarely).
             blocks.retain(|_, end| *end > now);
-            if blocks.len() >= MAX_BLOCKS
-                && let Some(nearest) = blocks
-                    .iter()
-                    .min_by_key(|(_, end)| **end)
-                    .map(|(k, _)| k.clone())
-            {
-                blocks.remove(&nearest);
+            let over = blocks.len().saturating_sub(MAX_BLOCKS - MAX_BLOCKS / 8);
+            if over > 0 {
+                let mut ends: Vec<Micros> = blocks.values().copied().collect();
+                let (_, cut, _) = ends.select_nth_unstable(over - 1);
+                let cut = *cut;
+                let mut left = over;
+                blocks.retain(|_, end| {
+                    let goes = left > 0 && *end <= cut;
+                    left -= usize::from(goes);
+                    !goes
+                });
             }
         }
         blocks.insert(key, until);
@@ -104,7 +115,13 @@ impl Penalties {
 
     /// Counts one denial of `key`'s identity by `rule` (which has a penalty), and starts a
     /// flush to the store unless one is out.
-    pub(crate) fn count(&self, shared: &Arc<Shared>, rule: &Arc<CompiledRule>, key: BucketKey) {
+    pub(crate) fn count(
+        &self,
+        shared: &Arc<Shared>,
+        rule: &Arc<CompiledRule>,
+        identity: &[u8],
+        key: BucketKey,
+    ) {
         {
             let mut pending = self.pending.lock();
             if pending.len() >= MAX_PENDING && !pending.contains_key(&key) {
@@ -114,6 +131,7 @@ impl Penalties {
                 .entry(key)
                 .or_insert_with(|| Pending {
                     rule: rule.clone(),
+                    identity: identity.to_vec(),
                     denials: 0,
                 })
                 .denials += 1;
@@ -152,6 +170,13 @@ async fn note(shared: &Shared, key: BucketKey, pending: Pending) {
     let Some(penalty) = pending.rule.penalty else {
         return;
     };
+    let enforced = pending.rule.mode == Mode::Enforce;
+    // A SHADOW rule counts in a record of its own, which nothing enforces.
+    let penalty = if enforced {
+        penalty
+    } else {
+        penalty.shadowed()
+    };
     match shared
         .store
         .inner()
@@ -160,7 +185,6 @@ async fn note(shared: &Shared, key: BucketKey, pending: Pending) {
     {
         Ok(state) => {
             let rule = &pending.rule;
-            let enforced = rule.mode == Mode::Enforce;
             if state.started {
                 shared
                     .metrics
@@ -173,6 +197,9 @@ async fn note(shared: &Shared, key: BucketKey, pending: Pending) {
                     .inc();
                 if enforced {
                     tracing::info!(rule = %rule.id, block_s = penalty.block().as_secs(), "an identity entered the penalty box");
+                    if let Some(region) = shared.region.get() {
+                        region.share_block(&rule.key, &pending.identity, state.blocked_for);
+                    }
                 } else {
                     tracing::info!(rule = %rule.id, "a SHADOW penalty would have blocked an identity");
                 }
@@ -200,4 +227,39 @@ pub(crate) fn count_penalized(shared: &Shared, rule: &CompiledRule) {
             rule: rule.id.clone(),
         })
         .inc();
+}
+
+/// Holds a block the peer region started: `identity` blocked under the rule keyed `rule_key`
+/// for `left`, in this region's store and on this node. False when the rule has no enforced
+/// penalty here, the block is under a second (not worth a store call), or the store failed.
+pub(crate) async fn impose(
+    shared: &Shared,
+    rule: &CompiledRule,
+    identity: &[u8],
+    left: Duration,
+) -> bool {
+    let Some(penalty) = rule.penalty.filter(|_| rule.enforces_penalty()) else {
+        return false;
+    };
+    let Ok(key) = BucketKey::new(identity, &rule.key) else {
+        return false;
+    };
+    // The peer's block as a penalty of one denial lasting its time left: one denial starts it,
+    // and a block already held here is kept as it is.
+    let Ok(one) = tollgate_lease::Penalty::new(1, penalty.within(), left) else {
+        return false;
+    };
+    match shared.store.inner().note_denials(&key, &one, 1).await {
+        Ok(state) if state.blocked() => {
+            shared
+                .penalties
+                .learn(key, state.blocked_for, shared.clock.now_micros());
+            true
+        }
+        Ok(_) => false,
+        Err(e) => {
+            tracing::debug!(error = %e, rule = %rule.id, "the peer region's block is not held here");
+            false
+        }
+    }
 }

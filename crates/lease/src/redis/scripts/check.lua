@@ -9,7 +9,7 @@ ARGV[3 + 9(i-1) ...]  per bucket: algorithm code, p1, p2, cost, then its allowan
          of the allowance key (0: none), region, interval us, unknown share; then the KEYS
          index of its penalty record (`<key>:penalty`; 0: its rule has no penalty)
 Reply    per bucket: {allowed 0|1, remaining, retry_after_us, reset_after_us, slot id or '',
-         blocked 0|1}
+         blocked_for_us (the penalty block's time left; 0: not blocked)}
 
 Invariants:
   - every bucket is judged before any is changed: all consume or none does;
@@ -51,7 +51,7 @@ for i = 1, n do
   if not ok[i] then retry = retry_after(b, cost, now) end
   local slot = ''
   if b.alg == CONC and member then slot = member end
-  local allowed, blocked = 0, 0
+  local allowed = 0
   if ok[i] and aok[i] then allowed = 1 end
   local remaining, reset = available(b, now), reset_after(b, now)
   if al then
@@ -62,9 +62,9 @@ for i = 1, n do
     store_allowance(al, take, now)
   end
   if blocks[i] > 0 then
-    allowed, blocked, retry = 0, 1, math.max(retry, blocks[i])
+    allowed, retry = 0, math.max(retry, blocks[i])
   end
-  reply[i] = {allowed, remaining, retry, reset, slot, blocked}
+  reply[i] = {allowed, remaining, retry, reset, slot, blocks[i]}
   if take then store(b, now) end
 end
 return reply

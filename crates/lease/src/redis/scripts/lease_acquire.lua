@@ -9,7 +9,7 @@ ARGV[3 + 11(i-1) ...]  per bucket: algorithm code, p1, p2, want, min, max_share,
             allowance: KEYS index of the allowance key (0: none), region, interval us,
             unknown share; then the KEYS index of its penalty record (0: no penalty)
 Reply       per bucket: {units, lease id or '', valid_for_us, remaining, retry_after_us, reset_after_us,
-            live leases (this one included), blocked 0|1}
+            live leases (this one included), blocked_for_us (0: not blocked)}
 
 Grant: min(want, max(min, floor(available * max_share))), or 0 when fewer than `min` units
 are available (then retry_after is the time until `min` are). With an allowance, available is
@@ -60,9 +60,8 @@ for i = 1, n do
       reset = math.max(reset, reset_after(al, now))
       store_allowance(al, false, now)
     end
-    local flag = 0
-    if blocked > 0 then flag, retry = 1, math.max(retry, blocked) end
-    reply[i] = {0, '', 0, avail, retry, reset, redis.call('ZCARD', lease_key), flag}
+    if blocked > 0 then retry = math.max(retry, blocked) end
+    reply[i] = {0, '', 0, avail, retry, reset, redis.call('ZCARD', lease_key), blocked}
   else
     local entry = consume(b, grant, now, '')
     local valid, ws = ttl, 0

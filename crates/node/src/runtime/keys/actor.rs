@@ -193,7 +193,7 @@ impl Actor for KeyActor {
                                 }
                                 ask.bucket.refill_done();
                             } else if grant.units == 0
-                                && !grant.blocked
+                                && grant.blocked_for.is_zero()
                                 && ask.returned == 0
                                 && state.waiting_beyond_held(&ask.bucket)
                             {
@@ -484,12 +484,12 @@ impl KeyState {
             now,
         );
         let Some(id) = grant.lease.filter(|_| grant.units > 0) else {
-            if grant.blocked {
+            if !grant.blocked_for.is_zero() {
                 // Every later decision for the identity is denied from memory, until the
                 // block ends.
                 self.shared
                     .penalties
-                    .learn(bucket.key.clone(), grant.retry_after, now);
+                    .learn(bucket.key.clone(), grant.blocked_for, now);
             }
             bucket.deny_until(min, grant.retry_after, self.shared.config.lease.ttl, now);
             bucket.refill_done();

@@ -45,7 +45,7 @@ pub struct Counter {
     pub penalty: Option<tollgate_lease::PenaltyState>,
 }
 
-/// One bucket a reset forgot.
+/// One bucket a reset forgot, or one penalty block lifted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reset {
     /// The rule's id.
@@ -54,7 +54,7 @@ pub struct Reset {
     pub rule_key: String,
     /// The identity.
     pub identity: Vec<u8>,
-    /// Whether the store had anything of it.
+    /// Whether the store had anything of it (for a lift: whether a block was lifted).
     pub existed: bool,
 }
 
@@ -110,6 +110,12 @@ impl Node {
                 counter.reset_after = peek.buckets[0].reset_after;
                 counter.held = store.held_leases(&key).await?;
                 if let Some(penalty) = rule.penalty {
+                    // A SHADOW rule's record: what it would have blocked.
+                    let penalty = if rule.mode == Mode::Shadow {
+                        penalty.shadowed()
+                    } else {
+                        penalty
+                    };
                     counter.penalty = Some(store.note_denials(&key, &penalty, 0).await?);
                 }
                 counter.held_here = self
@@ -159,6 +165,56 @@ impl Node {
             });
         }
         Ok(out)
+    }
+
+    /// Lifts the penalty blocks of `request`'s identity: under the matched rule with id `rule`,
+    /// or under every matched rule with a penalty when None. Each block is lifted in the store
+    /// (its denial count forgotten, the bucket untouched) and on this node; the other nodes
+    /// forget it when told ([`Node::forget_block`]).
+    pub async fn lift_penalties(
+        &self,
+        request: &Request,
+        rule: Option<&str>,
+    ) -> Result<Vec<Reset>, CounterError> {
+        let store = self.inner.shared.store.inner();
+        let charges: Vec<_> = self
+            .charges(request)?
+            .into_iter()
+            .filter(|c| c.rule.penalty.is_some())
+            .filter(|c| rule.is_none_or(|id| c.rule.id == id))
+            .collect();
+        if let Some(id) = rule
+            && charges.is_empty()
+        {
+            return Err(CounterError::NoSuchRule(id.to_owned()));
+        }
+        let mut out = vec![];
+        for charge in charges {
+            let key = BucketId::new(&charge.rule, &charge.identity)
+                .store_key()
+                .map_err(|e| CounterError::Key(e.to_string()))?;
+            let existed = store.lift_block(&key).await?;
+            self.inner.shared.penalties.forget(&key);
+            out.push(Reset {
+                rule: charge.rule.id.clone(),
+                rule_key: charge.rule.key.clone(),
+                identity: charge.identity,
+                existed,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Forgets the block this node knows of the bucket of rule `rule_key` for `identity`,
+    /// after it was lifted. Returns whether it knew one.
+    pub fn forget_block(&self, rule_key: &str, identity: &[u8]) -> bool {
+        let Ok(key) = tollgate_lease::BucketKey::new(identity, rule_key) else {
+            return false;
+        };
+        let penalties = &self.inner.shared.penalties;
+        let known = penalties.blocked_for(&key, self.now()).is_some();
+        penalties.forget(&key);
+        known
     }
 
     /// Drops what this node holds of the bucket of rule `rule_key` (a [`Counter::rule_key`])

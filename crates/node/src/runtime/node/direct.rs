@@ -111,11 +111,11 @@ impl Node {
                         i,
                         if b.allowed {
                             hits[i].admitted(Outcome::Allowed, b.remaining, b.reset_after)
-                        } else if b.blocked {
+                        } else if !b.blocked_for.is_zero() {
                             let shared = &self.inner.shared;
                             shared.penalties.learn(
                                 request.items()[at].key.clone(),
-                                b.retry_after,
+                                b.blocked_for,
                                 shared.clock.now_micros(),
                             );
                             crate::runtime::penalties::count_penalized(shared, &hits[i].rule);

@@ -100,4 +100,22 @@ impl tollgate_regionsync::RegionHost for RegionHostOf {
             })
         })
     }
+
+    fn impose_block(
+        &self,
+        rule: String,
+        identity: Vec<u8>,
+        left: std::time::Duration,
+    ) -> futures::future::BoxFuture<'static, bool> {
+        let inner = self.node.upgrade();
+        Box::pin(async move {
+            let Some(inner) = inner else {
+                return false;
+            };
+            let Some(compiled) = inner.rules.load().rule(&rule).cloned() else {
+                return false;
+            };
+            crate::runtime::penalties::impose(&inner.shared, &compiled, &identity, left).await
+        })
+    }
 }

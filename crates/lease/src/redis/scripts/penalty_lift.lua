@@ -1,0 +1,18 @@
+--[[
+penalty_lift: lift one identity's penalty block under one rule, and forget its denial count
+(`DELETE /admin/v1/penalties`). The bucket itself is untouched.
+
+KEYS[1]  the bucket's penalty record (`<key>:penalty`); KEYS[2] its SHADOW rule's record
+         (`<key>:penalty:shadow`)
+ARGV     none
+Reply    {1 if a block was lifted, else 0}
+
+Invariants: idempotent; a count in progress is forgotten with the block (the client starts
+from zero); only the penalty record is deleted.
+]]
+
+local now = now_us()
+local blocked_until = tonumber(redis.call('HGET', KEYS[1], 'until') or '0') or 0
+redis.call('DEL', KEYS[1], KEYS[2])
+if blocked_until > now then return {1} end
+return {0}

@@ -15,12 +15,15 @@
 //!
 //! # Layout
 //! - [`scenario`]: the YAML format, checked with the field that is wrong.
+//! - [`lint`]: what a scenario says that it may not mean (streams no rule matches,
+//!   placeholder typos, small limits split between regions).
 //! - [`run`](mod@run): the world (stores, nodes, traffic, faults) on one paused tokio runtime.
 //! - [`oracle`]: the exact limiter, false denials and the bound each limit owes.
 //! - [`report`]: what a run measured and the invariants, as a table or JSON.
 //! - [`plot`]: admitted against exact per rule over time, fault windows shaded (SVG).
 //! - [`sweep`]: a table over parameter values and seeds.
 
+pub mod lint;
 pub mod oracle;
 pub mod plot;
 pub mod report;

@@ -38,6 +38,10 @@ enum Command {
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
+        /// Refuses a scenario with warnings (a stream no rule matches, a placeholder that
+        /// names no field) instead of running it.
+        #[arg(long)]
+        strict: bool,
     },
     /// Runs one scenario over values of one setting and over seeds, as a table; exits 1 when
     /// any run breaks an invariant, naming the seed.
@@ -54,7 +58,27 @@ enum Command {
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
+        /// Refuses a scenario with warnings instead of running it.
+        #[arg(long)]
+        strict: bool,
     },
+}
+
+/// Says the scenario's findings on stderr; under `strict`, an error if any is a warning.
+fn check_findings(scenario: &Scenario, file: &std::path::Path, strict: bool) -> anyhow::Result<()> {
+    let findings = tollgate_simulations::lint::lint(scenario)?;
+    for f in &findings {
+        let what = if f.is_warning() { "warning" } else { "note" };
+        eprintln!("{what}: {}: {f}", file.display());
+    }
+    let warnings = findings.iter().filter(|f| f.is_warning()).count();
+    if strict && warnings > 0 {
+        anyhow::bail!(
+            "{}: {warnings} warning(s), refused under --strict",
+            file.display()
+        );
+    }
+    Ok(())
 }
 
 fn bar(total: u64, quiet: bool, what: &str) -> ProgressBar {
@@ -89,8 +113,10 @@ fn main_() -> anyhow::Result<ExitCode> {
             report,
             plot: plot_to,
             quiet,
+            strict,
         } => {
             let s = Scenario::load(&scenario)?;
+            check_findings(&s, &scenario, strict)?;
             let seed = seed.unwrap_or(s.seed);
             let progress = bar(s.duration.as_secs(), quiet, &s.name);
             let result = run(&s, seed, &mut |second| progress.set_position(second))?;
@@ -112,11 +138,13 @@ fn main_() -> anyhow::Result<ExitCode> {
             param,
             seeds,
             quiet,
+            strict,
         } => {
             let text = std::fs::read_to_string(&scenario)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", scenario.display()))?;
             let file = scenario.display().to_string();
             let base = Scenario::parse(&text, &file)?;
+            check_findings(&base, &scenario, strict)?;
             let seeds = sweep::parse_seeds(&seeds).map_err(anyhow::Error::msg)?;
             let param = match param {
                 Some(p) => sweep::parse_param(&p).map_err(anyhow::Error::msg)?,

@@ -38,6 +38,8 @@ pub struct Report {
     pub faults: Vec<FaultWindow>,
     /// The invariants checked, and what broke.
     pub invariants: Vec<Invariant>,
+    /// What the scenario says that it may not mean (see [`crate::lint`]).
+    pub findings: Vec<crate::lint::Finding>,
 }
 
 /// Latency percentiles.
@@ -253,6 +255,13 @@ impl Report {
                 i.name,
                 i.detail
             );
+        }
+        if !self.findings.is_empty() {
+            let _ = writeln!(out, "\nscenario notes:");
+            for f in &self.findings {
+                let what = if f.is_warning() { "warning" } else { "note" };
+                let _ = writeln!(out, "  {what}: {f}");
+            }
         }
         out
     }

@@ -40,9 +40,11 @@ use crate::wire::{Listeners, Wire};
 use invariants::{bound_invariant, first_few, ledger_invariant};
 use tally::{Fixed, Tally};
 use traffic::{Job, Stream};
-use world::{SimNode, World, apply_fault, derive, load_rules};
+use world::{SimNode, World, apply_fault, derive};
 
+pub(crate) use traffic::stream_request;
 pub use world::RunError;
+pub(crate) use world::load_rules;
 
 /// Where the virtual clock starts: 2026-01-01T00:00:00Z (window boundaries fall where they
 /// would in production).
@@ -66,6 +68,7 @@ async fn simulate(
     seed: u64,
     progress: &mut dyn FnMut(u64),
 ) -> Result<Report, RunError> {
+    let findings = crate::lint::findings(scenario).await?;
     let clock: SharedClock = Arc::new(TokioClock::starting_at(EPOCH));
     let rules = load_rules(&scenario.rules, "<scenario rules>")?;
     let stores = scenario
@@ -363,6 +366,7 @@ async fn simulate(
         per_second,
         faults: windows,
         invariants,
+        findings,
     })
 }
 

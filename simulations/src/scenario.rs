@@ -420,6 +420,18 @@ pub enum ScenarioError {
         /// What is wrong, with the line where the parser knows it.
         message: String,
     },
+    /// Its rules (or a rule change's) do not load: the line is the scenario file's.
+    #[error("{file}:{line}: `{field}`: {message}")]
+    Rules {
+        /// The file.
+        file: String,
+        /// The scenario file's line of the error (the block's first line when unknown).
+        line: usize,
+        /// `rules`, or `faults[i].rules.yaml`.
+        field: String,
+        /// What is wrong, naming the rule field.
+        message: String,
+    },
     /// The scenario parses but doesn't make sense.
     #[error("{file}: `{field}`: {message}")]
     Invalid {
@@ -453,7 +465,39 @@ impl Scenario {
                 message: e.inner().to_string(),
             })?;
         scenario.check(file)?;
+        scenario.check_rules(text, file)?;
         Ok(scenario)
+    }
+
+    /// Loads the rules and every rule change, saying an error at the scenario file's line.
+    fn check_rules(&self, text: &str, file: &str) -> Result<(), ScenarioError> {
+        let blocks = std::iter::once(("rules".to_owned(), self.rules.as_str())).chain(
+            self.faults
+                .iter()
+                .enumerate()
+                .filter_map(|(i, f)| match &f.kind {
+                    FaultKind::Rules { yaml } => {
+                        Some((format!("faults[{i}].rules.yaml"), yaml.as_str()))
+                    }
+                    _ => None,
+                }),
+        );
+        for (field, yaml) in blocks {
+            if let Err(e) = tollgate_node::rules::source::parse(yaml, Path::new(file)) {
+                let start = block_start(text, yaml);
+                return Err(ScenarioError::Rules {
+                    file: file.into(),
+                    line: match (start, e.line) {
+                        (Some(start), Some(line)) => start + line - 1,
+                        (Some(start), None) => start,
+                        (None, _) => 1,
+                    },
+                    field,
+                    message: e.message,
+                });
+            }
+        }
+        Ok(())
     }
 
     fn check(&self, file: &str) -> Result<(), ScenarioError> {
@@ -583,9 +627,51 @@ impl Scenario {
     }
 }
 
+/// The scenario file's line (1-based) where the block scalar `yaml` starts: the first line of
+/// `text` after which the block's lines follow, each indented alike. None when it cannot be
+/// found (a quoted or flow string).
+fn block_start(text: &str, yaml: &str) -> Option<usize> {
+    let lines: Vec<&str> = text.lines().collect();
+    let wanted: Vec<&str> = yaml.lines().collect();
+    let first = wanted.iter().position(|l| !l.trim().is_empty())?;
+    (0..lines.len()).find_map(|at| {
+        let matches = wanted[first..].iter().enumerate().all(|(k, want)| {
+            lines.get(at + k).is_some_and(|got| {
+                got.trim_end().ends_with(want.trim_end())
+                    && (want.trim().is_empty() || got.trim() == want.trim())
+            })
+        });
+        // The line of the block's first line, less the blank lines above it in the block.
+        matches.then_some(at + 1 - first)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rule_error_names_the_scenario_files_line() {
+        let text = MINIMAL.replace(
+            "  rules: []\n",
+            "  rules:\n    - {id: ok, algorithm: FIXED_WINDOW, limit: 5, window: 1m}\n    - {id: bad, algorithm: FIXED_WINDOW, limit: -5, window: 1m}\n",
+        );
+        let e = Scenario::parse(&text, "t.yaml").expect_err("a bad limit");
+        let message = e.to_string();
+        // The scenario's line 8 (the block starts at line 5, `domain: d`; the bad rule is
+        // its fourth line).
+        assert!(message.starts_with("t.yaml:8: `rules`: "), "{message}");
+        assert!(message.contains("limit"), "{message}");
+        let change = format!(
+            "{MINIMAL}faults:\n  - at: 1s\n    rules:\n      yaml: |\n        domain: d\n        rules:\n          - {{id: x, algorithm: NOPE}}\n"
+        );
+        let e = Scenario::parse(&change, "t.yaml").expect_err("a bad algorithm");
+        let message = e.to_string();
+        assert!(
+            message.starts_with("t.yaml:14: `faults[0].rules.yaml`: "),
+            "{message}"
+        );
+    }
 
     const MINIMAL: &str = "name: t\nduration: 2s\ntopology: {regions: [{name: eu, nodes: 2}]}\nrules: |\n  domain: d\n  rules: []\ntraffic: [{name: a, domain: d, rate: 10, descriptors: [{k: '{key}'}]}]\n";
 

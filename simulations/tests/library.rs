@@ -246,3 +246,30 @@ fn one_seed_gives_a_byte_identical_report_across_processes() {
         );
     }
 }
+
+/// Every library scenario says what it means: no stream that no rule matches, no placeholder
+/// typo (what `--strict` refuses). Notes (a small limit split between regions) are allowed:
+/// some scenarios show exactly that.
+#[test]
+fn every_library_scenario_is_strict_clean() {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(library())
+        .expect("library")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    paths.sort();
+    assert!(paths.len() > 10, "{paths:?}");
+    for path in paths {
+        let scenario = Scenario::load(&path).expect("parses");
+        let findings = tollgate_simulations::lint::lint(&scenario).expect("lints");
+        let warnings: Vec<String> = findings
+            .iter()
+            .filter(|f| f.is_warning())
+            .map(ToString::to_string)
+            .collect();
+        assert!(warnings.is_empty(), "{}: {warnings:?}", path.display());
+        for note in findings.iter().filter(|f| !f.is_warning()) {
+            eprintln!("{}: note: {note}", path.display());
+        }
+    }
+}

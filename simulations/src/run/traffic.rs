@@ -56,14 +56,18 @@ impl Stream {
     }
 
     pub(super) fn request(&self, key: u64) -> Request {
-        let key = format!("k{key}");
-        let mut request = Request::new(self.traffic.domain.clone()).cost(self.traffic.cost);
-        for d in &self.traffic.descriptors {
-            request =
-                request.descriptor(d.iter().map(|(k, v)| (k.clone(), v.replace("{key}", &key))));
-        }
-        request
+        stream_request(&self.traffic, key)
     }
+}
+
+/// The request `traffic` sends for key number `key`.
+pub(crate) fn stream_request(traffic: &Traffic, key: u64) -> Request {
+    let key = format!("k{key}");
+    let mut request = Request::new(traffic.domain.clone()).cost(traffic.cost);
+    for d in &traffic.descriptors {
+        request = request.descriptor(d.iter().map(|(k, v)| (k.clone(), v.replace("{key}", &key))));
+    }
+    request
 }
 
 pub(super) struct Job {

@@ -51,7 +51,7 @@ pub enum RunError {
     Runtime(#[from] std::io::Error),
 }
 
-pub(super) fn load_rules(yaml: &str, name: &str) -> Result<LoadedRules, RunError> {
+pub(crate) fn load_rules(yaml: &str, name: &str) -> Result<LoadedRules, RunError> {
     source::parse(yaml, std::path::Path::new(name)).map_err(|e| RunError::Rules(e.to_string()))
 }
 

@@ -48,13 +48,18 @@ enum Command {
     Sweep {
         /// The scenario file.
         scenario: PathBuf,
-        /// The setting and its values: PATH=V1,V2 (a field of the scenario file, e.g.
-        /// runtime.lease_ttl=250ms,1s or topology.regions.0.nodes=10,50).
+        /// A setting and its values: PATH=V1,V2, a field of the scenario file
+        /// (runtime.lease_ttl=250ms,1s, topology.regions.0.nodes=10,50), a rule's field by its
+        /// id (rule.login.failMode=OPEN,CLOSED,LOCAL), or a path into the rules' text
+        /// (rules.rules.0.limit=5,10). Repeat it for a grid of every combination.
         #[arg(long)]
-        param: Option<String>,
+        param: Vec<String>,
         /// Seeds: A..B (inclusive) or A,B,C.
         #[arg(long, default_value = "1..5")]
         seeds: String,
+        /// Writes every run's values and report as JSON.
+        #[arg(long)]
+        report: Option<PathBuf>,
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
@@ -137,6 +142,7 @@ fn main_() -> anyhow::Result<ExitCode> {
             scenario,
             param,
             seeds,
+            report,
             quiet,
             strict,
         } => {
@@ -146,39 +152,59 @@ fn main_() -> anyhow::Result<ExitCode> {
             let base = Scenario::parse(&text, &file)?;
             check_findings(&base, &scenario, strict)?;
             let seeds = sweep::parse_seeds(&seeds).map_err(anyhow::Error::msg)?;
-            let param = match param {
-                Some(p) => sweep::parse_param(&p).map_err(anyhow::Error::msg)?,
-                None => sweep::Param {
+            let params = if param.is_empty() {
+                vec![sweep::Param {
                     path: "(as written)".into(),
                     values: vec!["-".into()],
-                },
+                }]
+            } else {
+                param
+                    .iter()
+                    .map(|p| sweep::parse_param(p))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(anyhow::Error::msg)?
             };
-            let runs = (param.values.len() * seeds.len()) as u64;
+            let combos = sweep::grid(&params);
+            let runs = (combos.len() * seeds.len()) as u64;
             let progress = bar(runs * base.duration.as_secs(), quiet, &base.name);
             let mut rows = vec![];
-            for value in &param.values {
-                let s = if value == "-" {
+            for values in combos {
+                let s = if param.is_empty() {
                     base.clone()
                 } else {
-                    sweep::variant(&text, &file, &param.path, value)?
+                    let settings: Vec<(&str, &str)> = params
+                        .iter()
+                        .zip(&values)
+                        .map(|(p, v)| (p.path.as_str(), v.as_str()))
+                        .collect();
+                    sweep::variants(&text, &file, &settings)?
                 };
                 for &seed in &seeds {
                     let done = progress.position();
                     let report = run(&s, seed, &mut |second| progress.set_position(done + second))?;
                     rows.push(Row {
-                        value: value.clone(),
+                        values: values.clone(),
                         report,
                     });
                 }
             }
             progress.finish_and_clear();
-            print!("{}", sweep::table(&param, &rows));
+            print!("{}", sweep::table(&params, &rows));
+            if let Some(path) = report {
+                let text = serde_json::to_string_pretty(&rows)?;
+                std::fs::write(&path, text + "\n")
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            }
             let broken: Vec<&Row> = rows.iter().filter(|r| !r.report.passed()).collect();
             for row in &broken {
+                let settings: Vec<String> = params
+                    .iter()
+                    .zip(&row.values)
+                    .map(|(p, v)| format!("{}={v}", p.path))
+                    .collect();
                 eprintln!(
-                    "an invariant broke with {}={} and seed {}: tollgate-sim run {} --seed {}",
-                    param.path,
-                    row.value,
+                    "an invariant broke with {} and seed {}: tollgate-sim run {} --seed {}",
+                    settings.join(" "),
                     row.report.seed,
                     scenario.display(),
                     row.report.seed

@@ -194,7 +194,7 @@ impl Node {
                 .store_key()
                 .map_err(|e| CounterError::Key(e.to_string()))?;
             let existed = store.lift_block(&key).await?;
-            self.inner.shared.penalties.forget(&key);
+            self.forget_block(&charge.rule.key, &charge.identity);
             out.push(Reset {
                 rule: charge.rule.id.clone(),
                 rule_key: charge.rule.key.clone(),
@@ -206,7 +206,8 @@ impl Node {
     }
 
     /// Forgets the block this node knows of the bucket of rule `rule_key` for `identity`,
-    /// after it was lifted. Returns whether it knew one.
+    /// after it was lifted, and the store's refusal its bucket remembers (which the block
+    /// made): the next request asks the store. Returns whether it knew a block.
     pub fn forget_block(&self, rule_key: &str, identity: &[u8]) -> bool {
         let Ok(key) = tollgate_lease::BucketKey::new(identity, rule_key) else {
             return false;
@@ -214,6 +215,16 @@ impl Node {
         let penalties = &self.inner.shared.penalties;
         let known = penalties.blocked_for(&key, self.now()).is_some();
         penalties.forget(&key);
+        let rules = self.inner.rules.load();
+        if let Some(rule) = rules.rule(rule_key)
+            && let Some(bucket) = self
+                .inner
+                .shared
+                .registry
+                .bucket(&BucketId::new(rule, identity).local_key())
+        {
+            bucket.clear_denial();
+        }
         known
     }
 

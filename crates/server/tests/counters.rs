@@ -43,6 +43,14 @@ async fn two_nodes(database: &str, redis: &str) -> (Served, Served) {
     )
 }
 
+/// A `redis-server` of the test's own.
+async fn redis() -> tollgate_testkit::RedisServer {
+    tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis")
+}
+
 /// The counter of `rule` in a read's answer.
 fn counter<'a>(read: &'a Value, rule: &str) -> &'a Value {
     read["counters"]
@@ -69,10 +77,7 @@ async fn read(admin: u16, descriptor: &str) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn support_reads_a_key_and_a_reset_takes_effect_on_every_node() {
     let pg = postgres().await;
-    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
-        .await
-        .expect("join")
-        .expect("redis");
+    let redis = redis().await;
     let (mut a, mut b) = two_nodes(&pg.url(), &redis.url()).await;
     let admin = a.admin_port();
 
@@ -345,10 +350,7 @@ fn penalized(v: &tollgate_node::Verdict) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn support_sees_a_penalty_block_and_lifts_it_on_every_node() {
     let pg = postgres().await;
-    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
-        .await
-        .expect("join")
-        .expect("redis");
+    let redis = redis().await;
     let (mut a, mut b) = two_nodes(&pg.url(), &redis.url()).await;
     let admin = a.admin_port();
 

@@ -13,6 +13,7 @@ use super::Node;
 use crate::rules::{Mode, RuleKind};
 use crate::runtime::keys::bucket::KeyMsg;
 use crate::runtime::keys::bucket_id::BucketId;
+use crate::runtime::matching::Charge;
 use crate::runtime::request::{Request, RequestError};
 
 /// One matched rule's counter for one identity.
@@ -56,6 +57,17 @@ pub struct Reset {
     pub identity: Vec<u8>,
     /// Whether the store had anything of it (for a lift: whether a block was lifted).
     pub existed: bool,
+}
+
+impl Reset {
+    fn of(charge: Charge, existed: bool) -> Self {
+        Self {
+            rule: charge.rule.id.clone(),
+            rule_key: charge.rule.key.clone(),
+            identity: charge.identity,
+            existed,
+        }
+    }
 }
 
 /// Why a counter could not be read or reset.
@@ -139,30 +151,11 @@ impl Node {
         rule: Option<&str>,
     ) -> Result<Vec<Reset>, CounterError> {
         let store = self.inner.shared.store.inner();
-        let charges: Vec<_> = self
-            .charges(request)?
-            .into_iter()
-            .filter(|c| c.rule.limit().is_some())
-            .filter(|c| rule.is_none_or(|id| c.rule.id == id))
-            .collect();
-        if let Some(id) = rule
-            && charges.is_empty()
-        {
-            return Err(CounterError::NoSuchRule(id.to_owned()));
-        }
         let mut out = vec![];
-        for charge in charges {
-            let key = BucketId::new(&charge.rule, &charge.identity)
-                .store_key()
-                .map_err(|e| CounterError::Key(e.to_string()))?;
+        for (charge, key) in self.buckets_named(request, rule, |r| r.limit().is_some())? {
             let existed = store.reset(&key).await?;
             self.forget_held(&charge.rule.key, &charge.identity);
-            out.push(Reset {
-                rule: charge.rule.id.clone(),
-                rule_key: charge.rule.key.clone(),
-                identity: charge.identity,
-                existed,
-            });
+            out.push(Reset::of(charge, existed));
         }
         Ok(out)
     }
@@ -177,10 +170,27 @@ impl Node {
         rule: Option<&str>,
     ) -> Result<Vec<Reset>, CounterError> {
         let store = self.inner.shared.store.inner();
+        let mut out = vec![];
+        for (charge, key) in self.buckets_named(request, rule, |r| r.penalty.is_some())? {
+            let existed = store.lift_block(&key).await?;
+            self.forget_block(&charge.rule.key, &charge.identity);
+            out.push(Reset::of(charge, existed));
+        }
+        Ok(out)
+    }
+
+    /// The charges of `request` whose rule is `kept`, of the rule with id `rule` only when
+    /// given (an error if it matches none), each with its bucket's store key.
+    fn buckets_named(
+        &self,
+        request: &Request,
+        rule: Option<&str>,
+        kept: impl Fn(&crate::rules::CompiledRule) -> bool,
+    ) -> Result<Vec<(Charge, tollgate_lease::BucketKey)>, CounterError> {
         let charges: Vec<_> = self
             .charges(request)?
             .into_iter()
-            .filter(|c| c.rule.penalty.is_some())
+            .filter(|c| kept(&c.rule))
             .filter(|c| rule.is_none_or(|id| c.rule.id == id))
             .collect();
         if let Some(id) = rule
@@ -188,21 +198,15 @@ impl Node {
         {
             return Err(CounterError::NoSuchRule(id.to_owned()));
         }
-        let mut out = vec![];
-        for charge in charges {
-            let key = BucketId::new(&charge.rule, &charge.identity)
-                .store_key()
-                .map_err(|e| CounterError::Key(e.to_string()))?;
-            let existed = store.lift_block(&key).await?;
-            self.forget_block(&charge.rule.key, &charge.identity);
-            out.push(Reset {
-                rule: charge.rule.id.clone(),
-                rule_key: charge.rule.key.clone(),
-                identity: charge.identity,
-                existed,
-            });
-        }
-        Ok(out)
+        charges
+            .into_iter()
+            .map(|charge| {
+                let key = BucketId::new(&charge.rule, &charge.identity)
+                    .store_key()
+                    .map_err(|e| CounterError::Key(e.to_string()))?;
+                Ok((charge, key))
+            })
+            .collect()
     }
 
     /// Forgets the block this node knows of the bucket of rule `rule_key` for `identity`,

@@ -34,16 +34,20 @@ pub enum Algorithm {
     FixedWindow,
     /// In-flight slots, each held with a TTL so a crashed holder's slots expire.
     Concurrency,
+    /// The generic cell rate algorithm: `burst` at once, then one unit every `1/rate` s; its
+    /// state is one time (the theoretical arrival time).
+    Gcra,
 }
 
 impl Algorithm {
     /// Every algorithm, in a stable order.
-    pub const ALL: [Algorithm; 5] = [
+    pub const ALL: [Algorithm; 6] = [
         Algorithm::TokenBucket,
         Algorithm::SlidingWindow,
         Algorithm::SlidingWindowLog,
         Algorithm::FixedWindow,
         Algorithm::Concurrency,
+        Algorithm::Gcra,
     ];
 
     /// The name used in rule files and the admin API.
@@ -54,7 +58,14 @@ impl Algorithm {
             Algorithm::SlidingWindowLog => "SLIDING_WINDOW_LOG",
             Algorithm::FixedWindow => "FIXED_WINDOW",
             Algorithm::Concurrency => "CONCURRENCY",
+            Algorithm::Gcra => "GCRA",
         }
+    }
+
+    /// Whether units come back continuously at a rate, with no window (a token bucket, GCRA):
+    /// such a limit admits what a token bucket of its capacity and rate admits.
+    pub fn refills(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
     }
 
     /// The code the Lua scripts dispatch on.
@@ -65,6 +76,7 @@ impl Algorithm {
             Algorithm::SlidingWindowLog => 3,
             Algorithm::FixedWindow => 4,
             Algorithm::Concurrency => 5,
+            Algorithm::Gcra => 6,
         }
     }
 }
@@ -85,8 +97,8 @@ impl FromStr for Algorithm {
             .ok_or_else(|| LimitError {
                 field: "algorithm",
                 reason: format!(
-                    "unknown algorithm {s:?}; expected one of TOKEN_BUCKET, SLIDING_WINDOW, \
-                     SLIDING_WINDOW_LOG, FIXED_WINDOW, CONCURRENCY"
+                    "unknown algorithm {s:?}; expected one of TOKEN_BUCKET, GCRA, \
+                     SLIDING_WINDOW, SLIDING_WINDOW_LOG, FIXED_WINDOW, CONCURRENCY"
                 ),
             })
     }
@@ -150,6 +162,13 @@ pub enum LimitSpec {
         /// How long a slot lives if its holder never releases it.
         slot_ttl: Duration,
     },
+    /// `GCRA`.
+    Gcra {
+        /// Units admitted at once from rest.
+        burst: f64,
+        /// Sustained rate, units per second (one every `1/rate` s).
+        rate_per_second: f64,
+    },
 }
 
 impl LimitSpec {
@@ -161,38 +180,21 @@ impl LimitSpec {
                 refill_per_second,
             } => {
                 let capacity = count("capacity", capacity)?;
-                if !refill_per_second.is_finite() {
-                    return Err(LimitError::new(
-                        "refillPerSecond",
-                        "must be a finite number",
-                    ));
-                }
-                if refill_per_second <= 0.0 {
-                    return Err(LimitError::new(
-                        "refillPerSecond",
-                        "must be greater than zero",
-                    ));
-                }
-                if refill_per_second > MAX_REFILL_PER_SECOND {
-                    return Err(LimitError::new(
-                        "refillPerSecond",
-                        format!("must be at most {MAX_REFILL_PER_SECOND}"),
-                    ));
-                }
-                let fill_secs = capacity as f64 / refill_per_second;
-                if fill_secs > MAX_PERIOD.as_secs_f64() {
-                    return Err(LimitError::new(
-                        "refillPerSecond",
-                        format!(
-                            "too slow: refilling {capacity} units takes {fill_secs:.0} s, more \
-                             than the {} s allowed",
-                            MAX_PERIOD.as_secs()
-                        ),
-                    ));
-                }
+                rate("refillPerSecond", capacity, refill_per_second)?;
                 Kind::TokenBucket {
                     capacity,
                     refill_per_second,
+                }
+            }
+            LimitSpec::Gcra {
+                burst,
+                rate_per_second,
+            } => {
+                let burst = count("burst", burst)?;
+                rate("ratePerSecond", burst, rate_per_second)?;
+                Kind::Gcra {
+                    burst,
+                    rate_per_second,
                 }
             }
             LimitSpec::SlidingWindow { limit, window } => {
@@ -221,6 +223,35 @@ impl LimitSpec {
         };
         Ok(Limit { kind })
     }
+}
+
+/// A sustained rate: finite, positive, at most [`MAX_REFILL_PER_SECOND`], and fast enough to
+/// refill `units` within [`MAX_PERIOD`].
+fn rate(field: &'static str, units: u64, per_second: f64) -> Result<(), LimitError> {
+    if !per_second.is_finite() {
+        return Err(LimitError::new(field, "must be a finite number"));
+    }
+    if per_second <= 0.0 {
+        return Err(LimitError::new(field, "must be greater than zero"));
+    }
+    if per_second > MAX_REFILL_PER_SECOND {
+        return Err(LimitError::new(
+            field,
+            format!("must be at most {MAX_REFILL_PER_SECOND}"),
+        ));
+    }
+    let fill_secs = units as f64 / per_second;
+    if fill_secs > MAX_PERIOD.as_secs_f64() {
+        return Err(LimitError::new(
+            field,
+            format!(
+                "too slow: refilling {units} units takes {fill_secs:.0} s, more than the {} s \
+                 allowed",
+                MAX_PERIOD.as_secs()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn count(field: &'static str, value: f64) -> Result<u64, LimitError> {
@@ -308,6 +339,10 @@ pub(crate) enum Kind {
         max_in_flight: u64,
         slot_ttl_us: u64,
     },
+    Gcra {
+        burst: u64,
+        rate_per_second: f64,
+    },
 }
 
 impl Limit {
@@ -316,6 +351,15 @@ impl Limit {
         LimitSpec::TokenBucket {
             capacity: capacity as f64,
             refill_per_second,
+        }
+        .validate()
+    }
+
+    /// GCRA: `burst` units at once from rest, then `rate_per_second`.
+    pub fn gcra(burst: u64, rate_per_second: f64) -> Result<Self, LimitError> {
+        LimitSpec::Gcra {
+            burst: burst as f64,
+            rate_per_second,
         }
         .validate()
     }
@@ -364,14 +408,16 @@ impl Limit {
             Kind::SlidingWindowLog { .. } => Algorithm::SlidingWindowLog,
             Kind::FixedWindow { .. } => Algorithm::FixedWindow,
             Kind::Concurrency { .. } => Algorithm::Concurrency,
+            Kind::Gcra { .. } => Algorithm::Gcra,
         }
     }
 
-    /// The most units the bucket can ever hold at once: the capacity, the window limit or the
-    /// number of slots. A cost above it can never be admitted.
+    /// The most units the bucket can ever hold at once: the capacity (a GCRA's burst), the
+    /// window limit or the number of slots. A cost above it can never be admitted.
     pub fn capacity(&self) -> u64 {
         match self.kind {
             Kind::TokenBucket { capacity, .. } => capacity,
+            Kind::Gcra { burst, .. } => burst,
             Kind::SlidingWindow { limit, .. }
             | Kind::SlidingWindowLog { limit, .. }
             | Kind::FixedWindow { limit, .. } => limit,
@@ -410,6 +456,10 @@ impl Limit {
         match self.kind {
             Kind::TokenBucket {
                 refill_per_second, ..
+            }
+            | Kind::Gcra {
+                rate_per_second: refill_per_second,
+                ..
             } => {
                 let more_us = ((cost - denied) as f64 * 1e6 / refill_per_second).ceil();
                 Some(retry_after + Duration::from_micros(more_us as u64))
@@ -431,6 +481,10 @@ impl Limit {
             Kind::TokenBucket {
                 capacity,
                 refill_per_second,
+            }
+            | Kind::Gcra {
+                burst: capacity,
+                rate_per_second: refill_per_second,
             } => capacity.saturating_add((refill_per_second * span.as_secs_f64()).ceil() as u64),
             Kind::SlidingWindow { limit, window_us }
             | Kind::SlidingWindowLog { limit, window_us }
@@ -442,11 +496,16 @@ impl Limit {
         }
     }
 
-    /// The refill rate for token buckets; `None` otherwise.
+    /// The refill rate for token buckets, the rate of a GCRA (which admits what a token
+    /// bucket of its burst and rate admits); `None` otherwise.
     pub fn refill_per_second(&self) -> Option<f64> {
         match self.kind {
             Kind::TokenBucket {
                 refill_per_second, ..
+            }
+            | Kind::Gcra {
+                rate_per_second: refill_per_second,
+                ..
             } => Some(refill_per_second),
             _ => None,
         }
@@ -459,6 +518,10 @@ impl Limit {
         match self.kind {
             Kind::TokenBucket {
                 refill_per_second, ..
+            }
+            | Kind::Gcra {
+                rate_per_second: refill_per_second,
+                ..
             } => Some(refill_per_second),
             Kind::SlidingWindow { limit, window_us }
             | Kind::SlidingWindowLog { limit, window_us }
@@ -506,6 +569,13 @@ impl Limit {
                 max_in_flight: max_in_flight as f64,
                 slot_ttl: Duration::from_micros(slot_ttl_us),
             },
+            Kind::Gcra {
+                burst,
+                rate_per_second,
+            } => LimitSpec::Gcra {
+                burst: burst as f64,
+                rate_per_second,
+            },
         }
     }
 
@@ -525,6 +595,10 @@ impl Limit {
             Kind::TokenBucket {
                 capacity,
                 refill_per_second,
+            }
+            | Kind::Gcra {
+                burst: capacity,
+                rate_per_second: refill_per_second,
             } => (capacity.to_string(), format!("{refill_per_second:?}")),
             Kind::SlidingWindow { limit, window_us }
             | Kind::SlidingWindowLog { limit, window_us }
@@ -571,6 +645,7 @@ mod tests {
             Limit::sliding_window(5, Duration::from_secs(86_400)),
             Limit::sliding_window_log(3, Duration::from_millis(1500)),
             Limit::concurrency(4, Duration::from_secs(30)),
+            Limit::gcra(20, 2.5),
         ];
         for limit in limits {
             let limit = limit.expect("valid");
@@ -596,6 +671,15 @@ mod tests {
         assert_eq!(field_of(tb(10.0, f64::INFINITY)), "refillPerSecond");
         assert_eq!(field_of(tb(10.0, 1e12)), "refillPerSecond");
         assert_eq!(field_of(tb(1e12, 1e-9)), "refillPerSecond");
+        let gcra = |burst, rate_per_second| LimitSpec::Gcra {
+            burst,
+            rate_per_second,
+        };
+        assert_eq!(field_of(gcra(0.0, 1.0)), "burst");
+        assert_eq!(field_of(gcra(2.5, 1.0)), "burst");
+        assert_eq!(field_of(gcra(10.0, 0.0)), "ratePerSecond");
+        assert_eq!(field_of(gcra(10.0, f64::NAN)), "ratePerSecond");
+        assert_eq!(field_of(gcra(1e12, 1e-9)), "ratePerSecond");
     }
 
     #[test]

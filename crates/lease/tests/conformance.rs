@@ -318,12 +318,86 @@ async fn changing_algorithm_starts_fresh(b: &Backend) {
     let tb = Limit::token_bucket(10, 0.001).expect("l");
     let fw = Limit::fixed_window(3, HOUR).expect("l");
     let log = Limit::sliding_window_log(2, HOUR).expect("l");
+    let gcra = Limit::gcra(5, 0.001).expect("l");
     b.room_in_window(HOUR, Duration::from_secs(10)).await;
+    assert!(check(b, &key, tb, 7).await.allowed());
+    // A GCRA over the token bucket's hash reads no state, and the other way round.
+    assert_eq!(remaining(b, &key, gcra).await, 5);
+    assert!(check(b, &key, gcra, 5).await.allowed());
+    assert_eq!(remaining(b, &key, tb).await, 10);
     assert!(check(b, &key, tb, 7).await.allowed());
     assert_eq!(allowed_in_a_row(b, &key, fw, 4).await, 3);
     assert_eq!(allowed_in_a_row(b, &key, log, 3).await, 2);
     // Back to the token bucket: the hash now holds a window, which reads as no state.
     assert_eq!(remaining(b, &key, tb).await, 10);
+}
+
+// ---- GCRA ----------------------------------------------------------------------------------
+
+async fn gcra_admits_its_burst_then_one_per_interval(b: &Backend) {
+    let key = b.fresh_key("gcra");
+    let limit = Limit::gcra(3, 4.0).expect("l"); // one every 250 ms
+    assert_eq!(allowed_in_a_row(b, &key, limit, 4).await, 3);
+    let denied = check(b, &key, limit, 1).await;
+    assert!(!denied.allowed());
+    let (retry, reset) = (denied.buckets[0].retry_after, denied.buckets[0].reset_after);
+    if b.exact_time() {
+        assert_eq!(retry, ms(250), "read from the TAT, to the microsecond");
+        assert_eq!(reset, ms(750));
+        b.advance(retry).await;
+    } else {
+        assert!(retry <= ms(250) && retry > ms(150), "{retry:?}");
+        assert!(reset <= ms(750) && reset > ms(650), "{reset:?}");
+        b.advance(ms(260)).await;
+    }
+    assert!(check(b, &key, limit, 1).await.allowed());
+    assert!(!check(b, &key, limit, 1).await.allowed());
+}
+
+async fn gcra_leases_returns_and_debits(b: &Backend) {
+    let key = b.fresh_key("gcra-lease");
+    let limit = Limit::gcra(100, 0.001).expect("l");
+    let g = lease(b, &key, limit, 50, 1, 1.0, HOUR).await;
+    assert_eq!((g.units, g.remaining), (50, 50));
+    let id = g.lease.expect("lease");
+    assert_eq!(give_back(b, &key, limit, &id, 30).await, 30);
+    assert_eq!(remaining(b, &key, limit).await, 80);
+    assert_eq!(give_back(b, &key, limit, &id, 30).await, 0, "credited once");
+    let debt = b.fresh_key("gcra-debt");
+    let limit = Limit::gcra(10, 10.0).expect("l"); // τ = 1 s
+    assert_eq!(debit(b, &debt, limit, 15, None).await, 15);
+    let retry = check(b, &debt, limit, 1).await.buckets[0].retry_after;
+    assert!(retry <= ms(600) && retry > ms(450), "{retry:?}");
+    assert_eq!(debit(b, &debt, limit, 1000, None).await, 1000);
+    let floor = check(b, &debt, limit, 1).await.buckets[0].retry_after;
+    assert!(
+        floor <= ms(1100) && floor > ms(950),
+        "the TAT goes at most 2τ ahead: {floor:?}"
+    );
+}
+
+async fn gcra_returns_never_move_the_tat_behind_now(b: &Backend) {
+    let key = b.fresh_key("gcra-behind");
+    let limit = Limit::gcra(10, 10.0).expect("l"); // one every 100 ms
+    let g = lease(b, &key, limit, 5, 1, 1.0, HOUR).await;
+    assert_eq!(g.units, 5);
+    b.advance(ms(600)).await; // the 5 units' 500 ms have passed: the key is at rest
+    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 5).await, 5);
+    assert_eq!(remaining(b, &key, limit).await, 10, "never more than the burst");
+    assert_eq!(allowed_in_a_row(b, &key, limit, 11).await, 10);
+}
+
+async fn gcra_keeps_its_tat_when_its_parameters_change(b: &Backend) {
+    let key = b.fresh_key("gcra-change");
+    let slow = |burst| Limit::gcra(burst, 0.001).expect("l"); // one every 1000 s
+    assert!(check(b, &key, slow(10), 6).await.allowed());
+    assert_eq!(remaining(b, &key, slow(10)).await, 4);
+    // A larger burst: the same TAT, so the 6 units taken still count.
+    assert_eq!(remaining(b, &key, slow(20)).await, 14);
+    // Twice the rate: the TAT (6000 s ahead) is 12 intervals of the new rate: full.
+    let faster = Limit::gcra(10, 0.002).expect("l");
+    assert_eq!(remaining(b, &key, faster).await, 0);
+    assert_eq!(remaining(b, &key, slow(20)).await, 14, "peeks changed nothing");
 }
 
 // ---- windows -------------------------------------------------------------------------------
@@ -1283,6 +1357,10 @@ conformance!(
     token_bucket_retry_is_exact_for_a_large_cost,
     lowered_capacity_applies_at_once,
     changing_algorithm_starts_fresh,
+    gcra_admits_its_burst_then_one_per_interval,
+    gcra_leases_returns_and_debits,
+    gcra_returns_never_move_the_tat_behind_now,
+    gcra_keeps_its_tat_when_its_parameters_change,
     fixed_window_counts_and_resets,
     fixed_window_of_a_day,
     large_window_limits_count_exactly,

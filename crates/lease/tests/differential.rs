@@ -29,6 +29,7 @@ fn limits() -> Vec<(&'static str, Limit)> {
     let hour = Duration::from_secs(3600);
     vec![
         ("tb", Limit::token_bucket(20, 0.001).expect("l")),
+        ("gcra", Limit::gcra(18, 0.001).expect("l")),
         ("fw", Limit::fixed_window(15, hour).expect("l")),
         ("sw", Limit::sliding_window(12, hour).expect("l")),
         ("log", Limit::sliding_window_log(10, hour).expect("l")),

@@ -3,14 +3,15 @@
 //!
 //! Across any interleaving of checks, lease acquires, returns (live, late, duplicate,
 //! excessive, forged), debits and the passing of time:
-//! - token bucket: the units handed out over any interval [t0, t1], net of what was given
-//!   back, never exceed capacity + rate × (t1 − t0);
+//! - token bucket and GCRA: the units handed out over any interval [t0, t1], net of what was
+//!   given back, never exceed capacity (burst) + rate × (t1 − t0);
 //! - fixed and sliding window: net units per window never exceed the limit;
 //! - sliding log: net units over any span shorter than the window never exceed the limit;
 //! - returns never create units: a lease is credited at most once, at most what it granted,
 //!   only while it lives, and (windows) only within its own window.
 //!
-//! Also here: the sliding window counter's error against the exact log on a generated trace.
+//! Also here: the sliding window counter's error against the exact log on a generated trace,
+//! and GCRA admitting exactly what a token bucket of the same burst and rate admits.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +49,7 @@ fn op() -> impl Strategy<Value = Op> {
 fn limit() -> impl Strategy<Value = Limit> {
     prop_oneof![
         (1u64..=10, 1u64..=20).prop_map(|(c, r)| Limit::token_bucket(c, r as f64).expect("l")),
+        (1u64..=10, 1u64..=20).prop_map(|(b, r)| Limit::gcra(b, r as f64).expect("l")),
         (1u64..=10, 1u64..=1000).prop_map(|(l, w)| Limit::fixed_window(
             l,
             Duration::from_millis(w)
@@ -214,7 +216,7 @@ fn check_bound(limit: Limit, flows: &[Flow]) -> Result<(), TestCaseError> {
             net += f.units;
             let span = f.at - first.at;
             let bound = match limit.algorithm() {
-                TokenBucket => {
+                TokenBucket | Gcra => {
                     let rate = limit.refill_per_second().expect("rate");
                     cap as f64 + rate * span as f64 / 1e6
                 }
@@ -404,4 +406,92 @@ fn sliding_window_counter_error_against_the_exact_log() {
     assert!(mixed.worst_window <= 140 && hovering.worst_window <= 140);
     let ratio = f64::from(hovering.admitted_alone) / f64::from(hovering.admitted_log);
     assert!((0.9..=1.1).contains(&ratio), "{ratio}");
+}
+
+/// Runs `steps` (microseconds to wait, then a cost to check) against a token bucket and a
+/// GCRA of the same burst and rate, side by side on one store and clock.
+fn gcra_beside_token_bucket(
+    burst: u64,
+    rate: f64,
+    steps: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::with_clock(Arc::new(clock.clone()), MemoryConfig::default());
+    let tb = Limit::token_bucket(burst, rate).expect("l");
+    let gcra = Limit::gcra(burst, rate).expect("l");
+    let check = |rule: &str, limit, cost| {
+        let key = BucketKey::new(b"client", rule).expect("k");
+        rt.block_on(store.check(&CheckRequest::single(key, limit, cost).expect("r")))
+            .expect("check")
+            .buckets
+            .remove(0)
+    };
+    for (i, &(wait, cost)) in steps.iter().enumerate() {
+        clock.advance(Duration::from_micros(wait));
+        let cost = cost.min(burst);
+        let (t, g) = (check("tb", tb, cost), check("gcra", gcra, cost));
+        prop_assert_eq!(t.allowed, g.allowed, "step {}: {:?} vs {:?}", i, t, g);
+        prop_assert_eq!(t.remaining, g.remaining, "step {}: {:?} vs {:?}", i, t, g);
+        for (what, a, b) in [
+            ("retry_after", t.retry_after, g.retry_after),
+            ("reset_after", t.reset_after, g.reset_after),
+        ] {
+            prop_assert!(
+                a.abs_diff(b) <= Duration::from_micros(1),
+                "step {i}: {what} {a:?} vs {b:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// GCRA admits exactly what a continuous token bucket of the same burst and rate admits,
+    /// over any arrival sequence, and tells the same retry and reset times (to the
+    /// microsecond: the two round their doubles differently).
+    #[test]
+    fn gcra_admits_what_a_token_bucket_of_its_burst_and_rate_admits(
+        burst in 1u64..=20,
+        rate in prop_oneof![1u64..=50, Just(3), Just(7)],
+        steps in proptest::collection::vec(
+            (prop_oneof![Just(0u64), 0u64..400_000, Just(333_333), Just(1_000_000)], 0u64..=5),
+            1..120,
+        ),
+    ) {
+        gcra_beside_token_bucket(burst, rate as f64, &steps)?;
+    }
+}
+
+#[test]
+fn gcra_and_a_token_bucket_agree_on_a_retry_taken_at_its_word() {
+    // Rate 3/s (an interval no double holds exactly): empty the burst, then retry each time
+    // at exactly the retry-after given. Both must admit every retry.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::with_clock(Arc::new(clock.clone()), MemoryConfig::default());
+    let gcra = Limit::gcra(4, 3.0).expect("l");
+    let key = BucketKey::new(b"client", "gcra").expect("k");
+    let check = || {
+        rt.block_on(store.check(&CheckRequest::single(key.clone(), gcra, 1).expect("r")))
+            .expect("check")
+            .buckets
+            .remove(0)
+    };
+    for _ in 0..4 {
+        assert!(check().allowed);
+    }
+    for _ in 0..300 {
+        let denied = check();
+        assert!(!denied.allowed);
+        assert!(denied.retry_after <= Duration::from_micros(333_334));
+        clock.advance(denied.retry_after);
+        assert!(check().allowed, "admitted at the retry-after it was given");
+    }
 }

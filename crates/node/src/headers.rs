@@ -61,7 +61,7 @@ fn policy_for(rule: &CompiledRule, limit: Option<Limit>) -> Option<Policy<'_>> {
         }),
         (RuleKind::Limited(_), None) => None,
         (RuleKind::Limited(_), Some(limit)) => Some(match limit.algorithm() {
-            Algorithm::TokenBucket => {
+            Algorithm::TokenBucket | Algorithm::Gcra => {
                 let rate = limit.refill_per_second().unwrap_or(1.0);
                 let per_minute = rate * 60.0;
                 if per_minute >= 1.0 && per_minute.fract() == 0.0 {

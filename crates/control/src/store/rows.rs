@@ -102,6 +102,8 @@ fn parameters(doc: &RuleDoc) -> Value {
     };
     num("capacity", doc.capacity);
     num("refillPerSecond", doc.refill_per_second);
+    num("burst", doc.burst);
+    num("ratePerSecond", doc.rate_per_second);
     num("limit", doc.limit);
     num("maxInFlight", doc.max_in_flight);
     let mut dur = |k: &str, v: &Option<DurationValue>| {
@@ -133,6 +135,8 @@ pub(super) fn stored(row: &Row) -> StoredRule {
         algorithm: row.get(5),
         capacity: number("capacity"),
         refill_per_second: number("refillPerSecond"),
+        burst: number("burst"),
+        rate_per_second: number("ratePerSecond"),
         limit: number("limit"),
         window: duration("window"),
         max_in_flight: number("maxInFlight"),

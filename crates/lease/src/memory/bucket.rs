@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use crate::algorithm::entry_log::EntryLog;
 use crate::algorithm::fixed_window::FixedWindow;
+use crate::algorithm::gcra::Gcra;
 use crate::algorithm::sliding_window::SlidingWindow;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::algorithm::ttl_ms;
@@ -16,6 +17,7 @@ use crate::limit::{Kind, Limit};
 #[derive(Debug, Clone)]
 pub(crate) enum Value {
     TokenBucket(TokenBucket),
+    Gcra(Gcra),
     FixedWindow(FixedWindow),
     SlidingWindow(SlidingWindow),
     Sorted(ZSet),
@@ -36,6 +38,7 @@ impl Value {
     fn bytes(&self) -> usize {
         let contents = match self {
             Value::TokenBucket(_)
+            | Value::Gcra(_)
             | Value::FixedWindow(_)
             | Value::SlidingWindow(_)
             | Value::Penalty(_) => 0,
@@ -215,6 +218,7 @@ impl Keys {
 #[derive(Debug, Clone)]
 pub(crate) enum Bucket {
     TokenBucket(TokenBucket),
+    Gcra(Gcra),
     FixedWindow(FixedWindow),
     SlidingWindow(SlidingWindow),
     Log(EntryLog),
@@ -236,6 +240,13 @@ impl Bucket {
                     _ => None,
                 };
                 Bucket::TokenBucket(TokenBucket::load(s, capacity, refill_per_second, now))
+            }
+            Kind::Gcra { .. } => {
+                let s = match stored {
+                    Some(Value::Gcra(s)) => Some(*s),
+                    _ => None,
+                };
+                Bucket::Gcra(Gcra::load(s, now))
             }
             Kind::FixedWindow { window_us, .. } => {
                 let s = match stored {
@@ -264,6 +275,13 @@ impl Bucket {
     pub(crate) fn admits(&self, limit: &Limit, now: Micros, cost: u64) -> bool {
         match (self, limit.kind()) {
             (Bucket::TokenBucket(b), _) => b.admits(cost),
+            (
+                Bucket::Gcra(b),
+                Kind::Gcra {
+                    burst,
+                    rate_per_second,
+                },
+            ) => b.admits(burst, rate_per_second, cost),
             (Bucket::FixedWindow(b), _) => b.admits(limit.capacity(), cost),
             (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
                 b.admits(limit, window_us, now, cost)
@@ -277,6 +295,13 @@ impl Bucket {
     pub(crate) fn available(&self, limit: &Limit, now: Micros) -> u64 {
         match (self, limit.kind()) {
             (Bucket::TokenBucket(b), _) => b.available(),
+            (
+                Bucket::Gcra(b),
+                Kind::Gcra {
+                    burst,
+                    rate_per_second,
+                },
+            ) => b.available(burst, rate_per_second),
             (Bucket::FixedWindow(b), _) => b.available(limit.capacity()),
             (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
                 b.available(limit, window_us, now)
@@ -296,6 +321,10 @@ impl Bucket {
     ) -> Option<String> {
         match (self, limit.kind()) {
             (Bucket::TokenBucket(b), _) => b.take(units),
+            (Bucket::Gcra(b), Kind::Gcra {
+                rate_per_second, ..
+            }) => b.take(units, rate_per_second),
+            (Bucket::Gcra(_), _) => {}
             (Bucket::FixedWindow(b), _) => b.count += units,
             (Bucket::SlidingWindow(b), _) => b.cur += units,
             (Bucket::Log(b), _) => return Some(b.add(now, now, units, "")),
@@ -315,6 +344,13 @@ impl Bucket {
                     refill_per_second, ..
                 },
             ) => b.retry_after(cost, refill_per_second),
+            (
+                Bucket::Gcra(b),
+                Kind::Gcra {
+                    burst,
+                    rate_per_second,
+                },
+            ) => b.retry_after(burst, rate_per_second, cost),
             (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
                 b.retry_after(window_us, now)
             }
@@ -340,6 +376,7 @@ impl Bucket {
                     refill_per_second,
                 },
             ) => b.reset_after(capacity, refill_per_second),
+            (Bucket::Gcra(b), _) => b.reset_after(),
             (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
                 b.reset_after(window_us, now)
             }
@@ -359,6 +396,7 @@ impl Bucket {
         let neutral_in = self.neutral_in(limit, now);
         let value = match self {
             Bucket::TokenBucket(b) => Value::TokenBucket(b),
+            Bucket::Gcra(b) => Value::Gcra(b),
             Bucket::FixedWindow(b) => Value::FixedWindow(b),
             Bucket::SlidingWindow(b) => Value::SlidingWindow(b),
             Bucket::Log(b) | Bucket::Slots(b) => {

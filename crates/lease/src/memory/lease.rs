@@ -61,6 +61,10 @@ pub(super) fn credit_bucket(b: &mut Bucket, limit: &Limit, credit: u64, ws: Micr
             tb.credit(credit, limit.capacity());
             credit
         }
+        Bucket::Gcra(g) => {
+            g.credit(credit, limit.refill_per_second().unwrap_or(1.0));
+            credit
+        }
         Bucket::FixedWindow(fw) if fw.ws == ws => {
             let c = credit.min(fw.count);
             fw.count -= c;

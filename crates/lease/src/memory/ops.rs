@@ -301,6 +301,7 @@ impl LeaseStore for MemoryStore {
                     let mut b = Bucket::load(keys, &k, &item.limit, now);
                     let credited = match &mut b {
                         Bucket::TokenBucket(_)
+                        | Bucket::Gcra(_)
                         | Bucket::FixedWindow(_)
                         | Bucket::SlidingWindow(_) => {
                             credit_bucket(&mut b, &item.limit, credit, lease.ws)
@@ -431,6 +432,16 @@ impl LeaseStore for MemoryStore {
                     let applied = match (&mut b, item.limit.kind()) {
                         (Bucket::TokenBucket(tb), _) => {
                             tb.debit(units, item.limit.capacity());
+                            units
+                        }
+                        (
+                            Bucket::Gcra(g),
+                            Kind::Gcra {
+                                burst,
+                                rate_per_second,
+                            },
+                        ) => {
+                            g.debit(units, burst, rate_per_second);
                             units
                         }
                         (Bucket::FixedWindow(fw), Kind::FixedWindow { window_us, .. })

@@ -237,6 +237,21 @@ pub fn share_of(limit: &Limit, share: f64) -> Limit {
                 refill_per_second: rate,
             }
         }
+        Kind::Gcra {
+            burst,
+            rate_per_second,
+        } => {
+            let burst = part(burst);
+            let mut rate = rate_per_second * share;
+            let slowest = burst as f64 / MAX_PERIOD.as_secs_f64();
+            if rate < slowest {
+                rate = slowest;
+            }
+            Kind::Gcra {
+                burst,
+                rate_per_second: rate,
+            }
+        }
         Kind::FixedWindow { limit, window_us } => Kind::FixedWindow {
             limit: part(limit),
             window_us,

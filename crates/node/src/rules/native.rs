@@ -70,7 +70,8 @@ pub struct RuleDoc {
     /// Keys whose values key the counters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<Vec<String>>,
-    /// `TOKEN_BUCKET`, `SLIDING_WINDOW`, `SLIDING_WINDOW_LOG`, `FIXED_WINDOW`, `CONCURRENCY`.
+    /// `TOKEN_BUCKET`, `GCRA`, `SLIDING_WINDOW`, `SLIDING_WINDOW_LOG`, `FIXED_WINDOW`,
+    /// `CONCURRENCY`.
     #[serde(default)]
     pub algorithm: String,
     /// TOKEN_BUCKET: burst size.
@@ -87,6 +88,16 @@ pub struct RuleDoc {
         serialize_with = "whole"
     )]
     pub refill_per_second: Option<f64>,
+    /// GCRA: units admitted at once from rest.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "whole"
+    )]
+    pub burst: Option<f64>,
+    /// GCRA: sustained rate (one unit every `1 / ratePerSecond` s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_second: Option<f64>,
     /// Windows: units per window.
     #[serde(
         default,
@@ -437,9 +448,11 @@ impl RuleDoc {
     }
 
     fn limit_spec(&self, algorithm: Algorithm) -> Result<LimitSpec, FieldError> {
-        let given: [(&str, bool); 6] = [
+        let given: [(&str, bool); 8] = [
             ("capacity", self.capacity.is_some()),
             ("refillPerSecond", self.refill_per_second.is_some()),
+            ("burst", self.burst.is_some()),
+            ("ratePerSecond", self.rate_per_second.is_some()),
             ("limit", self.limit.is_some()),
             ("window", self.window.is_some()),
             ("maxInFlight", self.max_in_flight.is_some()),
@@ -447,6 +460,7 @@ impl RuleDoc {
         ];
         let wanted: &[&str] = match algorithm {
             Algorithm::TokenBucket => &["capacity", "refillPerSecond"],
+            Algorithm::Gcra => &["burst", "ratePerSecond"],
             Algorithm::Concurrency => &["maxInFlight", "slotTtl"],
             _ => &["limit", "window"],
         };
@@ -472,6 +486,10 @@ impl RuleDoc {
             Algorithm::TokenBucket => LimitSpec::TokenBucket {
                 capacity: need(self.capacity, "capacity")?,
                 refill_per_second: need(self.refill_per_second, "refillPerSecond")?,
+            },
+            Algorithm::Gcra => LimitSpec::Gcra {
+                burst: need(self.burst, "burst")?,
+                rate_per_second: need(self.rate_per_second, "ratePerSecond")?,
             },
             Algorithm::Concurrency => LimitSpec::Concurrency {
                 max_in_flight: need(self.max_in_flight, "maxInFlight")?,
@@ -529,6 +547,13 @@ impl RuleDoc {
             } => {
                 doc.capacity = Some(capacity);
                 doc.refill_per_second = Some(refill_per_second);
+            }
+            LimitSpec::Gcra {
+                burst,
+                rate_per_second,
+            } => {
+                doc.burst = Some(burst);
+                doc.rate_per_second = Some(rate_per_second);
             }
             LimitSpec::Concurrency {
                 max_in_flight,

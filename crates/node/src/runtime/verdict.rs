@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tollgate_lease::{Algorithm, BucketKey, Limit, SlotId};
+use tollgate_lease::{BucketKey, Limit, SlotId};
 
 use crate::rules::{CompiledRule, Mode};
 pub use crate::runtime::outcome::{Denial, Outcome};
@@ -59,12 +59,10 @@ impl RuleStatus {
         self.outcome.is_some() && self.rule.mode == Mode::Enforce
     }
 
-    /// A token bucket's burst and refill rate per second (None for any other limit): what a
-    /// denied client hit, where its policy states the sustained rate.
+    /// A token bucket's (or a GCRA's) burst and refill rate per second (None for any other
+    /// limit): what a denied client hit, where its policy states the sustained rate.
     pub fn token_bucket(&self) -> Option<(u64, f64)> {
-        let limit = self
-            .limit
-            .filter(|l| l.algorithm() == Algorithm::TokenBucket)?;
+        let limit = self.limit.filter(|l| l.algorithm().refills())?;
         Some((limit.capacity(), limit.refill_per_second()?))
     }
 
@@ -74,12 +72,12 @@ impl RuleStatus {
     }
 }
 
-/// How long until a bucket with `remaining` of `limit` left is full again: a token bucket
-/// refills what is missing at its rate (units leased to nodes count as remaining, not spent);
+/// How long until a bucket with `remaining` of `limit` left is full again: a token bucket (or
+/// GCRA) refills what is missing at its rate (units leased to nodes count as remaining, not spent);
 /// windows reset when the store says (`store_reset`).
 pub fn reset_after(limit: &Limit, remaining: u64, store_reset: Duration) -> Duration {
     match (limit.algorithm(), limit.refill_per_second()) {
-        (Algorithm::TokenBucket, Some(rate)) => {
+        (algorithm, Some(rate)) if algorithm.refills() => {
             let missing = limit.capacity().saturating_sub(remaining);
             Duration::from_secs_f64(missing as f64 / rate)
         }

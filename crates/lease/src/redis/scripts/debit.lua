@@ -64,6 +64,10 @@ for i = 1, #KEYS / 2 do
     if alg == TB then
       b.tokens = math.max(-b.p1, b.tokens - units)
       applied = units
+    elseif alg == GCRA then
+      local t = gcra_t(b)
+      b.ahead = math.min(2 * (b.p1 * t), b.ahead + units * t)
+      applied = units
     elseif alg == FW then
       if window_start(at, b.p2) >= b.ws then
         b.count = b.count + units

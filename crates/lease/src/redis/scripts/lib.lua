@@ -6,8 +6,9 @@ floating-point operations, so the Redis store and the in-memory store answer bit
 
 Time:  microseconds since the Unix epoch, from Redis TIME (never from the caller's clock).
        Windows are aligned to the epoch; math.fmod keeps `now - now % W` exact.
-Codes: 1 token bucket, 2 sliding window, 3 sliding log, 4 fixed window, 5 concurrency.
+Codes: 1 token bucket, 2 sliding window, 3 sliding log, 4 fixed window, 5 concurrency, 6 GCRA.
 State: token bucket    HASH  alg=1 tokens=<%.17g> ts=<us> [cap=<n>: an allowance, see below]
+       GCRA            HASH  alg=6 ahead=<%.17g us> ts=<us>  (the TAT is ts + ahead)
        sliding window  HASH  alg=2 ws=<us> prev=<n> cur=<n>
        fixed window    HASH  alg=4 ws=<us> count=<n>
        sliding log     ZSET  <key>:log    member <id>:<units>          score = admission time
@@ -23,7 +24,9 @@ Invariants:
     plus MARGIN_MS, so idle keys vanish and an expiry is never observable;
   - counts are integers far below 2^53 (validated by the caller), so sums stay exact;
   - a token bucket's debt is floored at -capacity;
-  - tokens within EPSILON below a whole number count as it.
+  - tokens within EPSILON below a whole number count as it;
+  - a GCRA key is never more than 2τ ahead (burst · interval, its debt floor), and times
+    within GCRA_SLACK_US count as equal.
 ]]
 
 local MARGIN_MS = 1000
@@ -31,7 +34,9 @@ local MARGIN_MS = 1000
 -- (token_bucket.rs EPSILON): refill and weighting are done in doubles, and a retry at the
 -- retry-after given must fit.
 local EPSILON = 1e-9
-local TB, SW, LOG, FW, CONC = 1, 2, 3, 4, 5
+local TB, SW, LOG, FW, CONC, GCRA = 1, 2, 3, 4, 5, 6
+-- gcra.rs SLACK_US.
+local GCRA_SLACK_US = 1e-3
 
 local function now_us()
   local t = redis.call('TIME')
@@ -54,10 +59,20 @@ local function member_units(member)
 end
 
 -- The bucket of algorithm `alg` stored at `key`, as of `now`.
--- p1, p2: capacity and refill/s (1); limit and window us (2, 3, 4); slots and slot TTL us (5).
+-- p1, p2: capacity and refill/s (1); limit and window us (2, 3, 4); slots and slot TTL us (5);
+-- burst and rate/s (6).
 local function load(alg, key, p1, p2, now)
   local b = {alg = alg, key = key, p1 = p1, p2 = p2}
-  if alg == TB then
+  if alg == GCRA then
+    local s = redis.call('HMGET', key, 'alg', 'ahead', 'ts')
+    if s[1] == '6' then
+      local ahead, ts = tonumber(s[2]), tonumber(s[3])
+      b.ahead = math.max(0, ahead - pos(now - ts))
+      b.ts = math.max(ts, now)
+    else
+      b.ahead, b.ts = 0, now
+    end
+  elseif alg == TB then
     local s = redis.call('HMGET', key, 'alg', 'tokens', 'ts', 'cap')
     if s[1] == '1' then
       local tokens, ts, cap = tonumber(s[2]), tonumber(s[3]), tonumber(s[4])
@@ -122,8 +137,15 @@ local function sw_estimate(b, now)
   return b.prev * (w - e) / w + b.cur
 end
 
+-- A GCRA's emission interval (us).
+local function gcra_t(b) return 1000000 / b.p2 end
+
 local function admits(b, cost, now)
   if b.alg == TB then return b.tokens + EPSILON >= cost end
+  if b.alg == GCRA then
+    local t = gcra_t(b)
+    return b.ahead + cost * t <= b.p1 * t + GCRA_SLACK_US
+  end
   if b.alg == FW then return b.count + cost <= b.p1 end
   if b.alg == SW then return sw_estimate(b, now) + cost <= b.p1 + EPSILON end
   return b.used + cost <= b.p1
@@ -135,6 +157,12 @@ local function available(b, now)
     local tokens = math.floor(b.tokens + EPSILON)
     if tokens <= 0 then return 0 end
     return tokens
+  end
+  if b.alg == GCRA then
+    local t = gcra_t(b)
+    local units = math.floor((b.p1 * t - b.ahead + GCRA_SLACK_US) / t)
+    if units <= 0 then return 0 end
+    return units
   end
   if b.alg == FW then return pos(b.p1 - b.count) end
   if b.alg == SW then
@@ -167,6 +195,7 @@ end
 -- Consumes `units`; returns the new member for LOG and CONC buckets.
 local function consume(b, units, now, nonce)
   if b.alg == TB then b.tokens = b.tokens - units
+  elseif b.alg == GCRA then b.ahead = b.ahead + units * gcra_t(b)
   elseif b.alg == FW then b.count = b.count + units
   elseif b.alg == SW then b.cur = b.cur + units
   elseif b.alg == LOG then return add_entry(b, now, now, units, '')
@@ -181,9 +210,21 @@ local function tb_retry(b, cost)
   return us
 end
 
+local function gcra_reset(b)
+  local us = math.ceil(b.ahead - GCRA_SLACK_US)
+  if us <= 0 then return 0 end
+  return us
+end
+
 -- Microseconds until `cost` fits (called only when it does not fit now).
 local function retry_after(b, cost, now)
   if b.alg == TB then return tb_retry(b, cost) end
+  if b.alg == GCRA then
+    local t = gcra_t(b)
+    local us = math.ceil(b.ahead + cost * t - b.p1 * t - GCRA_SLACK_US)
+    if us <= 0 then return 0 end
+    return us
+  end
   if b.alg == FW then return pos(b.ws + b.p2 - now) end
   if b.alg == SW then
     local w, limit = b.p2, b.p1
@@ -224,6 +265,7 @@ end
 -- Microseconds until the bucket is back to its full capacity.
 local function reset_after(b, now)
   if b.alg == TB then return tb_retry(b, b.p1) end
+  if b.alg == GCRA then return gcra_reset(b) end
   if b.alg == FW then
     if b.count > 0 then return pos(b.ws + b.p2 - now) end
     return 0
@@ -247,6 +289,9 @@ local function store(b, now)
     redis.call('HSET', b.key, 'alg', '1', 'tokens', float(b.tokens), 'ts', int(b.ts))
     if b.cap then redis.call('HSET', b.key, 'cap', int(b.cap)) end
     redis.call('PEXPIRE', b.key, ttl_ms(reset_after(b, now)))
+  elseif b.alg == GCRA then
+    redis.call('HSET', b.key, 'alg', '6', 'ahead', float(b.ahead), 'ts', int(b.ts))
+    redis.call('PEXPIRE', b.key, ttl_ms(gcra_reset(b)))
   elseif b.alg == FW then
     redis.call('HSET', b.key, 'alg', '4', 'ws', int(b.ws), 'count', int(b.count))
     redis.call('PEXPIRE', b.key, ttl_ms(pos(b.ws + b.p2 - now)))
@@ -324,7 +369,7 @@ local function share_params(alg, p1, p2, s)
   if s >= 1 then return p1, p2 end
   local c = math.floor(p1 * s)
   if c < 1 then c = 1 end
-  if alg == TB then
+  if alg == TB or alg == GCRA then
     local rate = p2 * s
     local slowest = c / MAX_PERIOD_S
     if rate < slowest then rate = slowest end

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ractor::{ActorRef, RpcReplyPort};
-use tollgate_lease::{Algorithm, BucketKey, LeaseGrant, Limit, Micros, StoreError};
+use tollgate_lease::{BucketKey, LeaseGrant, Limit, Micros, StoreError};
 
 use crate::rules::{CompiledRule, FailMode};
 use crate::runtime::keys::last_answer::LastAnswer;
@@ -156,7 +156,7 @@ impl Bucket {
 
     /// Whether leased units of this bucket must be spent before a deadline (windows).
     pub fn has_deadline(&self) -> bool {
-        !matches!(self.limit.algorithm(), Algorithm::TokenBucket)
+        !self.limit.algorithm().refills()
     }
 
     /// Takes `cost` leased units, if there are that many (and, for windows, their window has

@@ -46,7 +46,7 @@ impl Exact {
         let capacity = limit.capacity();
         let window = limit.window().unwrap_or(Duration::from_secs(1)).as_micros() as u64;
         match limit.algorithm() {
-            Algorithm::TokenBucket | Algorithm::Gcra => Exact::Bucket {
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => Exact::Bucket {
                 capacity: capacity as f64,
                 rate: limit.refill_per_second().unwrap_or(0.0) / 1e6,
                 level: capacity as f64,
@@ -213,7 +213,7 @@ impl BucketOracle {
         let capacity = self.limit.capacity();
         let elapsed = now.saturating_sub(self.first);
         match self.limit.algorithm() {
-            Algorithm::TokenBucket | Algorithm::Gcra => {
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => {
                 let rate = self.limit.refill_per_second().unwrap_or(0.0);
                 capacity * (1 + refills) + (rate * elapsed as f64 / 1e6).floor() as u64
             }

@@ -8,8 +8,8 @@
 //! pruned), then asked whether it *admits* a cost, then *consumes*, *credits* or is *debited*.
 //!
 //! # Layout
-//! - [`token_bucket`], [`gcra`], [`fixed_window`], [`sliding_window`]: counters kept in a Redis
-//!   hash.
+//! - [`token_bucket`], [`gcra`], [`leaky_bucket`], [`fixed_window`], [`sliding_window`]:
+//!   counters kept in a Redis hash.
 //! - [`entry_log`]: the sliding log and the concurrency slots, kept in a Redis sorted set.
 //! - [`zset`]: the in-memory twin of a Redis sorted set.
 //! - [`once_marks`]: the records that make a debit idempotent.
@@ -18,6 +18,7 @@
 pub(crate) mod entry_log;
 pub(crate) mod fixed_window;
 pub(crate) mod gcra;
+pub(crate) mod leaky_bucket;
 pub(crate) mod once_marks;
 pub(crate) mod penalty_box;
 pub(crate) mod sliding_window;

@@ -37,17 +37,21 @@ pub enum Algorithm {
     /// The generic cell rate algorithm: `burst` at once, then one unit every `1/rate` s; its
     /// state is one time (the theoretical arrival time).
     Gcra,
+    /// Gubernator's leaky bucket: `burst` slots that leak `limit` per `duration`; a rule change
+    /// keeps the level.
+    LeakyBucket,
 }
 
 impl Algorithm {
     /// Every algorithm, in a stable order.
-    pub const ALL: [Algorithm; 6] = [
+    pub const ALL: [Algorithm; 7] = [
         Algorithm::TokenBucket,
         Algorithm::SlidingWindow,
         Algorithm::SlidingWindowLog,
         Algorithm::FixedWindow,
         Algorithm::Concurrency,
         Algorithm::Gcra,
+        Algorithm::LeakyBucket,
     ];
 
     /// The name used in rule files and the admin API.
@@ -59,13 +63,18 @@ impl Algorithm {
             Algorithm::FixedWindow => "FIXED_WINDOW",
             Algorithm::Concurrency => "CONCURRENCY",
             Algorithm::Gcra => "GCRA",
+            Algorithm::LeakyBucket => "LEAKY_BUCKET",
         }
     }
 
-    /// Whether units come back continuously at a rate, with no window (a token bucket, GCRA):
-    /// such a limit admits what a token bucket of its capacity and rate admits.
+    /// Whether units come back continuously at a rate, with no window (a token bucket, GCRA,
+    /// a leaky bucket): such a limit admits what a token bucket of its capacity and rate
+    /// admits.
     pub fn refills(self) -> bool {
-        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+        matches!(
+            self,
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket
+        )
     }
 
     /// The code the Lua scripts dispatch on.
@@ -77,6 +86,7 @@ impl Algorithm {
             Algorithm::FixedWindow => 4,
             Algorithm::Concurrency => 5,
             Algorithm::Gcra => 6,
+            Algorithm::LeakyBucket => 7,
         }
     }
 }
@@ -98,7 +108,7 @@ impl FromStr for Algorithm {
                 field: "algorithm",
                 reason: format!(
                     "unknown algorithm {s:?}; expected one of TOKEN_BUCKET, GCRA, \
-                     SLIDING_WINDOW, SLIDING_WINDOW_LOG, FIXED_WINDOW, CONCURRENCY"
+                     LEAKY_BUCKET, SLIDING_WINDOW, SLIDING_WINDOW_LOG, FIXED_WINDOW, CONCURRENCY"
                 ),
             })
     }
@@ -169,6 +179,15 @@ pub enum LimitSpec {
         /// Sustained rate, units per second (one every `1/rate` s).
         rate_per_second: f64,
     },
+    /// `LEAKY_BUCKET`.
+    LeakyBucket {
+        /// Hits that leak out every `duration`.
+        limit: f64,
+        /// The period `limit` leaks over.
+        duration: Duration,
+        /// Slots in the bucket (default: `limit`).
+        burst: Option<f64>,
+    },
 }
 
 impl LimitSpec {
@@ -197,6 +216,26 @@ impl LimitSpec {
                     rate_per_second,
                 }
             }
+            LimitSpec::LeakyBucket {
+                limit,
+                duration,
+                burst,
+            } => {
+                let limit = count("limit", limit)?;
+                let duration_us = period("duration", duration)?;
+                let burst = match burst {
+                    Some(b) => count("burst", b)?,
+                    None => limit,
+                };
+                let leak_per_second = leak_per_second(limit, duration_us);
+                rate("duration", burst, leak_per_second)?;
+                Kind::LeakyBucket {
+                    burst,
+                    leak_per_second,
+                    limit,
+                    duration_us,
+                }
+            }
             LimitSpec::SlidingWindow { limit, window } => {
                 let (limit, window_us) = windowed(limit, window)?;
                 Kind::SlidingWindow { limit, window_us }
@@ -223,6 +262,11 @@ impl LimitSpec {
         };
         Ok(Limit { kind })
     }
+}
+
+/// What `limit` per `duration_us` leaks per second.
+fn leak_per_second(limit: u64, duration_us: u64) -> f64 {
+    limit as f64 * 1e6 / duration_us as f64
 }
 
 /// A sustained rate: finite, positive, at most [`MAX_REFILL_PER_SECOND`], and fast enough to
@@ -343,6 +387,14 @@ pub(crate) enum Kind {
         burst: u64,
         rate_per_second: f64,
     },
+    /// The store sees a burst and a leak per second; `limit` and `duration_us` are the rule's
+    /// own numbers (for headers and the rule as written).
+    LeakyBucket {
+        burst: u64,
+        leak_per_second: f64,
+        limit: u64,
+        duration_us: u64,
+    },
 }
 
 impl Limit {
@@ -360,6 +412,20 @@ impl Limit {
         LimitSpec::Gcra {
             burst: burst as f64,
             rate_per_second,
+        }
+        .validate()
+    }
+
+    /// A leaky bucket of `burst` slots (default: `limit`) leaking `limit` per `duration`.
+    pub fn leaky_bucket(
+        limit: u64,
+        duration: Duration,
+        burst: Option<u64>,
+    ) -> Result<Self, LimitError> {
+        LimitSpec::LeakyBucket {
+            limit: limit as f64,
+            duration,
+            burst: burst.map(|b| b as f64),
         }
         .validate()
     }
@@ -409,6 +475,7 @@ impl Limit {
             Kind::FixedWindow { .. } => Algorithm::FixedWindow,
             Kind::Concurrency { .. } => Algorithm::Concurrency,
             Kind::Gcra { .. } => Algorithm::Gcra,
+            Kind::LeakyBucket { .. } => Algorithm::LeakyBucket,
         }
     }
 
@@ -417,7 +484,7 @@ impl Limit {
     pub fn capacity(&self) -> u64 {
         match self.kind {
             Kind::TokenBucket { capacity, .. } => capacity,
-            Kind::Gcra { burst, .. } => burst,
+            Kind::Gcra { burst, .. } | Kind::LeakyBucket { burst, .. } => burst,
             Kind::SlidingWindow { limit, .. }
             | Kind::SlidingWindowLog { limit, .. }
             | Kind::FixedWindow { limit, .. } => limit,
@@ -460,6 +527,10 @@ impl Limit {
             | Kind::Gcra {
                 rate_per_second: refill_per_second,
                 ..
+            }
+            | Kind::LeakyBucket {
+                leak_per_second: refill_per_second,
+                ..
             } => {
                 let more_us = ((cost - denied) as f64 * 1e6 / refill_per_second).ceil();
                 Some(retry_after + Duration::from_micros(more_us as u64))
@@ -485,6 +556,11 @@ impl Limit {
             | Kind::Gcra {
                 burst: capacity,
                 rate_per_second: refill_per_second,
+            }
+            | Kind::LeakyBucket {
+                burst: capacity,
+                leak_per_second: refill_per_second,
+                ..
             } => capacity.saturating_add((refill_per_second * span.as_secs_f64()).ceil() as u64),
             Kind::SlidingWindow { limit, window_us }
             | Kind::SlidingWindowLog { limit, window_us }
@@ -496,8 +572,8 @@ impl Limit {
         }
     }
 
-    /// The refill rate for token buckets, the rate of a GCRA (which admits what a token
-    /// bucket of its burst and rate admits); `None` otherwise.
+    /// The refill rate for token buckets, the rate of a GCRA, the leak of a leaky bucket
+    /// (each admits what a token bucket of its burst and rate admits); `None` otherwise.
     pub fn refill_per_second(&self) -> Option<f64> {
         match self.kind {
             Kind::TokenBucket {
@@ -505,6 +581,10 @@ impl Limit {
             }
             | Kind::Gcra {
                 rate_per_second: refill_per_second,
+                ..
+            }
+            | Kind::LeakyBucket {
+                leak_per_second: refill_per_second,
                 ..
             } => Some(refill_per_second),
             _ => None,
@@ -522,6 +602,10 @@ impl Limit {
             | Kind::Gcra {
                 rate_per_second: refill_per_second,
                 ..
+            }
+            | Kind::LeakyBucket {
+                leak_per_second: refill_per_second,
+                ..
             } => Some(refill_per_second),
             Kind::SlidingWindow { limit, window_us }
             | Kind::SlidingWindowLog { limit, window_us }
@@ -529,6 +613,16 @@ impl Limit {
                 Some(limit as f64 * 1e6 / window_us.max(1) as f64)
             }
             Kind::Concurrency { .. } => None,
+        }
+    }
+
+    /// A leaky bucket's limit and the duration it leaks over; `None` for other limits.
+    pub fn leak(&self) -> Option<(u64, Duration)> {
+        match self.kind {
+            Kind::LeakyBucket {
+                limit, duration_us, ..
+            } => Some((limit, Duration::from_micros(duration_us))),
+            _ => None,
         }
     }
 
@@ -576,6 +670,16 @@ impl Limit {
                 burst: burst as f64,
                 rate_per_second,
             },
+            Kind::LeakyBucket {
+                burst,
+                limit,
+                duration_us,
+                ..
+            } => LimitSpec::LeakyBucket {
+                limit: limit as f64,
+                duration: Duration::from_micros(duration_us),
+                burst: Some(burst as f64),
+            },
         }
     }
 
@@ -599,6 +703,11 @@ impl Limit {
             | Kind::Gcra {
                 burst: capacity,
                 rate_per_second: refill_per_second,
+            }
+            | Kind::LeakyBucket {
+                burst: capacity,
+                leak_per_second: refill_per_second,
+                ..
             } => (capacity.to_string(), format!("{refill_per_second:?}")),
             Kind::SlidingWindow { limit, window_us }
             | Kind::SlidingWindowLog { limit, window_us }
@@ -646,6 +755,8 @@ mod tests {
             Limit::sliding_window_log(3, Duration::from_millis(1500)),
             Limit::concurrency(4, Duration::from_secs(30)),
             Limit::gcra(20, 2.5),
+            Limit::leaky_bucket(10, Duration::from_secs(60), None),
+            Limit::leaky_bucket(10, Duration::from_millis(1500), Some(3)),
         ];
         for limit in limits {
             let limit = limit.expect("valid");
@@ -680,6 +791,22 @@ mod tests {
         assert_eq!(field_of(gcra(10.0, 0.0)), "ratePerSecond");
         assert_eq!(field_of(gcra(10.0, f64::NAN)), "ratePerSecond");
         assert_eq!(field_of(gcra(1e12, 1e-9)), "ratePerSecond");
+        let lb = |limit, duration, burst| LimitSpec::LeakyBucket {
+            limit,
+            duration,
+            burst,
+        };
+        let minute = Duration::from_secs(60);
+        assert_eq!(field_of(lb(0.0, minute, None)), "limit");
+        assert_eq!(field_of(lb(10.0, Duration::ZERO, None)), "duration");
+        assert_eq!(field_of(lb(10.0, minute, Some(0.0))), "burst");
+        assert_eq!(field_of(lb(10.0, minute, Some(1.5))), "burst");
+        assert_eq!(field_of(lb(1.0, MAX_PERIOD, Some(1e12))), "duration");
+        assert_eq!(
+            Limit::leaky_bucket(30, minute, None).map(|l| (l.capacity(), l.refill_per_second())),
+            Ok((30, Some(0.5))),
+            "the burst defaults to the limit; the leak is limit per duration"
+        );
     }
 
     #[test]
@@ -716,7 +843,7 @@ mod tests {
         for a in Algorithm::ALL {
             assert_eq!(a.as_str().parse::<Algorithm>(), Ok(a));
         }
-        let err = "LEAKY_BUCKET".parse::<Algorithm>().expect_err("unknown");
+        let err = "LEAKY".parse::<Algorithm>().expect_err("unknown");
         assert_eq!(err.field, "algorithm");
     }
 

@@ -400,6 +400,77 @@ async fn gcra_keeps_its_tat_when_its_parameters_change(b: &Backend) {
     assert_eq!(remaining(b, &key, slow(20)).await, 14, "peeks changed nothing");
 }
 
+// ---- leaky bucket --------------------------------------------------------------------------
+
+async fn leaky_bucket_fills_to_its_burst_and_leaks(b: &Backend) {
+    let key = b.fresh_key("leaky");
+    // 5 per second (one leaks every 200 ms), 3 slots.
+    let limit = Limit::leaky_bucket(5, Duration::from_secs(1), Some(3)).expect("l");
+    assert_eq!(allowed_in_a_row(b, &key, limit, 4).await, 3);
+    let denied = check(b, &key, limit, 1).await;
+    assert!(!denied.allowed());
+    let (retry, reset) = (denied.buckets[0].retry_after, denied.buckets[0].reset_after);
+    if b.exact_time() {
+        assert_eq!(retry, ms(200));
+        assert_eq!(reset, ms(600), "the time until the bucket is empty");
+        b.advance(retry).await;
+    } else {
+        assert!(retry <= ms(200) && retry > ms(100), "{retry:?}");
+        assert!(reset <= ms(600) && reset > ms(500), "{reset:?}");
+        b.advance(ms(210)).await;
+    }
+    assert!(check(b, &key, limit, 1).await.allowed());
+    assert!(!check(b, &key, limit, 1).await.allowed());
+}
+
+async fn leaky_bucket_leases_returns_and_debits(b: &Backend) {
+    let key = b.fresh_key("leaky-lease");
+    let limit = Limit::leaky_bucket(1, HOUR, Some(100)).expect("l");
+    let g = lease(b, &key, limit, 50, 1, 1.0, HOUR).await;
+    assert_eq!((g.units, g.remaining), (50, 50));
+    let id = g.lease.expect("lease");
+    assert_eq!(give_back(b, &key, limit, &id, 30).await, 30);
+    assert_eq!(remaining(b, &key, limit).await, 80);
+    assert_eq!(give_back(b, &key, limit, &id, 30).await, 0, "credited once");
+    let debt = b.fresh_key("leaky-debt");
+    let limit = Limit::leaky_bucket(10, Duration::from_secs(1), None).expect("l");
+    assert_eq!(debit(b, &debt, limit, 15, None).await, 15);
+    let retry = check(b, &debt, limit, 1).await.buckets[0].retry_after;
+    assert!(retry <= ms(600) && retry > ms(450), "{retry:?}");
+    assert_eq!(debit(b, &debt, limit, 1000, None).await, 1000);
+    let floor = check(b, &debt, limit, 1).await.buckets[0].retry_after;
+    assert!(
+        floor <= ms(1100) && floor > ms(950),
+        "the level goes at most to twice the burst: {floor:?}"
+    );
+}
+
+async fn a_leaky_bucket_keeps_its_level_when_its_limit_changes(b: &Backend) {
+    let (leaky_key, bucket_key) = (b.fresh_key("leaky-change"), b.fresh_key("tb-change"));
+    let leaky = |limit, burst| {
+        Limit::leaky_bucket(limit, Duration::from_secs(3600 * 24), Some(burst)).expect("l")
+    };
+    let bucket = |capacity| Limit::token_bucket(capacity, 0.0001).expect("l");
+    assert!(check(b, &leaky_key, leaky(10, 10), 6).await.allowed());
+    assert!(check(b, &bucket_key, bucket(10), 6).await.allowed());
+    // The rule now allows 20: the leaky bucket still holds its 6 hits (14 fit at once), where
+    // a token bucket keeps its 4 remaining tokens.
+    assert_eq!(remaining(b, &leaky_key, leaky(20, 20)).await, 14);
+    assert_eq!(remaining(b, &bucket_key, bucket(20)).await, 4);
+    // A lower burst: the same 6 hits, so 2 fit of 8.
+    assert_eq!(remaining(b, &leaky_key, leaky(8, 8)).await, 2);
+    // Twice the leak empties the same level twice as fast.
+    let slow = check(b, &leaky_key, leaky(10, 10), 0).await.buckets[0].reset_after;
+    let fast = check(b, &leaky_key, leaky(20, 10), 0).await.buckets[0].reset_after;
+    // (Over real time the level leaks between the two calls: by half their distance here.)
+    let within = if b.exact_time() {
+        Duration::from_micros(1)
+    } else {
+        Duration::from_secs(1)
+    };
+    assert!(fast.abs_diff(slow / 2) <= within, "{fast:?} vs {slow:?}");
+}
+
 // ---- windows -------------------------------------------------------------------------------
 
 async fn fixed_window_counts_and_resets(b: &Backend) {
@@ -1361,6 +1432,9 @@ conformance!(
     gcra_leases_returns_and_debits,
     gcra_returns_never_move_the_tat_behind_now,
     gcra_keeps_its_tat_when_its_parameters_change,
+    leaky_bucket_fills_to_its_burst_and_leaks,
+    leaky_bucket_leases_returns_and_debits,
+    a_leaky_bucket_keeps_its_level_when_its_limit_changes,
     fixed_window_counts_and_resets,
     fixed_window_of_a_day,
     large_window_limits_count_exactly,

@@ -30,6 +30,10 @@ fn limits() -> Vec<(&'static str, Limit)> {
     vec![
         ("tb", Limit::token_bucket(20, 0.001).expect("l")),
         ("gcra", Limit::gcra(18, 0.001).expect("l")),
+        (
+            "leaky",
+            Limit::leaky_bucket(3, Duration::from_secs(3000), Some(16)).expect("l"),
+        ),
         ("fw", Limit::fixed_window(15, hour).expect("l")),
         ("sw", Limit::sliding_window(12, hour).expect("l")),
         ("log", Limit::sliding_window_log(10, hour).expect("l")),

@@ -3,15 +3,16 @@
 //!
 //! Across any interleaving of checks, lease acquires, returns (live, late, duplicate,
 //! excessive, forged), debits and the passing of time:
-//! - token bucket and GCRA: the units handed out over any interval [t0, t1], net of what was
-//!   given back, never exceed capacity (burst) + rate × (t1 − t0);
+//! - token bucket, GCRA and leaky bucket: the units handed out over any interval [t0, t1], net
+//!   of what was given back, never exceed capacity (burst) + rate × (t1 − t0);
 //! - fixed and sliding window: net units per window never exceed the limit;
 //! - sliding log: net units over any span shorter than the window never exceed the limit;
 //! - returns never create units: a lease is credited at most once, at most what it granted,
 //!   only while it lives, and (windows) only within its own window.
 //!
 //! Also here: the sliding window counter's error against the exact log on a generated trace,
-//! and GCRA admitting exactly what a token bucket of the same burst and rate admits.
+//! and GCRA and the leaky bucket admitting exactly what a token bucket of the same burst and
+//! rate admits (while the rule does not change).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +51,12 @@ fn limit() -> impl Strategy<Value = Limit> {
     prop_oneof![
         (1u64..=10, 1u64..=20).prop_map(|(c, r)| Limit::token_bucket(c, r as f64).expect("l")),
         (1u64..=10, 1u64..=20).prop_map(|(b, r)| Limit::gcra(b, r as f64).expect("l")),
+        (1u64..=10, 1u64..=10, 1u64..=2000).prop_map(|(b, l, d)| Limit::leaky_bucket(
+            l,
+            Duration::from_millis(d),
+            Some(b)
+        )
+        .expect("l")),
         (1u64..=10, 1u64..=1000).prop_map(|(l, w)| Limit::fixed_window(
             l,
             Duration::from_millis(w)
@@ -216,7 +223,7 @@ fn check_bound(limit: Limit, flows: &[Flow]) -> Result<(), TestCaseError> {
             net += f.units;
             let span = f.at - first.at;
             let bound = match limit.algorithm() {
-                TokenBucket | Gcra => {
+                TokenBucket | Gcra | LeakyBucket => {
                     let rate = limit.refill_per_second().expect("rate");
                     cap as f64 + rate * span as f64 / 1e6
                 }
@@ -408,20 +415,18 @@ fn sliding_window_counter_error_against_the_exact_log() {
     assert!((0.9..=1.1).contains(&ratio), "{ratio}");
 }
 
-/// Runs `steps` (microseconds to wait, then a cost to check) against a token bucket and a
-/// GCRA of the same burst and rate, side by side on one store and clock.
-fn gcra_beside_token_bucket(
-    burst: u64,
-    rate: f64,
-    steps: &[(u64, u64)],
-) -> Result<(), TestCaseError> {
+/// Runs `steps` (microseconds to wait, then a cost to check) against a token bucket and
+/// `other` (a GCRA or a leaky bucket of the same burst and rate), side by side on one store
+/// and clock.
+fn beside_token_bucket(other: Limit, steps: &[(u64, u64)]) -> Result<(), TestCaseError> {
+    let burst = other.capacity();
+    let rate = other.refill_per_second().expect("a rate");
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .expect("runtime");
     let clock = ManualClock::new(START);
     let store = MemoryStore::with_clock(Arc::new(clock.clone()), MemoryConfig::default());
     let tb = Limit::token_bucket(burst, rate).expect("l");
-    let gcra = Limit::gcra(burst, rate).expect("l");
     let check = |rule: &str, limit, cost| {
         let key = BucketKey::new(b"client", rule).expect("k");
         rt.block_on(store.check(&CheckRequest::single(key, limit, cost).expect("r")))
@@ -432,7 +437,7 @@ fn gcra_beside_token_bucket(
     for (i, &(wait, cost)) in steps.iter().enumerate() {
         clock.advance(Duration::from_micros(wait));
         let cost = cost.min(burst);
-        let (t, g) = (check("tb", tb, cost), check("gcra", gcra, cost));
+        let (t, g) = (check("tb", tb, cost), check("other", other, cost));
         prop_assert_eq!(t.allowed, g.allowed, "step {}: {:?} vs {:?}", i, t, g);
         prop_assert_eq!(t.remaining, g.remaining, "step {}: {:?} vs {:?}", i, t, g);
         for (what, a, b) in [
@@ -463,7 +468,23 @@ proptest! {
             1..120,
         ),
     ) {
-        gcra_beside_token_bucket(burst, rate as f64, &steps)?;
+        beside_token_bucket(Limit::gcra(burst, rate as f64).expect("l"), &steps)?;
+    }
+
+    /// The same for a leaky bucket of `limit` per `duration` (a leak that is often no whole
+    /// number per second) and its own burst.
+    #[test]
+    fn a_leaky_bucket_admits_what_a_token_bucket_of_its_burst_and_leak_admits(
+        burst in 1u64..=20,
+        limit in 1u64..=30,
+        duration_ms in prop_oneof![Just(1000u64), Just(60_000), 1u64..=5000],
+        steps in proptest::collection::vec(
+            (prop_oneof![Just(0u64), 0u64..400_000, Just(333_333), Just(1_000_000)], 0u64..=5),
+            1..120,
+        ),
+    ) {
+        let leaky = Limit::leaky_bucket(limit, Duration::from_millis(duration_ms), Some(burst));
+        beside_token_bucket(leaky.expect("l"), &steps)?;
     }
 }
 

@@ -36,9 +36,10 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_micros().div_ceil(1_000_000) as u64
 }
 
-/// How a rule's limit reads as a quota policy. A token bucket is stated as its sustained rate
-/// per minute when that is a whole number (the seed's `q=600;w=60` for 10 per second), else
-/// per second, else as its burst over its refill time.
+/// How a rule's limit reads as a quota policy. A token bucket (or GCRA) is stated as its
+/// sustained rate per minute when that is a whole number (the seed's `q=600;w=60` for 10 per
+/// second), else per second, else as its burst over its refill time. A leaky bucket is stated
+/// as its limit per its duration, as written.
 pub fn policy(rule: &CompiledRule) -> Option<Policy<'_>> {
     policy_for(rule, rule.limit())
 }
@@ -94,6 +95,15 @@ fn policy_for(rule: &CompiledRule, limit: Option<Limit>) -> Option<Policy<'_>> {
                 window: None,
                 unit: Some("concurrent-requests"),
             },
+            Algorithm::LeakyBucket => {
+                let (quota, duration) = limit.leak().unwrap_or((limit.capacity(), Duration::ZERO));
+                Policy {
+                    name,
+                    quota,
+                    window: Some(ceil_secs(duration).max(1)),
+                    unit: None,
+                }
+            }
             _ => Policy {
                 name,
                 quota: limit.capacity(),
@@ -311,6 +321,20 @@ mod tests {
         let set =
             RuleSet::compile(&loaded.native, &loaded.envoy, 1, &Metrics::new()).expect("compiles");
         set.rules()[0].clone()
+    }
+
+    #[test]
+    fn gcra_reads_as_its_rate_and_a_leaky_bucket_as_its_limit_per_duration() {
+        let gcra = rule(
+            "domain: d\nrules:\n  - {id: g, algorithm: GCRA, burst: 20, ratePerSecond: 5}\n",
+        );
+        let p = policy(&gcra).expect("policy");
+        assert_eq!((p.quota, p.window), (300, Some(60)));
+        let leaky = rule(
+            "domain: d\nrules:\n  - {id: l, algorithm: LEAKY_BUCKET, limit: 30, duration: 1m, burst: 10}\n",
+        );
+        let p = policy(&leaky).expect("policy");
+        assert_eq!((p.quota, p.window), (30, Some(60)));
     }
 
     #[test]

@@ -23,9 +23,10 @@ pub fn epoch_until(limit: &Limit, now: Micros) -> Micros {
     let (length, weighs_for) = match limit.algorithm() {
         Algorithm::FixedWindow => (window_us(limit), 1),
         Algorithm::SlidingWindow | Algorithm::SlidingWindowLog => (window_us(limit), 2),
-        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::Concurrency => {
-            (TOKEN_BUCKET_EPOCH_US, 2)
-        }
+        Algorithm::TokenBucket
+        | Algorithm::Gcra
+        | Algorithm::LeakyBucket
+        | Algorithm::Concurrency => (TOKEN_BUCKET_EPOCH_US, 2),
     };
     now - now % length + weighs_for * length
 }
@@ -37,7 +38,10 @@ pub fn epoch_length(limit: &Limit) -> u64 {
         Algorithm::FixedWindow | Algorithm::SlidingWindow | Algorithm::SlidingWindowLog => {
             window_us(limit)
         }
-        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::Concurrency => TOKEN_BUCKET_EPOCH_US,
+        Algorithm::TokenBucket
+        | Algorithm::Gcra
+        | Algorithm::LeakyBucket
+        | Algorithm::Concurrency => TOKEN_BUCKET_EPOCH_US,
     }
 }
 

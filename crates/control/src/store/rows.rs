@@ -113,6 +113,7 @@ fn parameters(doc: &RuleDoc) -> Value {
     };
     dur("window", &doc.window);
     dur("slotTtl", &doc.slot_ttl);
+    dur("duration", &doc.duration);
     Value::Object(p)
 }
 
@@ -141,6 +142,7 @@ pub(super) fn stored(row: &Row) -> StoredRule {
         window: duration("window"),
         max_in_flight: number("maxInFlight"),
         slot_ttl: duration("slotTtl"),
+        duration: duration("duration"),
         mode: Some(row.get(7)),
         fail_mode: Some(row.get(8)),
         regional: row

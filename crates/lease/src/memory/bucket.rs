@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use crate::algorithm::entry_log::EntryLog;
 use crate::algorithm::fixed_window::FixedWindow;
 use crate::algorithm::gcra::Gcra;
+use crate::algorithm::leaky_bucket::LeakyBucket;
 use crate::algorithm::sliding_window::SlidingWindow;
 use crate::algorithm::token_bucket::TokenBucket;
 use crate::algorithm::ttl_ms;
@@ -18,6 +19,7 @@ use crate::limit::{Kind, Limit};
 pub(crate) enum Value {
     TokenBucket(TokenBucket),
     Gcra(Gcra),
+    LeakyBucket(LeakyBucket),
     FixedWindow(FixedWindow),
     SlidingWindow(SlidingWindow),
     Sorted(ZSet),
@@ -39,6 +41,7 @@ impl Value {
         let contents = match self {
             Value::TokenBucket(_)
             | Value::Gcra(_)
+            | Value::LeakyBucket(_)
             | Value::FixedWindow(_)
             | Value::SlidingWindow(_)
             | Value::Penalty(_) => 0,
@@ -219,6 +222,7 @@ impl Keys {
 pub(crate) enum Bucket {
     TokenBucket(TokenBucket),
     Gcra(Gcra),
+    LeakyBucket(LeakyBucket),
     FixedWindow(FixedWindow),
     SlidingWindow(SlidingWindow),
     Log(EntryLog),
@@ -247,6 +251,15 @@ impl Bucket {
                     _ => None,
                 };
                 Bucket::Gcra(Gcra::load(s, now))
+            }
+            Kind::LeakyBucket {
+                leak_per_second, ..
+            } => {
+                let s = match stored {
+                    Some(Value::LeakyBucket(s)) => Some(*s),
+                    _ => None,
+                };
+                Bucket::LeakyBucket(LeakyBucket::load(s, leak_per_second, now))
             }
             Kind::FixedWindow { window_us, .. } => {
                 let s = match stored {
@@ -282,6 +295,7 @@ impl Bucket {
                     rate_per_second,
                 },
             ) => b.admits(burst, rate_per_second, cost),
+            (Bucket::LeakyBucket(b), _) => b.admits(limit.capacity(), cost),
             (Bucket::FixedWindow(b), _) => b.admits(limit.capacity(), cost),
             (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
                 b.admits(limit, window_us, now, cost)
@@ -302,6 +316,7 @@ impl Bucket {
                     rate_per_second,
                 },
             ) => b.available(burst, rate_per_second),
+            (Bucket::LeakyBucket(b), _) => b.available(limit.capacity()),
             (Bucket::FixedWindow(b), _) => b.available(limit.capacity()),
             (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
                 b.available(limit, window_us, now)
@@ -325,6 +340,7 @@ impl Bucket {
                 rate_per_second, ..
             }) => b.take(units, rate_per_second),
             (Bucket::Gcra(_), _) => {}
+            (Bucket::LeakyBucket(b), _) => b.fill(units),
             (Bucket::FixedWindow(b), _) => b.count += units,
             (Bucket::SlidingWindow(b), _) => b.cur += units,
             (Bucket::Log(b), _) => return Some(b.add(now, now, units, "")),
@@ -351,6 +367,14 @@ impl Bucket {
                     rate_per_second,
                 },
             ) => b.retry_after(burst, rate_per_second, cost),
+            (
+                Bucket::LeakyBucket(b),
+                Kind::LeakyBucket {
+                    burst,
+                    leak_per_second,
+                    ..
+                },
+            ) => b.retry_after(burst, leak_per_second, cost),
             (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
                 b.retry_after(window_us, now)
             }
@@ -377,6 +401,12 @@ impl Bucket {
                 },
             ) => b.reset_after(capacity, refill_per_second),
             (Bucket::Gcra(b), _) => b.reset_after(),
+            (
+                Bucket::LeakyBucket(b),
+                Kind::LeakyBucket {
+                    leak_per_second, ..
+                },
+            ) => b.reset_after(leak_per_second),
             (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
                 b.reset_after(window_us, now)
             }
@@ -397,6 +427,7 @@ impl Bucket {
         let value = match self {
             Bucket::TokenBucket(b) => Value::TokenBucket(b),
             Bucket::Gcra(b) => Value::Gcra(b),
+            Bucket::LeakyBucket(b) => Value::LeakyBucket(b),
             Bucket::FixedWindow(b) => Value::FixedWindow(b),
             Bucket::SlidingWindow(b) => Value::SlidingWindow(b),
             Bucket::Log(b) | Bucket::Slots(b) => {

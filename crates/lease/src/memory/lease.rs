@@ -65,6 +65,10 @@ pub(super) fn credit_bucket(b: &mut Bucket, limit: &Limit, credit: u64, ws: Micr
             g.credit(credit, limit.refill_per_second().unwrap_or(1.0));
             credit
         }
+        Bucket::LeakyBucket(lb) => {
+            lb.credit(credit);
+            credit
+        }
         Bucket::FixedWindow(fw) if fw.ws == ws => {
             let c = credit.min(fw.count);
             fw.count -= c;

@@ -302,6 +302,7 @@ impl LeaseStore for MemoryStore {
                     let credited = match &mut b {
                         Bucket::TokenBucket(_)
                         | Bucket::Gcra(_)
+                        | Bucket::LeakyBucket(_)
                         | Bucket::FixedWindow(_)
                         | Bucket::SlidingWindow(_) => {
                             credit_bucket(&mut b, &item.limit, credit, lease.ws)
@@ -442,6 +443,10 @@ impl LeaseStore for MemoryStore {
                             },
                         ) => {
                             g.debit(units, burst, rate_per_second);
+                            units
+                        }
+                        (Bucket::LeakyBucket(lb), _) => {
+                            lb.debit(units, item.limit.capacity());
                             units
                         }
                         (Bucket::FixedWindow(fw), Kind::FixedWindow { window_us, .. })

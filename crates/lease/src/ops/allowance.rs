@@ -252,6 +252,27 @@ pub fn share_of(limit: &Limit, share: f64) -> Limit {
                 rate_per_second: rate,
             }
         }
+        Kind::LeakyBucket {
+            burst,
+            leak_per_second,
+            limit,
+            duration_us,
+        } => {
+            // The store sees the burst and the leak, scaled as a token bucket's are; the
+            // limit as written goes with them, for headers.
+            let burst = part(burst);
+            let mut leak = leak_per_second * share;
+            let slowest = burst as f64 / MAX_PERIOD.as_secs_f64();
+            if leak < slowest {
+                leak = slowest;
+            }
+            Kind::LeakyBucket {
+                burst,
+                leak_per_second: leak,
+                limit: part(limit),
+                duration_us,
+            }
+        }
         Kind::FixedWindow { limit, window_us } => Kind::FixedWindow {
             limit: part(limit),
             window_us,

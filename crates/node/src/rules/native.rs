@@ -70,8 +70,8 @@ pub struct RuleDoc {
     /// Keys whose values key the counters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub per: Option<Vec<String>>,
-    /// `TOKEN_BUCKET`, `GCRA`, `SLIDING_WINDOW`, `SLIDING_WINDOW_LOG`, `FIXED_WINDOW`,
-    /// `CONCURRENCY`.
+    /// `TOKEN_BUCKET`, `GCRA`, `LEAKY_BUCKET`, `SLIDING_WINDOW`, `SLIDING_WINDOW_LOG`,
+    /// `FIXED_WINDOW`, `CONCURRENCY`.
     #[serde(default)]
     pub algorithm: String,
     /// TOKEN_BUCKET: burst size.
@@ -88,7 +88,8 @@ pub struct RuleDoc {
         serialize_with = "whole"
     )]
     pub refill_per_second: Option<f64>,
-    /// GCRA: units admitted at once from rest.
+    /// GCRA: units admitted at once from rest. LEAKY_BUCKET: slots in the bucket (default:
+    /// `limit`).
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -98,7 +99,7 @@ pub struct RuleDoc {
     /// GCRA: sustained rate (one unit every `1 / ratePerSecond` s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_per_second: Option<f64>,
-    /// Windows: units per window.
+    /// Windows: units per window. LEAKY_BUCKET: hits that leak out every `duration`.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
@@ -108,6 +109,9 @@ pub struct RuleDoc {
     /// Windows: window length.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<DurationValue>,
+    /// LEAKY_BUCKET: the period `limit` leaks over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<DurationValue>,
     /// CONCURRENCY: slots.
     #[serde(
         default,
@@ -448,19 +452,21 @@ impl RuleDoc {
     }
 
     fn limit_spec(&self, algorithm: Algorithm) -> Result<LimitSpec, FieldError> {
-        let given: [(&str, bool); 8] = [
+        let given: [(&str, bool); 9] = [
             ("capacity", self.capacity.is_some()),
             ("refillPerSecond", self.refill_per_second.is_some()),
             ("burst", self.burst.is_some()),
             ("ratePerSecond", self.rate_per_second.is_some()),
             ("limit", self.limit.is_some()),
             ("window", self.window.is_some()),
+            ("duration", self.duration.is_some()),
             ("maxInFlight", self.max_in_flight.is_some()),
             ("slotTtl", self.slot_ttl.is_some()),
         ];
         let wanted: &[&str] = match algorithm {
             Algorithm::TokenBucket => &["capacity", "refillPerSecond"],
             Algorithm::Gcra => &["burst", "ratePerSecond"],
+            Algorithm::LeakyBucket => &["limit", "duration", "burst"],
             Algorithm::Concurrency => &["maxInFlight", "slotTtl"],
             _ => &["limit", "window"],
         };
@@ -470,7 +476,10 @@ impl RuleDoc {
                     field,
                     format!(
                         "does not apply to {algorithm}; it takes {}",
-                        wanted.join(" and ")
+                        match wanted {
+                            [one, two] => format!("{one} and {two}"),
+                            _ => format!("{} (burst optional)", wanted.join(", ")),
+                        }
                     ),
                 ));
             }
@@ -490,6 +499,11 @@ impl RuleDoc {
             Algorithm::Gcra => LimitSpec::Gcra {
                 burst: need(self.burst, "burst")?,
                 rate_per_second: need(self.rate_per_second, "ratePerSecond")?,
+            },
+            Algorithm::LeakyBucket => LimitSpec::LeakyBucket {
+                limit: need(self.limit, "limit")?,
+                duration: need_duration(&self.duration, "duration")?,
+                burst: self.burst,
             },
             Algorithm::Concurrency => LimitSpec::Concurrency {
                 max_in_flight: need(self.max_in_flight, "maxInFlight")?,
@@ -555,6 +569,16 @@ impl RuleDoc {
                 doc.burst = Some(burst);
                 doc.rate_per_second = Some(rate_per_second);
             }
+            LimitSpec::LeakyBucket {
+                limit,
+                duration,
+                burst,
+            } => {
+                doc.limit = Some(limit);
+                doc.duration = Some(secs(duration));
+                // The burst is written only when it is not the default.
+                doc.burst = burst.filter(|b| *b != limit);
+            }
             LimitSpec::Concurrency {
                 max_in_flight,
                 slot_ttl,
@@ -605,6 +629,7 @@ pub struct RulesFile {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tollgate_lease::Limit;
 
     fn doc(yaml: &str) -> RuleDoc {
         yaml_serde::from_str(yaml).expect("parses")
@@ -678,6 +703,62 @@ mod tests {
         let unknown: Result<RuleDoc, _> =
             yaml_serde::from_str("{id: a, penalty: {after: 3, within: 1m, block: 1m, ban: yes}}");
         assert!(unknown.is_err(), "unknown penalty fields are refused");
+    }
+
+    #[test]
+    fn gcra_and_leaky_bucket_rules_validate_name_their_fields_and_round_trip() {
+        let valid = |yaml: &str| {
+            doc(yaml)
+                .validate(None, String::new())
+                .expect("valid")
+        };
+        let gcra = valid("{id: g, domain: d, algorithm: GCRA, burst: 20, ratePerSecond: 2.5}");
+        assert_eq!(gcra.limit, Limit::gcra(20, 2.5).expect("limit"));
+        let leaky = valid("{id: l, domain: d, algorithm: LEAKY_BUCKET, limit: 30, duration: 1m}");
+        assert_eq!(
+            leaky.limit,
+            Limit::leaky_bucket(30, Duration::from_secs(60), None).expect("limit")
+        );
+        let deep = valid(
+            "{id: l, domain: d, algorithm: LEAKY_BUCKET, limit: 30, duration: 1m, burst: 5}",
+        );
+        assert_eq!(deep.limit.capacity(), 5);
+        for rule in [gcra, leaky, deep] {
+            let written = RuleDoc::from_rule(&rule);
+            assert_eq!(written.validate(None, String::new()), Ok(rule));
+        }
+        let field = |yaml: &str| {
+            doc(yaml)
+                .validate(Some("d"), String::new())
+                .expect_err("invalid")
+                .field
+        };
+        assert_eq!(field("{id: a, algorithm: GCRA, ratePerSecond: 1}"), "burst");
+        assert_eq!(field("{id: a, algorithm: GCRA, burst: 3}"), "ratePerSecond");
+        assert_eq!(
+            field("{id: a, algorithm: GCRA, burst: 3, ratePerSecond: -1}"),
+            "ratePerSecond"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: GCRA, capacity: 3, burst: 3, ratePerSecond: 1}"),
+            "capacity"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: LEAKY_BUCKET, limit: 3}"),
+            "duration"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: LEAKY_BUCKET, limit: 3, duration: 1m, burst: 0}"),
+            "burst"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: LEAKY_BUCKET, limit: 3, window: 1m}"),
+            "window"
+        );
+        assert_eq!(
+            field("{id: a, algorithm: FIXED_WINDOW, limit: 3, window: 1m, duration: 1m}"),
+            "duration"
+        );
     }
 
     #[test]

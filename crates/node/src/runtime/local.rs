@@ -36,7 +36,7 @@ impl LocalBucket {
     pub fn for_limit(limit: &Limit, factor: f64) -> Self {
         let capacity = limit.capacity() as f64 * factor;
         let period = match limit.algorithm() {
-            Algorithm::TokenBucket | Algorithm::Gcra => {
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => {
                 return Self::new(capacity, limit.refill_per_second().unwrap_or(1.0) * factor);
             }
             Algorithm::Concurrency => limit.slot_ttl(),
@@ -54,7 +54,9 @@ impl LocalBucket {
     /// shorter than a window can touch two). Slots are not pre-limited.
     pub fn prelimit(limit: &Limit, factor: f64) -> Self {
         match limit.algorithm() {
-            Algorithm::TokenBucket | Algorithm::Gcra => Self::for_limit(limit, factor),
+            Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::LeakyBucket => {
+                Self::for_limit(limit, factor)
+            }
             Algorithm::Concurrency => Self::for_limit(limit, factor),
             _ => {
                 let capacity = limit.capacity() as f64 * factor;

@@ -68,6 +68,9 @@ for i = 1, #KEYS / 2 do
       local t = gcra_t(b)
       b.ahead = math.min(2 * (b.p1 * t), b.ahead + units * t)
       applied = units
+    elseif alg == LB then
+      b.level = math.min(2 * b.p1, b.level + units)
+      applied = units
     elseif alg == FW then
       if window_start(at, b.p2) >= b.ws then
         b.count = b.count + units

@@ -29,6 +29,9 @@ local function credit_counter(b, credit, ws)
   elseif b.alg == GCRA then
     b.ahead = math.max(0, b.ahead - credit * gcra_t(b))
     return credit
+  elseif b.alg == LB then
+    b.level = math.max(0, b.level - credit)
+    return credit
   elseif b.alg == FW and b.ws == ws then
     local c = math.min(credit, b.count)
     b.count = b.count - c
@@ -63,7 +66,7 @@ for i = 1, #ARGV / 9 do
         end
       end
       local b = load(alg, key, p1, p2, now)
-      if alg == TB or alg == GCRA or alg == FW or alg == SW then
+      if alg == TB or alg == GCRA or alg == LB or alg == FW or alg == SW then
         credited = credit_counter(b, credit, ws)
       elseif alg == LOG then
         local entry = id .. ':' .. int(units)

@@ -6,9 +6,11 @@ floating-point operations, so the Redis store and the in-memory store answer bit
 
 Time:  microseconds since the Unix epoch, from Redis TIME (never from the caller's clock).
        Windows are aligned to the epoch; math.fmod keeps `now - now % W` exact.
-Codes: 1 token bucket, 2 sliding window, 3 sliding log, 4 fixed window, 5 concurrency, 6 GCRA.
+Codes: 1 token bucket, 2 sliding window, 3 sliding log, 4 fixed window, 5 concurrency, 6 GCRA,
+       7 leaky bucket.
 State: token bucket    HASH  alg=1 tokens=<%.17g> ts=<us> [cap=<n>: an allowance, see below]
        GCRA            HASH  alg=6 ahead=<%.17g us> ts=<us>  (the TAT is ts + ahead)
+       leaky bucket    HASH  alg=7 level=<%.17g> ts=<us>
        sliding window  HASH  alg=2 ws=<us> prev=<n> cur=<n>
        fixed window    HASH  alg=4 ws=<us> count=<n>
        sliding log     ZSET  <key>:log    member <id>:<units>          score = admission time
@@ -26,7 +28,8 @@ Invariants:
   - a token bucket's debt is floored at -capacity;
   - tokens within EPSILON below a whole number count as it;
   - a GCRA key is never more than 2τ ahead (burst · interval, its debt floor), and times
-    within GCRA_SLACK_US count as equal.
+    within GCRA_SLACK_US count as equal;
+  - a leaky bucket's level is never below 0 nor, by a debit, above twice its burst.
 ]]
 
 local MARGIN_MS = 1000
@@ -34,7 +37,7 @@ local MARGIN_MS = 1000
 -- (token_bucket.rs EPSILON): refill and weighting are done in doubles, and a retry at the
 -- retry-after given must fit.
 local EPSILON = 1e-9
-local TB, SW, LOG, FW, CONC, GCRA = 1, 2, 3, 4, 5, 6
+local TB, SW, LOG, FW, CONC, GCRA, LB = 1, 2, 3, 4, 5, 6, 7
 -- gcra.rs SLACK_US.
 local GCRA_SLACK_US = 1e-3
 
@@ -60,7 +63,7 @@ end
 
 -- The bucket of algorithm `alg` stored at `key`, as of `now`.
 -- p1, p2: capacity and refill/s (1); limit and window us (2, 3, 4); slots and slot TTL us (5);
--- burst and rate/s (6).
+-- burst and rate/s (6); burst and leak/s (7).
 local function load(alg, key, p1, p2, now)
   local b = {alg = alg, key = key, p1 = p1, p2 = p2}
   if alg == GCRA then
@@ -71,6 +74,15 @@ local function load(alg, key, p1, p2, now)
       b.ts = math.max(ts, now)
     else
       b.ahead, b.ts = 0, now
+    end
+  elseif alg == LB then
+    local s = redis.call('HMGET', key, 'alg', 'level', 'ts')
+    if s[1] == '7' then
+      local level, ts = tonumber(s[2]), tonumber(s[3])
+      b.level = math.max(0, level - pos(now - ts) * p2 / 1000000)
+      b.ts = math.max(ts, now)
+    else
+      b.level, b.ts = 0, now
     end
   elseif alg == TB then
     local s = redis.call('HMGET', key, 'alg', 'tokens', 'ts', 'cap')
@@ -146,6 +158,7 @@ local function admits(b, cost, now)
     local t = gcra_t(b)
     return b.ahead + cost * t <= b.p1 * t + GCRA_SLACK_US
   end
+  if b.alg == LB then return b.level + cost <= b.p1 + EPSILON end
   if b.alg == FW then return b.count + cost <= b.p1 end
   if b.alg == SW then return sw_estimate(b, now) + cost <= b.p1 + EPSILON end
   return b.used + cost <= b.p1
@@ -163,6 +176,11 @@ local function available(b, now)
     local units = math.floor((b.p1 * t - b.ahead + GCRA_SLACK_US) / t)
     if units <= 0 then return 0 end
     return units
+  end
+  if b.alg == LB then
+    local room = math.floor(b.p1 - b.level + EPSILON)
+    if room <= 0 then return 0 end
+    return room
   end
   if b.alg == FW then return pos(b.p1 - b.count) end
   if b.alg == SW then
@@ -196,6 +214,7 @@ end
 local function consume(b, units, now, nonce)
   if b.alg == TB then b.tokens = b.tokens - units
   elseif b.alg == GCRA then b.ahead = b.ahead + units * gcra_t(b)
+  elseif b.alg == LB then b.level = b.level + units
   elseif b.alg == FW then b.count = b.count + units
   elseif b.alg == SW then b.cur = b.cur + units
   elseif b.alg == LOG then return add_entry(b, now, now, units, '')
@@ -206,6 +225,12 @@ end
 
 local function tb_retry(b, cost)
   local us = math.ceil((cost - b.tokens - EPSILON) * 1000000 / b.p2)
+  if us <= 0 then return 0 end
+  return us
+end
+
+local function lb_reset(b)
+  local us = math.ceil((b.level - EPSILON) * 1000000 / b.p2)
   if us <= 0 then return 0 end
   return us
 end
@@ -222,6 +247,11 @@ local function retry_after(b, cost, now)
   if b.alg == GCRA then
     local t = gcra_t(b)
     local us = math.ceil(b.ahead + cost * t - b.p1 * t - GCRA_SLACK_US)
+    if us <= 0 then return 0 end
+    return us
+  end
+  if b.alg == LB then
+    local us = math.ceil((b.level + cost - b.p1 - EPSILON) * 1000000 / b.p2)
     if us <= 0 then return 0 end
     return us
   end
@@ -266,6 +296,7 @@ end
 local function reset_after(b, now)
   if b.alg == TB then return tb_retry(b, b.p1) end
   if b.alg == GCRA then return gcra_reset(b) end
+  if b.alg == LB then return lb_reset(b) end
   if b.alg == FW then
     if b.count > 0 then return pos(b.ws + b.p2 - now) end
     return 0
@@ -292,6 +323,9 @@ local function store(b, now)
   elseif b.alg == GCRA then
     redis.call('HSET', b.key, 'alg', '6', 'ahead', float(b.ahead), 'ts', int(b.ts))
     redis.call('PEXPIRE', b.key, ttl_ms(gcra_reset(b)))
+  elseif b.alg == LB then
+    redis.call('HSET', b.key, 'alg', '7', 'level', float(b.level), 'ts', int(b.ts))
+    redis.call('PEXPIRE', b.key, ttl_ms(lb_reset(b)))
   elseif b.alg == FW then
     redis.call('HSET', b.key, 'alg', '4', 'ws', int(b.ws), 'count', int(b.count))
     redis.call('PEXPIRE', b.key, ttl_ms(pos(b.ws + b.p2 - now)))
@@ -369,7 +403,7 @@ local function share_params(alg, p1, p2, s)
   if s >= 1 then return p1, p2 end
   local c = math.floor(p1 * s)
   if c < 1 then c = 1 end
-  if alg == TB or alg == GCRA then
+  if alg == TB or alg == GCRA or alg == LB then
     local rate = p2 * s
     local slowest = c / MAX_PERIOD_S
     if rate < slowest then rate = slowest end

@@ -158,6 +158,35 @@ async fn token_bucket_on_one_redis_admits_exactly_the_limit() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcra_on_one_redis_admits_exactly_its_burst() {
+    let server = redis().await;
+    let limit = Limit::gcra(1000, 0.001).expect("limit");
+    let run = hammer(
+        RedisConfig::single(server.url()),
+        limit,
+        "algorithm: GCRA, burst: 1000, ratePerSecond: 0.001",
+    )
+    .await;
+    report("GCRA, single Redis", 1000, &run);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaky_bucket_on_a_redis_cluster_admits_exactly_its_burst() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .expect("join")
+        .expect("cluster");
+    let limit = Limit::leaky_bucket(1, Duration::from_secs(3600), Some(1000)).expect("limit");
+    let run = hammer(
+        RedisConfig::cluster(cluster.urls()),
+        limit,
+        "algorithm: LEAKY_BUCKET, limit: 1, duration: 1h, burst: 1000",
+    )
+    .await;
+    report("leaky bucket, Redis Cluster", 1000, &run);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_window_on_one_redis_admits_exactly_the_limit() {
     let server = redis().await;
     // An hour-long window: the run cannot straddle a boundary unless it starts in the last

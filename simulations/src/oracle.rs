@@ -136,6 +136,41 @@ impl Exact {
             *in_flight = in_flight.saturating_sub(cost);
         }
     }
+
+    /// The rule changed from `from` to `to` at `now`: the state carries over as the store
+    /// carries it. Another algorithm (or window) starts afresh; a token bucket keeps its
+    /// tokens (capped at the new capacity), a leaky bucket its level (the units in it), GCRA
+    /// its theoretical arrival time (how far ahead of now it is); windows keep their counts.
+    fn relimit(&mut self, from: &Limit, to: &Limit, now: u64) {
+        if from.algorithm() != to.algorithm() || from.window() != to.window() {
+            *self = Exact::new(to, now);
+            return;
+        }
+        self.room(now);
+        let new_capacity = to.capacity();
+        match self {
+            Exact::Bucket {
+                capacity,
+                rate,
+                level,
+                ..
+            } => {
+                let new_rate = to.refill_per_second().unwrap_or(0.0) / 1e6;
+                let used = *capacity - *level;
+                let cap = new_capacity as f64;
+                *level = match to.algorithm() {
+                    Algorithm::LeakyBucket => cap - used,
+                    Algorithm::Gcra if *rate > 0.0 => cap - used / *rate * new_rate,
+                    _ => level.min(cap),
+                };
+                *capacity = cap;
+                *rate = new_rate;
+            }
+            Exact::Fixed { limit, .. }
+            | Exact::Sliding { limit, .. }
+            | Exact::Concurrency { limit, .. } => *limit = new_capacity,
+        }
+    }
 }
 
 /// One bucket's three views.
@@ -169,6 +204,16 @@ impl BucketOracle {
             failovers_at_first: failovers,
             peak_in_flight: 0,
             failed_over_to_fail_mode: false,
+        }
+    }
+
+    /// The bucket's rule now says `limit` (a rule change at `now`): its state carries over as
+    /// the store carries it ([`Exact::relimit`]).
+    pub fn follow(&mut self, limit: Limit, now: u64) {
+        if limit != self.limit {
+            self.ideal.relimit(&self.limit, &limit, now);
+            self.real.relimit(&self.limit, &limit, now);
+            self.limit = limit;
         }
     }
 

@@ -273,3 +273,30 @@ fn every_library_scenario_is_strict_clean() {
         }
     }
 }
+
+/// A token bucket, GCRA and a leaky bucket of the same numbers admit the same, exactly, and
+/// follow a raised limit each in its own way (the exact limiter follows each the same way).
+#[test]
+fn gcra_and_the_leaky_bucket_beside_a_token_bucket() {
+    let path = library().join("gcra-and-leaky-bucket.yaml");
+    let text = std::fs::read_to_string(&path).expect("scenario");
+    let scenario = Scenario::parse(&text, "gcra-and-leaky-bucket").expect("scenario parses");
+    let report = run(&scenario, 1, &mut |_| {}).expect("runs");
+    assert!(report.passed(), "{}", report.table());
+    let admitted = |rule: &str| report.rules[rule].decided.admitted as f64;
+    for rule in ["token-bucket", "gcra", "leaky-bucket"] {
+        let r = &report.rules[rule];
+        assert_eq!(r.overshoot, 0, "{rule}: {}", report.table());
+        assert!(
+            r.decided.admitted as f64 >= r.exact as f64 * 0.97,
+            "{rule}: {}",
+            report.table()
+        );
+        let tb = admitted("token-bucket");
+        assert!(
+            (admitted(rule) - tb).abs() <= tb * 0.02,
+            "{rule} admits what the token bucket admits: {}",
+            report.table()
+        );
+    }
+}

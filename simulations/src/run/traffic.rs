@@ -115,6 +115,7 @@ impl Job {
                     .exact
                     .entry((c.rule.key.clone(), c.identity.clone()))
                     .or_insert_with(|| BucketOracle::new(whole, arrived, 0));
+                oracle.follow(whole, arrived);
                 if c.rule.mode == Mode::Enforce && !oracle.fits(arrived, c.cost) {
                     fits_all = false;
                 }

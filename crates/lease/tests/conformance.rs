@@ -382,8 +382,15 @@ async fn gcra_returns_never_move_the_tat_behind_now(b: &Backend) {
     let g = lease(b, &key, limit, 5, 1, 1.0, HOUR).await;
     assert_eq!(g.units, 5);
     b.advance(ms(600)).await; // the 5 units' 500 ms have passed: the key is at rest
-    assert_eq!(give_back(b, &key, limit, &g.lease.expect("lease"), 5).await, 5);
-    assert_eq!(remaining(b, &key, limit).await, 10, "never more than the burst");
+    assert_eq!(
+        give_back(b, &key, limit, &g.lease.expect("lease"), 5).await,
+        5
+    );
+    assert_eq!(
+        remaining(b, &key, limit).await,
+        10,
+        "never more than the burst"
+    );
     assert_eq!(allowed_in_a_row(b, &key, limit, 11).await, 10);
 }
 
@@ -397,7 +404,11 @@ async fn gcra_keeps_its_tat_when_its_parameters_change(b: &Backend) {
     // Twice the rate: the TAT (6000 s ahead) is 12 intervals of the new rate: full.
     let faster = Limit::gcra(10, 0.002).expect("l");
     assert_eq!(remaining(b, &key, faster).await, 0);
-    assert_eq!(remaining(b, &key, slow(20)).await, 14, "peeks changed nothing");
+    assert_eq!(
+        remaining(b, &key, slow(20)).await,
+        14,
+        "peeks changed nothing"
+    );
 }
 
 // ---- leaky bucket --------------------------------------------------------------------------

@@ -325,9 +325,8 @@ mod tests {
 
     #[test]
     fn gcra_reads_as_its_rate_and_a_leaky_bucket_as_its_limit_per_duration() {
-        let gcra = rule(
-            "domain: d\nrules:\n  - {id: g, algorithm: GCRA, burst: 20, ratePerSecond: 5}\n",
-        );
+        let gcra =
+            rule("domain: d\nrules:\n  - {id: g, algorithm: GCRA, burst: 20, ratePerSecond: 5}\n");
         let p = policy(&gcra).expect("policy");
         assert_eq!((p.quota, p.window), (300, Some(60)));
         let leaky = rule(

@@ -146,6 +146,18 @@ async fn invalid_rules_get_problem_details_naming_the_field() {
             "share",
         ),
         (
+            "GCRA without a rate",
+            r#"{"algorithm":"GCRA","burst":5}"#.into(),
+            400,
+            "ratePerSecond",
+        ),
+        (
+            "leaky bucket with a window",
+            r#"{"algorithm":"LEAKY_BUCKET","limit":5,"window":"1m"}"#.into(),
+            400,
+            "window",
+        ),
+        (
             "penalty of no denials",
             r#"{"algorithm":"FIXED_WINDOW","limit":5,"window":"1m","penalty":{"after":0,"within":"1m","block":"1m"}}"#.into(),
             400,
@@ -379,6 +391,30 @@ async fn hostile_input_gets_problem_details_and_writes_nothing() {
         stored["penalty"],
         json!({"after": 10, "within": "1m", "block": "15m"})
     );
+    // GCRA and the leaky bucket are stored with their own parameters and read back as written.
+    for (id, body, fields) in [
+        (
+            "gcra",
+            r#"{"domain":"api","algorithm":"GCRA","burst":20,"ratePerSecond":2.5}"#,
+            json!({"burst": 20, "ratePerSecond": 2.5}),
+        ),
+        (
+            "leaky",
+            r#"{"domain":"api","algorithm":"LEAKY_BUCKET","limit":600,"duration":"1m","burst":30}"#,
+            json!({"limit": 600, "duration": "1m", "burst": 30}),
+        ),
+    ] {
+        assert_eq!(
+            call(admin, "PUT", &rule_path(id), &[], Some(body))
+                .await
+                .status,
+            201
+        );
+        let stored = get_json(admin, &rule_path(id)).await;
+        for (field, value) in fields.as_object().expect("fields") {
+            assert_eq!(&stored[field], value, "{id}: {stored}");
+        }
+    }
     node.stop().await;
 }
 

@@ -21,9 +21,8 @@ fn limit_yaml() -> impl Strategy<Value = String> {
         (1u32..=20, prop::sample::select(vec![0.5, 1.0, 2.0, 10.0])).prop_map(|(c, r)| format!(
             "algorithm: TOKEN_BUCKET, capacity: {c}, refillPerSecond: {r}"
         )),
-        (1u32..=20, prop::sample::select(vec![0.5, 1.0, 3.0, 10.0])).prop_map(|(b, r)| format!(
-            "algorithm: GCRA, burst: {b}, ratePerSecond: {r}"
-        )),
+        (1u32..=20, prop::sample::select(vec![0.5, 1.0, 3.0, 10.0]))
+            .prop_map(|(b, r)| format!("algorithm: GCRA, burst: {b}, ratePerSecond: {r}")),
         (
             1u32..=20,
             1u32..=20,

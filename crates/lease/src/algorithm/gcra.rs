@@ -39,7 +39,10 @@ impl Gcra {
     /// `ahead`. If the clock went backwards, nothing is taken off and `ts` does not move back.
     pub(crate) fn load(stored: Option<Self>, now: Micros) -> Self {
         match stored {
-            None => Self { ahead: 0.0, ts: now },
+            None => Self {
+                ahead: 0.0,
+                ts: now,
+            },
             Some(s) => {
                 let elapsed = now.saturating_sub(s.ts);
                 Self {

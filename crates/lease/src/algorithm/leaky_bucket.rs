@@ -29,7 +29,10 @@ impl LeakyBucket {
     /// If the clock went backwards, nothing leaks and `ts` does not move back.
     pub(crate) fn load(stored: Option<Self>, leak_per_second: f64, now: Micros) -> Self {
         match stored {
-            None => Self { level: 0.0, ts: now },
+            None => Self {
+                level: 0.0,
+                ts: now,
+            },
             Some(s) => {
                 let elapsed = now.saturating_sub(s.ts);
                 Self {
@@ -67,7 +70,8 @@ impl LeakyBucket {
 
     /// Microseconds until `cost` fits.
     pub(crate) fn retry_after(&self, burst: u64, leak_per_second: f64, cost: u64) -> u64 {
-        let us = ((self.level + cost as f64 - burst as f64 - EPSILON) * 1e6 / leak_per_second).ceil();
+        let us =
+            ((self.level + cost as f64 - burst as f64 - EPSILON) * 1e6 / leak_per_second).ceil();
         if us <= 0.0 { 0 } else { us as u64 }
     }
 

@@ -336,9 +336,12 @@ impl Bucket {
     ) -> Option<String> {
         match (self, limit.kind()) {
             (Bucket::TokenBucket(b), _) => b.take(units),
-            (Bucket::Gcra(b), Kind::Gcra {
-                rate_per_second, ..
-            }) => b.take(units, rate_per_second),
+            (
+                Bucket::Gcra(b),
+                Kind::Gcra {
+                    rate_per_second, ..
+                },
+            ) => b.take(units, rate_per_second),
             (Bucket::Gcra(_), _) => {}
             (Bucket::LeakyBucket(b), _) => b.fill(units),
             (Bucket::FixedWindow(b), _) => b.count += units,

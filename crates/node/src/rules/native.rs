@@ -707,11 +707,7 @@ mod tests {
 
     #[test]
     fn gcra_and_leaky_bucket_rules_validate_name_their_fields_and_round_trip() {
-        let valid = |yaml: &str| {
-            doc(yaml)
-                .validate(None, String::new())
-                .expect("valid")
-        };
+        let valid = |yaml: &str| doc(yaml).validate(None, String::new()).expect("valid");
         let gcra = valid("{id: g, domain: d, algorithm: GCRA, burst: 20, ratePerSecond: 2.5}");
         assert_eq!(gcra.limit, Limit::gcra(20, 2.5).expect("limit"));
         let leaky = valid("{id: l, domain: d, algorithm: LEAKY_BUCKET, limit: 30, duration: 1m}");
@@ -719,9 +715,8 @@ mod tests {
             leaky.limit,
             Limit::leaky_bucket(30, Duration::from_secs(60), None).expect("limit")
         );
-        let deep = valid(
-            "{id: l, domain: d, algorithm: LEAKY_BUCKET, limit: 30, duration: 1m, burst: 5}",
-        );
+        let deep =
+            valid("{id: l, domain: d, algorithm: LEAKY_BUCKET, limit: 30, duration: 1m, burst: 5}");
         assert_eq!(deep.limit.capacity(), 5);
         for rule in [gcra, leaky, deep] {
             let written = RuleDoc::from_rule(&rule);

@@ -14,6 +14,7 @@
 //! - [`zset`]: the in-memory twin of a Redis sorted set.
 //! - [`once_marks`]: the records that make a debit idempotent.
 //! - [`penalty_box`]: denials counted towards a rule's penalty, and its blocks.
+//! - [`reservations`]: the records of reservations awaiting their settlement.
 
 pub(crate) mod entry_log;
 pub(crate) mod fixed_window;
@@ -21,6 +22,7 @@ pub(crate) mod gcra;
 pub(crate) mod leaky_bucket;
 pub(crate) mod once_marks;
 pub(crate) mod penalty_box;
+pub(crate) mod reservations;
 pub(crate) mod sliding_window;
 pub(crate) mod token_bucket;
 pub(crate) mod zset;

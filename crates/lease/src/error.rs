@@ -64,6 +64,14 @@ pub enum InvalidInput {
         /// What is wrong.
         reason: String,
     },
+    /// A reservation (or its settlement) whose parameters make no sense.
+    #[error("reservation field `{field}`: {reason}")]
+    BadReservation {
+        /// The field (`nonce`, `ttl`, `algorithm`).
+        field: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
     /// A penalty whose parameters make no sense.
     #[error("penalty field `{field}`: {reason}")]
     BadPenalty {

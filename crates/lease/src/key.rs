@@ -114,6 +114,16 @@ impl BucketKey {
         format!("{}:leases", self.key)
     }
 
+    /// The key of the bucket's reservations: nonce → record (same slot as the state).
+    pub(crate) fn reservations_key(&self) -> String {
+        format!("{}:reservations", self.key)
+    }
+
+    /// The key of when each reservation record of the bucket may go (same slot).
+    pub(crate) fn reservation_ends_key(&self) -> String {
+        format!("{}:reservations:ends", self.key)
+    }
+
     /// The key of the bucket's regional allowance (same slot as the state).
     pub(crate) fn allowance_key(&self) -> String {
         format!("{}:allowance", self.key)

@@ -12,6 +12,7 @@ use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::penalty::{Penalty, PenaltyState};
+use crate::ops::reservation::{SettleRequest, Settlement};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 
 /// A store of global rate-limit state. Each operation is atomic for the one identity its
@@ -86,13 +87,20 @@ pub trait LeaseStore: Send + Sync {
         denials: u64,
     ) -> impl Future<Output = Result<PenaltyState, StoreError>> + Send;
 
+    /// Settles a reservation made by a reserving check, one bucket per item, exactly once per
+    /// bucket and nonce (see [`crate::ops::reservation`]).
+    fn settle(
+        &self,
+        req: &SettleRequest,
+    ) -> impl Future<Output = Result<Vec<Settlement>, StoreError>> + Send;
+
     /// Lifts `key`'s identity's penalty block and forgets its denial counts (a SHADOW rule's
     /// too); the bucket is untouched. Returns whether an enforced block was lifted.
     fn lift_block(&self, key: &BucketKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// Every key [`LeaseStore::reset`] forgets for `key`'s bucket.
-pub(crate) fn counter_keys(key: &BucketKey) -> [String; 7] {
+pub(crate) fn counter_keys(key: &BucketKey) -> [String; 9] {
     [
         key.as_str().to_owned(),
         format!("{key}:log"),
@@ -101,6 +109,8 @@ pub(crate) fn counter_keys(key: &BucketKey) -> [String; 7] {
         key.allowance_key(),
         key.penalty_key(),
         key.shadow_penalty_key(),
+        key.reservations_key(),
+        key.reservation_ends_key(),
     ]
 }
 

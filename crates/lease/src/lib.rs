@@ -60,6 +60,9 @@ pub use ops::counter::HeldLeases;
 pub use ops::debit::{DebitItem, DebitOnce, DebitRequest, MAX_ORIGIN_BYTES};
 pub use ops::lease::{LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, ReturnRequest};
 pub use ops::penalty::{Penalty, PenaltyState};
+pub use ops::reservation::{
+    MAX_RESERVATION_TTL, Reserve, SETTLED_KEPT, SettleItem, SettleRequest, Settlement,
+};
 pub use ops::slot::{SlotId, SlotRelease, SlotRenew};
 pub use redis::batch::{BatchConfig, BatchCounts};
 pub use redis::{RedisConfig, RedisStore};

@@ -399,6 +399,15 @@ impl LeaseStore for LinkedStore {
             .await
     }
 
+    async fn settle(
+        &self,
+        req: &crate::ops::reservation::SettleRequest,
+    ) -> Result<Vec<crate::ops::reservation::Settlement>, StoreError> {
+        let req = req.clone();
+        self.call(|c| &c.debit, move |s| async move { s.settle(&req).await })
+            .await
+    }
+
     async fn report_demand(&self, req: &DemandRequest) -> Result<(), StoreError> {
         let req = req.clone();
         self.call(

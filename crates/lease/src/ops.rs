@@ -11,6 +11,7 @@
 //! - [`allowance`]: a region's demand-based share of a bucket that syncs with a peer region.
 //! - [`counter`]: read what the nodes hold of one bucket, or forget the bucket (a reset).
 //! - [`penalty`]: count an identity's denials and block it when a rule's penalty says so.
+//! - [`reservation`]: a check that reserves an estimate, settled later at the actual cost.
 
 pub mod allowance;
 pub mod check;
@@ -18,6 +19,7 @@ pub mod counter;
 pub mod debit;
 pub mod lease;
 pub mod penalty;
+pub mod reservation;
 pub mod slot;
 
 use std::collections::HashSet;

@@ -33,6 +33,7 @@ use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::nonce;
 use crate::ops::penalty::{Penalty, PenaltyState};
+use crate::ops::reservation::{SettleRequest, Settlement};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 use batch::{Answer, BatchCounts, Batcher, Entered};
 use connection::Connection;
@@ -438,8 +439,18 @@ impl LeaseStore for RedisStore {
             .collect();
         let mut args = Vec::with_capacity(2 + 9 * items.len());
         let mut extra = vec![];
-        args.push(nonce());
-        args.push(if req.is_peek() { "1" } else { "0" }.to_owned());
+        match req.reservation() {
+            None => {
+                args.push(nonce());
+                args.push(if req.is_peek() { "1" } else { "0" }.to_owned());
+            }
+            Some(r) => {
+                // The records' keys follow every other key (allowances and penalties are
+                // placed by index as they come).
+                args.push(r.nonce.clone());
+                args.push(String::new());
+            }
+        }
         for ((item, a), penalized) in items.iter().zip(req.allowances()).zip(req.penalized()) {
             limit_args(&item.limit, &mut args);
             args.push(item.cost.to_string());
@@ -447,6 +458,13 @@ impl LeaseStore for RedisStore {
             penalty_arg(&item.key, *penalized, &mut extra, &mut args, items.len());
         }
         keys.extend(extra);
+        if let Some(r) = req.reservation() {
+            args[1] = format!("R|{}|{}", r.ttl.as_micros(), keys.len() + 1);
+            for item in items {
+                keys.push(item.key.reservations_key());
+                keys.push(item.key.reservation_ends_key());
+            }
+        }
         let reply = self.run(BatchOp::Check, keys, args).await?;
         reply::check(reply, items.len())
     }
@@ -558,6 +576,22 @@ impl LeaseStore for RedisStore {
         let keys = counter_keys(key);
         let reply = eval(&self.conn, &SCRIPTS.reset, &keys, &[], self.budget).await?;
         Ok(reply::counts(reply, 1, "reset reply")?[0] > 0)
+    }
+
+    async fn settle(&self, req: &SettleRequest) -> Result<Vec<Settlement>, StoreError> {
+        let items = req.items();
+        let mut keys = Vec::with_capacity(3 * items.len());
+        let mut args = Vec::with_capacity(5 * items.len());
+        for item in items {
+            keys.push(state_key(&item.key, &item.limit).into_owned());
+            keys.push(item.key.reservations_key());
+            keys.push(item.key.reservation_ends_key());
+            limit_args(&item.limit, &mut args);
+            args.push(item.nonce.clone());
+            args.push(item.actual.to_string());
+        }
+        let reply = eval(&self.conn, &SCRIPTS.settle, &keys, &args, self.budget).await?;
+        reply::settlements(reply, items.len())
     }
 
     async fn note_denials(

@@ -169,6 +169,17 @@ impl LeaseStore for Store {
         }
     }
 
+    async fn settle(
+        &self,
+        req: &crate::ops::reservation::SettleRequest,
+    ) -> Result<Vec<crate::ops::reservation::Settlement>, StoreError> {
+        match self {
+            Store::Memory(s) => s.settle(req).await,
+            Store::Redis(s) => s.settle(req).await,
+            Store::Linked(s) => s.settle(req).await,
+        }
+    }
+
     async fn lift_block(&self, key: &BucketKey) -> Result<bool, StoreError> {
         match self {
             Store::Memory(s) => s.lift_block(key).await,

@@ -14,8 +14,8 @@ use support::{Backend, check1};
 use tollgate_lease::{
     Allowance, BucketKey, CheckItem, CheckOutcome, CheckRequest, DebitItem, DebitRequest, Decision,
     DemandReport, DemandRequest, HeldLeases, LeaseAsk, LeaseGrant, LeaseId, LeaseRequest,
-    LeaseReturn, LeaseStore, Limit, Penalty, PenaltyState, ReturnRequest, SlotId, SlotRelease,
-    SlotRenew,
+    LeaseReturn, LeaseStore, Limit, Penalty, PenaltyState, ReturnRequest, SettleItem,
+    SettleRequest, Settlement, SlotId, SlotRelease, SlotRenew,
 };
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -480,6 +480,243 @@ async fn a_leaky_bucket_keeps_its_level_when_its_limit_changes(b: &Backend) {
         Duration::from_secs(1)
     };
     assert!(fast.abs_diff(slow / 2) <= within, "{fast:?} vs {slow:?}");
+}
+
+// ---- reserve, then settle --------------------------------------------------------------------
+
+async fn reserve(
+    b: &Backend,
+    key: &BucketKey,
+    limit: Limit,
+    estimate: u64,
+    nonce: &str,
+    ttl: Duration,
+) -> CheckOutcome {
+    let req = check1(key, limit, estimate)
+        .reserve(nonce, ttl)
+        .expect("valid reservation");
+    b.store.check(&req).await.expect("reserve")
+}
+
+async fn settle(b: &Backend, key: &BucketKey, limit: Limit, nonce: &str, actual: u64) -> Settlement {
+    let req = SettleRequest::new(vec![SettleItem {
+        key: key.clone(),
+        limit,
+        nonce: nonce.into(),
+        actual,
+    }])
+    .expect("valid settle");
+    b.store.settle(&req).await.expect("settle")[0]
+}
+
+async fn a_settle_below_the_estimate_gives_the_rest_back_once(b: &Backend) {
+    let key = b.fresh_key("settle-less");
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    assert!(reserve(b, &key, limit, 30, "r1", HOUR).await.allowed());
+    assert_eq!(remaining(b, &key, limit).await, 70, "the estimate is consumed at once");
+    assert_eq!(
+        settle(b, &key, limit, "r1", 10).await,
+        Settlement::Settled {
+            refunded: 20,
+            charged: 0
+        }
+    );
+    assert_eq!(remaining(b, &key, limit).await, 90);
+    assert_eq!(
+        settle(b, &key, limit, "r1", 0).await,
+        Settlement::AlreadySettled
+    );
+    assert_eq!(remaining(b, &key, limit).await, 90, "settled once");
+    assert_eq!(
+        settle(b, &key, limit, "never-made", 0).await,
+        Settlement::Unknown
+    );
+    assert_eq!(remaining(b, &key, limit).await, 90);
+}
+
+async fn a_settle_above_the_estimate_charges_the_excess_into_debt(b: &Backend) {
+    let key = b.fresh_key("settle-more");
+    let limit = Limit::token_bucket(10, 10.0).expect("l");
+    assert!(reserve(b, &key, limit, 10, "big", HOUR).await.allowed());
+    assert_eq!(
+        settle(b, &key, limit, "big", 25).await,
+        Settlement::Settled {
+            refunded: 0,
+            charged: 15
+        }
+    );
+    let denied = check(b, &key, limit, 1).await;
+    assert!(!denied.allowed());
+    let retry = denied.buckets[0].retry_after;
+    assert!(
+        retry > Duration::from_secs(1) && retry <= ms(1100),
+        "in debt (floored at one bucket): {retry:?}"
+    );
+}
+
+async fn a_refund_never_raises_a_bucket_above_capacity(b: &Backend) {
+    let key = b.fresh_key("settle-cap");
+    let limit = Limit::token_bucket(10, 10.0).expect("l");
+    assert!(reserve(b, &key, limit, 5, "r", HOUR).await.allowed());
+    b.advance(ms(600)).await; // refilled to 10 meanwhile
+    assert_eq!(
+        settle(b, &key, limit, "r", 0).await,
+        Settlement::Settled {
+            refunded: 5,
+            charged: 0
+        }
+    );
+    assert_eq!(remaining(b, &key, limit).await, 10);
+    assert_eq!(allowed_in_a_row(b, &key, limit, 11).await, 10);
+}
+
+async fn an_expired_reservation_stays_charged_and_a_late_settle_charges_only_excess(b: &Backend) {
+    let key = b.fresh_key("settle-late");
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    assert!(reserve(b, &key, limit, 40, "late", ms(50)).await.allowed());
+    b.advance(ms(100)).await;
+    assert_eq!(
+        settle(b, &key, limit, "late", 10).await,
+        Settlement::Expired { charged: 0 }
+    );
+    assert_eq!(remaining(b, &key, limit).await, 60, "an expired estimate stands");
+    assert!(reserve(b, &key, limit, 20, "later", ms(50)).await.allowed());
+    b.advance(ms(100)).await;
+    assert_eq!(
+        settle(b, &key, limit, "later", 50).await,
+        Settlement::Expired { charged: 30 }
+    );
+    assert_eq!(remaining(b, &key, limit).await, 10);
+    assert_eq!(
+        settle(b, &key, limit, "later", 50).await,
+        Settlement::AlreadySettled
+    );
+}
+
+async fn a_denied_reservation_records_nothing(b: &Backend) {
+    let key = b.fresh_key("settle-denied");
+    let limit = Limit::token_bucket(5, 0.001).expect("l");
+    assert!(reserve(b, &key, limit, 3, "first", HOUR).await.allowed());
+    assert!(!reserve(b, &key, limit, 3, "second", HOUR).await.allowed());
+    assert_eq!(settle(b, &key, limit, "second", 0).await, Settlement::Unknown);
+    assert_eq!(remaining(b, &key, limit).await, 2);
+    // All or nothing across a request's buckets: one bucket without room denies the other's
+    // record too.
+    let (wide, narrow) = (b.key("settle-two", "wide"), b.key("settle-two", "narrow"));
+    let (big, small) = (
+        Limit::token_bucket(100, 0.001).expect("l"),
+        Limit::token_bucket(2, 0.001).expect("l"),
+    );
+    let both = |cost| {
+        CheckRequest::new(vec![
+            CheckItem {
+                key: wide.clone(),
+                limit: big,
+                cost,
+            },
+            CheckItem {
+                key: narrow.clone(),
+                limit: small,
+                cost,
+            },
+        ])
+        .expect("valid")
+    };
+    let req = both(2).reserve("two", HOUR).expect("valid");
+    assert!(b.store.check(&req).await.expect("reserve").allowed());
+    let req = both(1).reserve("three", HOUR).expect("valid");
+    assert!(!b.store.check(&req).await.expect("reserve").allowed());
+    assert_eq!(settle(b, &wide, big, "three", 0).await, Settlement::Unknown);
+    assert_eq!(
+        settle(b, &wide, big, "two", 1).await,
+        Settlement::Settled {
+            refunded: 1,
+            charged: 0
+        }
+    );
+    assert_eq!(remaining(b, &wide, big).await, 99);
+}
+
+async fn a_window_reservation_refunds_only_into_its_own_window(b: &Backend) {
+    let key = b.fresh_key("settle-window");
+    let w = Duration::from_secs(2);
+    let limit = Limit::fixed_window(10, w).expect("l");
+    b.room_in_window(w, ms(500)).await;
+    assert!(reserve(b, &key, limit, 6, "in-window", HOUR).await.allowed());
+    assert!(reserve(b, &key, limit, 2, "same-window", HOUR).await.allowed());
+    assert_eq!(
+        settle(b, &key, limit, "same-window", 1).await,
+        Settlement::Settled {
+            refunded: 1,
+            charged: 0
+        }
+    );
+    assert_eq!(remaining(b, &key, limit).await, 3);
+    b.start_of_window(w, ms(10)).await;
+    assert_eq!(
+        settle(b, &key, limit, "in-window", 0).await,
+        Settlement::Settled {
+            refunded: 0,
+            charged: 0
+        },
+        "a refund never lands in a later window"
+    );
+    assert_eq!(remaining(b, &key, limit).await, 10);
+}
+
+async fn a_log_reservation_shrinks_its_own_entry(b: &Backend) {
+    let key = b.fresh_key("settle-log");
+    let limit = Limit::sliding_window_log(10, HOUR).expect("l");
+    assert!(reserve(b, &key, limit, 6, "log", HOUR).await.allowed());
+    assert_eq!(remaining(b, &key, limit).await, 4);
+    assert_eq!(
+        settle(b, &key, limit, "log", 2).await,
+        Settlement::Settled {
+            refunded: 4,
+            charged: 0
+        }
+    );
+    assert_eq!(remaining(b, &key, limit).await, 8);
+}
+
+async fn concurrent_settles_of_one_reservation_apply_once(b: &Backend) {
+    let key = b.fresh_key("settle-race");
+    let limit = Limit::token_bucket(100, 0.001).expect("l");
+    assert!(reserve(b, &key, limit, 50, "raced", HOUR).await.allowed());
+    let store = Arc::new(b.store.clone());
+    let mut tasks = vec![];
+    for _ in 0..20 {
+        let (store, key) = (store.clone(), key.clone());
+        tasks.push(tokio::spawn(async move {
+            let req = SettleRequest::new(vec![SettleItem {
+                key,
+                limit,
+                nonce: "raced".into(),
+                actual: 10,
+            }])
+            .expect("valid");
+            store.settle(&req).await.expect("settle")[0]
+        }));
+    }
+    let mut settled = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            Settlement::Settled { refunded: 40, .. } => settled += 1,
+            Settlement::AlreadySettled => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(settled, 1, "exactly one settle applies");
+    assert_eq!(remaining(b, &key, limit).await, 90);
+}
+
+async fn a_reset_forgets_reservations(b: &Backend) {
+    let key = b.fresh_key("settle-reset");
+    let limit = Limit::token_bucket(10, 0.001).expect("l");
+    assert!(reserve(b, &key, limit, 8, "r", HOUR).await.allowed());
+    assert!(b.store.reset(&key).await.expect("reset"));
+    assert_eq!(settle(b, &key, limit, "r", 0).await, Settlement::Unknown);
+    assert_eq!(remaining(b, &key, limit).await, 10);
 }
 
 // ---- windows -------------------------------------------------------------------------------
@@ -1446,6 +1683,15 @@ conformance!(
     leaky_bucket_fills_to_its_burst_and_leaks,
     leaky_bucket_leases_returns_and_debits,
     a_leaky_bucket_keeps_its_level_when_its_limit_changes,
+    a_settle_below_the_estimate_gives_the_rest_back_once,
+    a_settle_above_the_estimate_charges_the_excess_into_debt,
+    a_refund_never_raises_a_bucket_above_capacity,
+    an_expired_reservation_stays_charged_and_a_late_settle_charges_only_excess,
+    a_denied_reservation_records_nothing,
+    a_window_reservation_refunds_only_into_its_own_window,
+    a_log_reservation_shrinks_its_own_entry,
+    concurrent_settles_of_one_reservation_apply_once,
+    a_reset_forgets_reservations,
     fixed_window_counts_and_resets,
     fixed_window_of_a_day,
     large_window_limits_count_exactly,

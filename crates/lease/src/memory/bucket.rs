@@ -29,6 +29,8 @@ pub(crate) enum Value {
     Demand(crate::ops::allowance::Demand),
     /// An identity's denials counted towards a penalty, or its block.
     Penalty(crate::algorithm::penalty_box::PenaltyRecord),
+    /// A bucket's reservations awaiting their settlement.
+    Reservations(crate::algorithm::reservations::Reservations),
 }
 
 /// What one key costs beyond its name and its value's contents: the map's entry, the name's
@@ -47,6 +49,7 @@ impl Value {
             | Value::Penalty(_) => 0,
             Value::Sorted(z) => z.bytes(),
             Value::Marks(m) => m.keys().map(|k| k.len() + 48).sum(),
+            Value::Reservations(r) => r.bytes(),
             Value::Demand(d) => d
                 .reports
                 .iter()
@@ -149,6 +152,40 @@ impl Keys {
                 ..
             }) if *expires_at > now => std::mem::take(z),
             _ => ZSet::default(),
+        }
+    }
+
+    /// Takes a bucket's reservation records out of their key (leaving them empty in place), so
+    /// they can be changed without a copy; [`Keys::keep_reservations`] puts them back.
+    pub(crate) fn take_reservations(
+        &mut self,
+        key: &str,
+        now: Micros,
+    ) -> crate::algorithm::reservations::Reservations {
+        match self.map.get_mut(key) {
+            Some(Stored {
+                value: Value::Reservations(r),
+                expires_at,
+                ..
+            }) if *expires_at > now => std::mem::take(r),
+            _ => Default::default(),
+        }
+    }
+
+    /// Puts reservation records back, to live until their last end (as `keep_reservations`
+    /// in lib.lua); none left deletes the key.
+    pub(crate) fn keep_reservations(
+        &mut self,
+        key: &str,
+        records: crate::algorithm::reservations::Reservations,
+        now: Micros,
+    ) {
+        match records.last_end() {
+            None => self.remove(key),
+            Some(last) => {
+                let expires_at = now + ttl_ms(last.saturating_sub(now)) * 1000;
+                self.put(key, Value::Reservations(records), expires_at);
+            }
         }
     }
 

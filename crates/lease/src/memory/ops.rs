@@ -22,6 +22,9 @@ use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseId, LeaseRequest, ReturnRequest};
 use crate::ops::penalty::{Penalty, PenaltyState};
+use crate::ops::reservation::{SettleRequest, Settlement};
+use crate::algorithm::reservations::Record;
+use crate::algorithm::window_start;
 use crate::ops::slot::{SlotId, SlotRelease, SlotRenew};
 
 fn us(d: u64) -> Duration {
@@ -36,6 +39,47 @@ fn block_left(keys: &Keys, key: &BucketKey, now: Micros) -> u64 {
     }
 }
 
+/// Subtracts `units` consumed at `at` from a loaded bucket (as `debit.lua`'s `debit_bucket`);
+/// returns the units applied (0 when their window no longer counts).
+pub(super) fn debit_bucket(b: &mut Bucket, limit: &crate::limit::Limit, units: u64, at: Micros, now: Micros) -> u64 {
+    match (b, limit.kind()) {
+        (Bucket::TokenBucket(tb), _) => {
+            tb.debit(units, limit.capacity());
+            units
+        }
+        (
+            Bucket::Gcra(g),
+            Kind::Gcra {
+                burst,
+                rate_per_second,
+            },
+        ) => {
+            g.debit(units, burst, rate_per_second);
+            units
+        }
+        (Bucket::LeakyBucket(lb), _) => {
+            lb.debit(units, limit.capacity());
+            units
+        }
+        (Bucket::FixedWindow(fw), Kind::FixedWindow { window_us, .. })
+            if fw.counts_at(window_us, at) =>
+        {
+            fw.count += units;
+            units
+        }
+        (Bucket::SlidingWindow(sw), Kind::SlidingWindow { window_us, .. }) => {
+            sw.debit(window_us, at, units)
+        }
+        (Bucket::Log(log), Kind::SlidingWindowLog { window_us, .. })
+            if at > now.saturating_sub(window_us) =>
+        {
+            log.add(at, at, units, "");
+            units
+        }
+        _ => 0,
+    }
+}
+
 impl LeaseStore for MemoryStore {
     async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
         let items = req.items();
@@ -45,7 +89,10 @@ impl LeaseStore for MemoryStore {
             String::new()
         };
         let state_keys: Vec<_> = items.iter().map(|i| state_key(&i.key, &i.limit)).collect();
-        let extra = allowance_keys(items.iter().map(|i| &i.key), req.allowances());
+        let mut extra = allowance_keys(items.iter().map(|i| &i.key), req.allowances());
+        if req.reservation().is_some() {
+            extra.extend(items.iter().map(|i| i.key.reservations_key()));
+        }
         let creates: Vec<&str> = state_keys
             .iter()
             .map(|k| k.as_ref())
@@ -98,6 +145,25 @@ impl LeaseStore for MemoryStore {
                 } else {
                     None
                 };
+                if let Some(r) = req.reservation().filter(|_| all) {
+                    let log_entry = match (&b, &entry) {
+                        (Bucket::Log(_), Some(member)) => {
+                            member.split(':').next().unwrap_or_default().to_owned()
+                        }
+                        _ => String::new(),
+                    };
+                    let rkey = item.key.reservations_key();
+                    let mut records = keys.take_reservations(&rkey, now);
+                    records.record(
+                        &r.nonce,
+                        item.cost,
+                        item.limit.algorithm().script_code(),
+                        r.ttl.as_micros() as u64,
+                        log_entry,
+                        now,
+                    );
+                    keys.keep_reservations(&rkey, records, now);
+                }
                 let mut status = BucketStatus {
                     allowed: view_ok,
                     remaining: b.available(&item.limit, now),
@@ -430,42 +496,7 @@ impl LeaseStore for MemoryStore {
                     let at = item.consumed_at.unwrap_or(now).min(now);
                     let k = state_key(&item.key, &item.limit);
                     let mut b = Bucket::load(keys, &k, &item.limit, now);
-                    let applied = match (&mut b, item.limit.kind()) {
-                        (Bucket::TokenBucket(tb), _) => {
-                            tb.debit(units, item.limit.capacity());
-                            units
-                        }
-                        (
-                            Bucket::Gcra(g),
-                            Kind::Gcra {
-                                burst,
-                                rate_per_second,
-                            },
-                        ) => {
-                            g.debit(units, burst, rate_per_second);
-                            units
-                        }
-                        (Bucket::LeakyBucket(lb), _) => {
-                            lb.debit(units, item.limit.capacity());
-                            units
-                        }
-                        (Bucket::FixedWindow(fw), Kind::FixedWindow { window_us, .. })
-                            if fw.counts_at(window_us, at) =>
-                        {
-                            fw.count += units;
-                            units
-                        }
-                        (Bucket::SlidingWindow(sw), Kind::SlidingWindow { window_us, .. }) => {
-                            sw.debit(window_us, at, units)
-                        }
-                        (Bucket::Log(log), Kind::SlidingWindowLog { window_us, .. })
-                            if at > now.saturating_sub(window_us) =>
-                        {
-                            log.add(at, at, units, "");
-                            units
-                        }
-                        _ => 0,
-                    };
+                    let applied = debit_bucket(&mut b, &item.limit, units, at, now);
                     if applied > 0 {
                         b.store(keys, &k, &item.limit, now);
                     } else {
@@ -501,6 +532,97 @@ impl LeaseStore for MemoryStore {
                 keys.remove(&name);
             }
             forgot
+        })
+    }
+
+    async fn settle(&self, req: &SettleRequest) -> Result<Vec<Settlement>, StoreError> {
+        let items = req.items();
+        let names: Vec<String> = items
+            .iter()
+            .flat_map(|i| {
+                [
+                    state_key(&i.key, &i.limit).into_owned(),
+                    i.key.reservations_key(),
+                ]
+            })
+            .collect();
+        let creates: Vec<&str> = names.iter().map(String::as_str).collect();
+        self.with_shard(&items[0].key, &creates, |keys, now| {
+            items
+                .iter()
+                .map(|item| {
+                    let rkey = item.key.reservations_key();
+                    let mut records = keys.take_reservations(&rkey, now);
+                    records.prune(now);
+                    let outcome = match records.get(&item.nonce).cloned() {
+                        None => Settlement::Unknown,
+                        Some(Record::Settled) => Settlement::AlreadySettled,
+                        Some(Record::Open {
+                            units,
+                            at,
+                            alg,
+                            expires,
+                            entry,
+                        }) => {
+                            let live = now < expires;
+                            let (mut refunded, mut charged) = (0, 0);
+                            if alg == item.limit.algorithm().script_code() {
+                                let k = state_key(&item.key, &item.limit);
+                                let mut b = Bucket::load(keys, &k, &item.limit, now);
+                                if item.actual < units && live {
+                                    let back = units - item.actual;
+                                    refunded = match &mut b {
+                                        Bucket::Log(log) => {
+                                            let member = format!("{entry}:{units}");
+                                            match log.remove(&member) {
+                                                Some((score, _)) => {
+                                                    if units > back {
+                                                        log.entries.add(
+                                                            score,
+                                                            format!("{entry}:{}", units - back),
+                                                        );
+                                                        log.used += units - back;
+                                                    }
+                                                    back
+                                                }
+                                                None => 0,
+                                            }
+                                        }
+                                        _ => {
+                                            let ws = item
+                                                .limit
+                                                .window()
+                                                .map_or(0, |w| window_start(at, w.as_micros() as u64));
+                                            credit_bucket(&mut b, &item.limit, back, ws)
+                                        }
+                                    };
+                                } else if item.actual > units {
+                                    charged = debit_bucket(
+                                        &mut b,
+                                        &item.limit,
+                                        item.actual - units,
+                                        at,
+                                        now,
+                                    );
+                                }
+                                if refunded > 0 || charged > 0 {
+                                    b.store(keys, &k, &item.limit, now);
+                                } else {
+                                    b.restore(keys, &k);
+                                }
+                            }
+                            records.settle(&item.nonce);
+                            if live {
+                                Settlement::Settled { refunded, charged }
+                            } else {
+                                Settlement::Expired { charged }
+                            }
+                        }
+                    };
+                    keys.keep_reservations(&rkey, records, now);
+                    outcome
+                })
+                .collect()
         })
     }
 

@@ -27,6 +27,7 @@ pub struct CheckRequest {
     peek: bool,
     allowances: Vec<Option<Allowance>>,
     penalized: Vec<bool>,
+    reserve: Option<crate::ops::reservation::Reserve>,
 }
 
 impl CheckRequest {
@@ -51,6 +52,7 @@ impl CheckRequest {
             peek: false,
             allowances,
             penalized,
+            reserve: None,
         })
     }
 
@@ -89,7 +91,39 @@ impl CheckRequest {
     /// will fit without spending it.
     pub fn peek(mut self) -> Self {
         self.peek = true;
+        self.reserve = None;
         self
+    }
+
+    /// This check as a reservation: admitted, it consumes its costs (the estimate) and records
+    /// a reservation under `nonce` in each bucket, which
+    /// [`LeaseStore::settle`](crate::LeaseStore::settle) settles at the actual cost (see
+    /// [`crate::ops::reservation`]). Not on a peek nor on CONCURRENCY buckets.
+    pub fn reserve(mut self, nonce: &str, ttl: Duration) -> Result<Self, InvalidInput> {
+        crate::ops::reservation::check_nonce(nonce)?;
+        crate::ops::reservation::check_ttl(ttl)?;
+        if self.items.iter().any(|i| is_slot_bucket(&i.limit)) {
+            return Err(InvalidInput::BadReservation {
+                field: "algorithm",
+                reason: "a CONCURRENCY bucket takes no reservation".into(),
+            });
+        }
+        if self.peek {
+            return Err(InvalidInput::BadReservation {
+                field: "peek",
+                reason: "a peek reserves nothing".into(),
+            });
+        }
+        self.reserve = Some(crate::ops::reservation::Reserve {
+            nonce: nonce.to_owned(),
+            ttl,
+        });
+        Ok(self)
+    }
+
+    /// The reservation this check makes, if it is one.
+    pub fn reservation(&self) -> Option<&crate::ops::reservation::Reserve> {
+        self.reserve.as_ref()
     }
 
     /// Whether it is a peek.

@@ -7,6 +7,7 @@ use redis::Value;
 use crate::error::StoreError;
 use crate::ops::check::{BucketStatus, CheckOutcome};
 use crate::ops::lease::{LeaseGrant, LeaseId};
+use crate::ops::reservation::Settlement;
 use crate::ops::slot::SlotId;
 
 fn bad(what: impl Into<String>) -> StoreError {
@@ -90,6 +91,28 @@ pub(crate) fn grants(v: Value, asks: usize) -> Result<Vec<LeaseGrant>, StoreErro
 }
 
 /// A flat array of counts (returns, releases, debits).
+/// `settle`: per bucket `{code, refunded, charged}`.
+pub(crate) fn settlements(v: Value, items: usize) -> Result<Vec<Settlement>, StoreError> {
+    array(v, items, "settle reply")?
+        .into_iter()
+        .map(|row| {
+            let f = array(row, 3, "settle row")?;
+            let (refunded, charged) = (int(&f[1], "refunded")?, int(&f[2], "charged")?);
+            Ok(match int(&f[0], "code")? {
+                1 => Settlement::Settled { refunded, charged },
+                2 => Settlement::Expired { charged },
+                3 => Settlement::AlreadySettled,
+                4 => Settlement::Unknown,
+                other => {
+                    return Err(StoreError::BadReply(format!(
+                        "settle code {other} is none of 1-4"
+                    )));
+                }
+            })
+        })
+        .collect()
+}
+
 pub(crate) fn counts(v: Value, items: usize, what: &str) -> Result<Vec<u64>, StoreError> {
     array(v, items, what)?
         .iter()

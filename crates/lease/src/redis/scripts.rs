@@ -106,12 +106,13 @@ pub(crate) struct Scripts {
     pub(crate) reset: Script,
     pub(crate) note_denials: Script,
     pub(crate) penalty_lift: Script,
+    pub(crate) settle: Script,
     pub(crate) batch: Script,
 }
 
 impl Scripts {
     /// Every script.
-    pub(crate) fn all(&self) -> [&Script; 12] {
+    pub(crate) fn all(&self) -> [&Script; 13] {
         [
             &self.check,
             &self.lease_acquire,
@@ -124,6 +125,7 @@ impl Scripts {
             &self.reset,
             &self.note_denials,
             &self.penalty_lift,
+            &self.settle,
             &self.batch,
         ]
     }
@@ -169,6 +171,7 @@ pub(crate) static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         include_str!("scripts/penalty_lift.lua"),
         Oom::Allowed,
     ),
+    settle: Script::new("settle", include_str!("scripts/settle.lua"), Oom::Refused),
     batch: Script::batch(&[
         (BatchOp::Check as u8, CHECK),
         (BatchOp::LeaseAcquire as u8, LEASE_ACQUIRE),

@@ -4,7 +4,10 @@ check: consume `cost` from every bucket of one identity, or from none.
 KEYS[i]  state key of bucket i (a hash for counters; `<key>:log`, `<key>:slots` sorted sets),
          then the allowance and demand keys of the items that have one
 ARGV[1]  nonce that makes concurrency slot ids unguessable
-ARGV[2]  1: a peek, judged as a check but consuming nothing; 0: a check
+ARGV[2]  1: a peek, judged as a check but consuming nothing; 0: a check;
+         R|<ttl us>|<k>: a reservation (nonce ARGV[1]): admitted, it also records the item's
+         cost under the nonce in its reservations hash KEYS[k + 2(i-1)] and their ends
+         KEYS[k + 2(i-1) + 1]
 ARGV[3 + 9(i-1) ...]  per bucket: algorithm code, p1, p2, cost, then its allowance: KEYS index
          of the allowance key (0: none), region, interval us, unknown share; then the KEYS
          index of its penalty record (`<key>:penalty`; 0: its rule has no penalty)
@@ -19,12 +22,15 @@ Invariants:
   - a denied request, a peek and a cost of 0 write nothing but the demand record and a token
     bucket allowance's tracked capacity (only expired entries are pruned);
   - `remaining` is counted after consumption when the request is admitted;
-  - a concurrency bucket returns a slot id only when the request is admitted.
+  - a concurrency bucket returns a slot id only when the request is admitted;
+  - a reservation is recorded in every bucket or in none (with the request's admission).
 ]]
 
 local now = now_us()
 local nonce = ARGV[1]
 local peek = ARGV[2] == '1'
+local rttl, rk = string.match(ARGV[2], '^R|(%d+)|(%d+)$')
+rttl, rk = tonumber(rttl), tonumber(rk)
 local n = (#ARGV - 2) / 9
 local buckets, allowances, costs, ok, aok, blocks = {}, {}, {}, {}, {}, {}
 local all = true
@@ -47,6 +53,12 @@ for i = 1, n do
   local take = all and cost > 0 and not peek
   local member = nil
   if take then member = consume(b, cost, now, nonce) end
+  if rttl and all then
+    local entry = ''
+    if b.alg == LOG and member then entry = string.match(member, '^[^:]*') end
+    local r = rk + 2 * (i - 1)
+    record_reservation(KEYS[r], KEYS[r + 1], nonce, cost, b.alg, rttl, entry, now)
+  end
   local retry = 0
   if not ok[i] then retry = retry_after(b, cost, now) end
   local slot = ''

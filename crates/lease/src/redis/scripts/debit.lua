@@ -61,36 +61,7 @@ for i = 1, #KEYS / 2 do
     local at = now
     if ARGV[a + 4] ~= '' then at = math.min(tonumber(ARGV[a + 4]), now) end
     local b = load(alg, KEYS[2 * i - 1], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), now)
-    if alg == TB then
-      b.tokens = math.max(-b.p1, b.tokens - units)
-      applied = units
-    elseif alg == GCRA then
-      local t = gcra_t(b)
-      b.ahead = math.min(2 * (b.p1 * t), b.ahead + units * t)
-      applied = units
-    elseif alg == LB then
-      b.level = math.min(2 * b.p1, b.level + units)
-      applied = units
-    elseif alg == FW then
-      if window_start(at, b.p2) >= b.ws then
-        b.count = b.count + units
-        applied = units
-      end
-    elseif alg == SW then
-      local ws_at = window_start(at, b.p2)
-      if ws_at >= b.ws then
-        b.cur = b.cur + units
-        applied = units
-      elseif ws_at + b.p2 == b.ws then
-        b.prev = b.prev + units
-        applied = units
-      end
-    elseif alg == LOG then
-      if at > pos(now - b.p2) then
-        add_entry(b, at, at, units, '')
-        applied = units
-      end
-    end
+    applied = debit_bucket(b, units, at, now)
     if applied > 0 then store(b, now) end
   end
   reply[i] = applied

@@ -21,29 +21,6 @@ Invariants:
 local now = now_us()
 local reply = {}
 
--- Credits a counting bucket; returns what was credited.
-local function credit_counter(b, credit, ws)
-  if b.alg == TB then
-    b.tokens = math.min(b.p1, b.tokens + credit)
-    return credit
-  elseif b.alg == GCRA then
-    b.ahead = math.max(0, b.ahead - credit * gcra_t(b))
-    return credit
-  elseif b.alg == LB then
-    b.level = math.max(0, b.level - credit)
-    return credit
-  elseif b.alg == FW and b.ws == ws then
-    local c = math.min(credit, b.count)
-    b.count = b.count - c
-    return c
-  elseif b.alg == SW and b.ws == ws then
-    local c = math.min(credit, b.cur)
-    b.cur = b.cur - c
-    return c
-  end
-  return 0
-end
-
 for i = 1, #ARGV / 9 do
   local key, lease_key = KEYS[2 * i - 1], KEYS[2 * i]
   local a = 1 + (i - 1) * 9

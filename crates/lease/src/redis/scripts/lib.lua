@@ -20,6 +20,8 @@ State: token bucket    HASH  alg=1 tokens=<%.17g> ts=<us> [cap=<n>: an allowance
        allowance       <key>:allowance, the bucket's state at this region's share
        demand          HASH  <key>:demand  since=<us> last=<us>  r:<origin>=<region>|<units>|<until>
        penalty         HASH  <key>:penalty ws=<us> n=<denials>  or  until=<us> (a block)
+       reservations    HASH  <key>:reservations  <nonce>=o|units|at|alg|expires|entry  or  s
+                       ZSET  <key>:reservations:ends  member <nonce>  score = record's end
 Invariants:
   - a hash written by another algorithm (the rule changed) reads as no state;
   - every key expires once its state is neutral (bucket full, windows over, entries gone)
@@ -430,4 +432,98 @@ end
 -- it changed.
 local function store_allowance(al, changed, now)
   if al and (changed or al.alg == TB) then store(al, now) end
+end
+
+-- Credits a counting bucket `credit` units a lease or reservation took in the window starting
+-- at `ws` (windows credit only that window, never below zero); returns what was credited.
+local function credit_counter(b, credit, ws)
+  if b.alg == TB then
+    b.tokens = math.min(b.p1, b.tokens + credit)
+    return credit
+  elseif b.alg == GCRA then
+    b.ahead = math.max(0, b.ahead - credit * gcra_t(b))
+    return credit
+  elseif b.alg == LB then
+    b.level = math.max(0, b.level - credit)
+    return credit
+  elseif b.alg == FW and b.ws == ws then
+    local c = math.min(credit, b.count)
+    b.count = b.count - c
+    return c
+  elseif b.alg == SW and b.ws == ws then
+    local c = math.min(credit, b.cur)
+    b.cur = b.cur - c
+    return c
+  end
+  return 0
+end
+
+-- Subtracts `units` consumed at `at` (at most now); returns the units applied (0 when their
+-- window no longer counts). Debts are floored at one full bucket.
+local function debit_bucket(b, units, at, now)
+  local alg = b.alg
+  if alg == TB then
+    b.tokens = math.max(-b.p1, b.tokens - units)
+    return units
+  elseif alg == GCRA then
+    local t = gcra_t(b)
+    b.ahead = math.min(2 * (b.p1 * t), b.ahead + units * t)
+    return units
+  elseif alg == LB then
+    b.level = math.min(2 * b.p1, b.level + units)
+    return units
+  elseif alg == FW then
+    if window_start(at, b.p2) >= b.ws then
+      b.count = b.count + units
+      return units
+    end
+  elseif alg == SW then
+    local ws_at = window_start(at, b.p2)
+    if ws_at >= b.ws then
+      b.cur = b.cur + units
+      return units
+    elseif ws_at + b.p2 == b.ws then
+      b.prev = b.prev + units
+      return units
+    end
+  elseif alg == LOG then
+    if at > pos(now - b.p2) then
+      add_entry(b, at, at, units, '')
+      return units
+    end
+  end
+  return 0
+end
+
+-- Reservations (crates/lease/src/ops/reservation.rs): a hash nonce -> record, and a sorted
+-- set nonce -> when the record may go (its TTL + SETTLED_KEPT_US).
+--   open:     o|<units>|<at us>|<alg>|<expires us>|<log entry id or ''>
+--   settled:  s
+local SETTLED_KEPT_US = 600000000
+local PRUNE_AT_ONCE = 1000
+
+local function prune_reservations(rkey, ekey, now)
+  local gone = redis.call('ZRANGEBYSCORE', ekey, '-inf', int(now), 'LIMIT', 0, PRUNE_AT_ONCE)
+  if #gone > 0 then
+    redis.call('HDEL', rkey, unpack(gone))
+    redis.call('ZREM', ekey, unpack(gone))
+  end
+end
+
+local function keep_reservations(rkey, ekey, now)
+  local last = last_score(ekey)
+  if last then
+    local ms = ttl_ms(pos(last - now))
+    redis.call('PEXPIRE', rkey, ms)
+    redis.call('PEXPIRE', ekey, ms)
+  end
+end
+
+local function record_reservation(rkey, ekey, nonce, units, alg, ttl, entry, now)
+  prune_reservations(rkey, ekey, now)
+  local expires = now + ttl
+  redis.call('HSET', rkey, nonce, 'o|' .. int(units) .. '|' .. int(now) .. '|' .. alg .. '|'
+    .. int(expires) .. '|' .. entry)
+  redis.call('ZADD', ekey, int(expires + SETTLED_KEPT_US), nonce)
+  keep_reservations(rkey, ekey, now)
 end

@@ -3,7 +3,7 @@ reset: forget one bucket (`POST /admin/v1/counters/reset`).
 
 KEYS     the bucket's state under every algorithm (`<key>`, `<key>:log`, `<key>:slots`), its
          lease table (`<key>:leases`), its regional allowance (`<key>:allowance`) and its
-         penalty record (`<key>:penalty`, which lifts a block): one
+         penalty record (`<key>:penalty`, which lifts a block), its reservations: one
          identity, one slot
 ARGV     none
 Reply    {keys deleted}

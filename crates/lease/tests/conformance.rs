@@ -498,7 +498,13 @@ async fn reserve(
     b.store.check(&req).await.expect("reserve")
 }
 
-async fn settle(b: &Backend, key: &BucketKey, limit: Limit, nonce: &str, actual: u64) -> Settlement {
+async fn settle(
+    b: &Backend,
+    key: &BucketKey,
+    limit: Limit,
+    nonce: &str,
+    actual: u64,
+) -> Settlement {
     let req = SettleRequest::new(vec![SettleItem {
         key: key.clone(),
         limit,
@@ -513,7 +519,11 @@ async fn a_settle_below_the_estimate_gives_the_rest_back_once(b: &Backend) {
     let key = b.fresh_key("settle-less");
     let limit = Limit::token_bucket(100, 0.001).expect("l");
     assert!(reserve(b, &key, limit, 30, "r1", HOUR).await.allowed());
-    assert_eq!(remaining(b, &key, limit).await, 70, "the estimate is consumed at once");
+    assert_eq!(
+        remaining(b, &key, limit).await,
+        70,
+        "the estimate is consumed at once"
+    );
     assert_eq!(
         settle(b, &key, limit, "r1", 10).await,
         Settlement::Settled {
@@ -579,7 +589,11 @@ async fn an_expired_reservation_stays_charged_and_a_late_settle_charges_only_exc
         settle(b, &key, limit, "late", 10).await,
         Settlement::Expired { charged: 0 }
     );
-    assert_eq!(remaining(b, &key, limit).await, 60, "an expired estimate stands");
+    assert_eq!(
+        remaining(b, &key, limit).await,
+        60,
+        "an expired estimate stands"
+    );
     assert!(reserve(b, &key, limit, 20, "later", ms(50)).await.allowed());
     b.advance(ms(100)).await;
     assert_eq!(
@@ -598,7 +612,10 @@ async fn a_denied_reservation_records_nothing(b: &Backend) {
     let limit = Limit::token_bucket(5, 0.001).expect("l");
     assert!(reserve(b, &key, limit, 3, "first", HOUR).await.allowed());
     assert!(!reserve(b, &key, limit, 3, "second", HOUR).await.allowed());
-    assert_eq!(settle(b, &key, limit, "second", 0).await, Settlement::Unknown);
+    assert_eq!(
+        settle(b, &key, limit, "second", 0).await,
+        Settlement::Unknown
+    );
     assert_eq!(remaining(b, &key, limit).await, 2);
     // All or nothing across a request's buckets: one bucket without room denies the other's
     // record too.
@@ -642,8 +659,16 @@ async fn a_window_reservation_refunds_only_into_its_own_window(b: &Backend) {
     let w = Duration::from_secs(2);
     let limit = Limit::fixed_window(10, w).expect("l");
     b.room_in_window(w, ms(500)).await;
-    assert!(reserve(b, &key, limit, 6, "in-window", HOUR).await.allowed());
-    assert!(reserve(b, &key, limit, 2, "same-window", HOUR).await.allowed());
+    assert!(
+        reserve(b, &key, limit, 6, "in-window", HOUR)
+            .await
+            .allowed()
+    );
+    assert!(
+        reserve(b, &key, limit, 2, "same-window", HOUR)
+            .await
+            .allowed()
+    );
     assert_eq!(
         settle(b, &key, limit, "same-window", 1).await,
         Settlement::Settled {

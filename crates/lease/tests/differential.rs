@@ -1,6 +1,7 @@
 //! The Lua scripts and the in-memory store answer alike: the same pseudo-random sequences of
-//! checks, lease acquires and returns (valid, duplicate, excessive), slot releases and debits
-//! run against both, and every count and decision must match.
+//! checks (some of them reservations), lease acquires and returns (valid, duplicate, excessive),
+//! slot releases, debits and settlements run against both, and every count and decision must
+//! match.
 //!
 //! Both stores read this host's wall clock (Redis `TIME` and the system clock), and the limits
 //! are slow (a token per 1000 s) or long (1-hour windows, entered with minutes to spare), so
@@ -17,8 +18,8 @@ use rand::{Rng, SeedableRng};
 use support::Backend;
 use tollgate_lease::{
     BucketKey, CheckItem, CheckRequest, DebitItem, DebitRequest, LeaseAsk, LeaseId, LeaseRequest,
-    LeaseReturn, LeaseStore, Limit, MemoryConfig, MemoryStore, ReturnRequest, SlotId, SlotRelease,
-    Store, SystemClock,
+    LeaseReturn, LeaseStore, Limit, MemoryConfig, MemoryStore, ReturnRequest, SettleItem,
+    SettleRequest, SlotId, SlotRelease, Store, SystemClock,
 };
 
 const SEEDS: [u64; 12] = [1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233];
@@ -56,6 +57,8 @@ struct Run {
     keys: Vec<(BucketKey, Limit)>,
     leases: Vec<Pair<LeaseId>>,
     slots: Vec<Pair<SlotId>>,
+    /// Reservations made (the same nonce in both stores): nonce, and (bucket, estimate) per item.
+    reservations: Vec<(String, Vec<(usize, u64)>)>,
 }
 
 fn close(a: Duration, b: Duration) -> bool {
@@ -65,7 +68,7 @@ fn close(a: Duration, b: Duration) -> bool {
 impl Run {
     async fn step(&mut self, rng: &mut StdRng, step: usize) {
         let ctx = format!("step {step}");
-        match rng.random_range(0..10) {
+        match rng.random_range(0..11) {
             0..=3 => {
                 let mut items = vec![];
                 for (i, (key, limit)) in self.keys.iter().enumerate() {
@@ -77,7 +80,27 @@ impl Run {
                         });
                     }
                 }
-                let req = CheckRequest::new(items).expect("valid");
+                let mut req = CheckRequest::new(items).expect("valid");
+                // Sometimes a reservation (none on the concurrency bucket).
+                let slots = req
+                    .items()
+                    .iter()
+                    .any(|i| i.limit.algorithm() == tollgate_lease::Algorithm::Concurrency);
+                if !slots && rng.random_bool(0.4) {
+                    let nonce = format!("n{step}");
+                    let made = req
+                        .items()
+                        .iter()
+                        .map(|i| {
+                            let bucket = self.keys.iter().position(|(k, _)| *k == i.key);
+                            (bucket.expect("bucket"), i.cost)
+                        })
+                        .collect();
+                    req = req
+                        .reserve(&nonce, Duration::from_secs(600))
+                        .expect("valid");
+                    self.reservations.push((nonce, made));
+                }
                 let (m, r) = (
                     self.memory.check(&req).await.expect("m"),
                     self.redis.check(&req).await.expect("r"),
@@ -167,6 +190,24 @@ impl Run {
                 let r = self.redis.return_leases(&ret(pair.redis)).await.expect("r");
                 assert_eq!(m, r, "{ctx}: credited");
             }
+            10 if !self.reservations.is_empty() => {
+                // Any reservation (denied ones too: unknown), any of its buckets, settled at
+                // less, as much or more than the estimate; sometimes twice.
+                let (nonce, made) =
+                    self.reservations[rng.random_range(0..self.reservations.len())].clone();
+                let (bucket, estimate) = made[rng.random_range(0..made.len())];
+                let (key, limit) = self.keys[bucket].clone();
+                let req = SettleRequest::new(vec![SettleItem {
+                    key,
+                    limit,
+                    nonce,
+                    actual: rng.random_range(0..=estimate + 3),
+                }])
+                .expect("valid");
+                let m = self.memory.settle(&req).await.expect("m");
+                let r = self.redis.settle(&req).await.expect("r");
+                assert_eq!(m, r, "{ctx}: settled");
+            }
             8 if !self.slots.is_empty() => {
                 let pair = self.slots[rng.random_range(0..self.slots.len())].clone();
                 let (key, limit) = self.keys[pair.bucket].clone();
@@ -221,6 +262,7 @@ async fn memory_and_redis_agree_on_random_operation_sequences() {
             keys,
             leases: vec![],
             slots: vec![],
+            reservations: vec![],
         };
         for step in 0..OPS_PER_SEED {
             run.step(&mut rng, step).await;

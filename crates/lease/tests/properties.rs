@@ -21,6 +21,7 @@ use proptest::prelude::*;
 use tollgate_lease::{
     BucketKey, CheckRequest, Clock, DebitItem, DebitRequest, LeaseAsk, LeaseId, LeaseRequest,
     LeaseReturn, LeaseStore, Limit, ManualClock, MemoryConfig, MemoryStore, Micros, ReturnRequest,
+    SettleItem, SettleRequest, Settlement,
 };
 
 const START: Micros = 1_800_000_000_000_000;
@@ -514,5 +515,154 @@ fn gcra_and_a_token_bucket_agree_on_a_retry_taken_at_its_word() {
         assert!(denied.retry_after <= Duration::from_micros(333_334));
         clock.advance(denied.retry_after);
         assert!(check().allowed, "admitted at the retry-after it was given");
+    }
+}
+
+/// One step of a reserve/settle interleaving.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Reserve an estimate for a TTL (ms).
+    Reserve { estimate: u64, ttl_ms: u64 },
+    /// Settle the n-th reservation made (modulo how many there are) at `actual`.
+    Settle { which: usize, actual: u64 },
+    /// Let time pass (ms).
+    Wait(u64),
+    /// A plain check of 1.
+    Check,
+}
+
+fn reserve_step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0u64..=12, prop_oneof![Just(50u64), Just(1_000), Just(600_000)])
+            .prop_map(|(estimate, ttl_ms)| Step::Reserve { estimate, ttl_ms }),
+        3 => (0usize..32, 0u64..=20).prop_map(|(which, actual)| Step::Settle { which, actual }),
+        1 => prop_oneof![Just(10u64), Just(100), Just(2_000)].prop_map(Step::Wait),
+        1 => Just(Step::Check),
+    ]
+}
+
+/// What a reservation should be, by the contract alone.
+struct Booked {
+    nonce: String,
+    estimate: u64,
+    expires: Micros,
+    admitted: bool,
+    settled: bool,
+}
+
+/// Runs `steps` against a token bucket that never refills (capacity 60) on the in-memory store,
+/// and an exact ledger kept by the contract: an admitted reservation spends its estimate; a
+/// settle while live gives back what the estimate exceeded the actual by, never above
+/// capacity; any settle charges the excess, the debt floored at one bucket; a reservation is
+/// settled once; a denied one is unknown. After every step the store's remaining must be the
+/// ledger's.
+fn reserve_and_settle(steps: &[Step]) -> Result<(), TestCaseError> {
+    const CAPACITY: f64 = 60.0;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::with_clock(Arc::new(clock.clone()), MemoryConfig::default());
+    let limit = Limit::token_bucket(60, 1e-6).expect("l"); // less than a unit over any run
+    let key = BucketKey::new(b"ledger", "rule").expect("k");
+    let mut tokens = CAPACITY;
+    let mut booked: Vec<Booked> = vec![];
+    for (i, step) in steps.iter().enumerate() {
+        let now = clock.now_micros();
+        match step {
+            Step::Wait(ms) => clock.advance(Duration::from_millis(*ms)),
+            Step::Check => {
+                let out = rt
+                    .block_on(store.check(&CheckRequest::single(key.clone(), limit, 1).expect("r")))
+                    .expect("check");
+                prop_assert_eq!(out.allowed(), tokens >= 1.0, "step {}", i);
+                if tokens >= 1.0 {
+                    tokens -= 1.0;
+                }
+            }
+            Step::Reserve { estimate, ttl_ms } => {
+                let nonce = format!("r{i}");
+                let req = CheckRequest::single(key.clone(), limit, *estimate)
+                    .expect("r")
+                    .reserve(&nonce, Duration::from_millis(*ttl_ms))
+                    .expect("r");
+                let out = rt.block_on(store.check(&req)).expect("reserve");
+                let fits = tokens >= *estimate as f64;
+                prop_assert_eq!(out.allowed(), fits, "step {}", i);
+                if fits {
+                    tokens -= *estimate as f64;
+                }
+                booked.push(Booked {
+                    nonce,
+                    estimate: *estimate,
+                    expires: now + ttl_ms * 1000,
+                    admitted: fits,
+                    settled: false,
+                });
+            }
+            Step::Settle { which, actual } => {
+                if booked.is_empty() {
+                    continue;
+                }
+                let n = booked.len();
+                let b = &mut booked[which % n];
+                let req = SettleRequest::new(vec![SettleItem {
+                    key: key.clone(),
+                    limit,
+                    nonce: b.nonce.clone(),
+                    actual: *actual,
+                }])
+                .expect("r");
+                let got = rt.block_on(store.settle(&req)).expect("settle")[0];
+                let live = now < b.expires;
+                let want = if !b.admitted {
+                    Settlement::Unknown
+                } else if b.settled {
+                    Settlement::AlreadySettled
+                } else {
+                    b.settled = true;
+                    let charged = actual.saturating_sub(b.estimate);
+                    let refunded = if live {
+                        b.estimate.saturating_sub(*actual)
+                    } else {
+                        0
+                    };
+                    tokens = (tokens + refunded as f64).min(CAPACITY);
+                    tokens = (tokens - charged as f64).max(-CAPACITY);
+                    if live {
+                        Settlement::Settled { refunded, charged }
+                    } else {
+                        Settlement::Expired { charged }
+                    }
+                };
+                prop_assert_eq!(got, want, "step {}", i);
+            }
+        }
+        let peek = rt
+            .block_on(store.check(&CheckRequest::single(key.clone(), limit, 0).expect("r")))
+            .expect("peek");
+        let expected = if tokens <= 0.0 { 0 } else { tokens as u64 };
+        prop_assert_eq!(
+            peek.buckets[0].remaining,
+            expected,
+            "after step {}: {:?}",
+            i,
+            step
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// For any interleaving of reservations, settlements (early, late, repeated, of denied
+    /// reservations), checks and waiting, the bucket ends where an exact ledger of the
+    /// contract says, and every settlement answers what the ledger expects.
+    #[test]
+    fn reservations_and_settlements_keep_an_exact_ledger(
+        steps in proptest::collection::vec(reserve_step(), 1..80),
+    ) {
+        reserve_and_settle(&steps)?;
     }
 }

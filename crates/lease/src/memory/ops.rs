@@ -10,6 +10,8 @@ use super::lease::{
     ALLOWANCE_CODE, ParsedLease, credit_bucket, grant_size, lease_validity, store_leases,
 };
 use crate::algorithm::penalty_box::{self, PenaltyParams};
+use crate::algorithm::reservations::Record;
+use crate::algorithm::window_start;
 use crate::algorithm::{EXPIRY_MARGIN_MS, once_marks};
 use crate::clock::Micros;
 use crate::error::StoreError;
@@ -23,8 +25,6 @@ use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseId, LeaseRequest, ReturnRequest};
 use crate::ops::penalty::{Penalty, PenaltyState};
 use crate::ops::reservation::{SettleRequest, Settlement};
-use crate::algorithm::reservations::Record;
-use crate::algorithm::window_start;
 use crate::ops::slot::{SlotId, SlotRelease, SlotRenew};
 
 fn us(d: u64) -> Duration {
@@ -41,7 +41,13 @@ fn block_left(keys: &Keys, key: &BucketKey, now: Micros) -> u64 {
 
 /// Subtracts `units` consumed at `at` from a loaded bucket (as `debit.lua`'s `debit_bucket`);
 /// returns the units applied (0 when their window no longer counts).
-pub(super) fn debit_bucket(b: &mut Bucket, limit: &crate::limit::Limit, units: u64, at: Micros, now: Micros) -> u64 {
+pub(super) fn debit_bucket(
+    b: &mut Bucket,
+    limit: &crate::limit::Limit,
+    units: u64,
+    at: Micros,
+    now: Micros,
+) -> u64 {
     match (b, limit.kind()) {
         (Bucket::TokenBucket(tb), _) => {
             tb.debit(units, limit.capacity());
@@ -589,10 +595,9 @@ impl LeaseStore for MemoryStore {
                                             }
                                         }
                                         _ => {
-                                            let ws = item
-                                                .limit
-                                                .window()
-                                                .map_or(0, |w| window_start(at, w.as_micros() as u64));
+                                            let ws = item.limit.window().map_or(0, |w| {
+                                                window_start(at, w.as_micros() as u64)
+                                            });
                                             credit_bucket(&mut b, &item.limit, back, ws)
                                         }
                                     };

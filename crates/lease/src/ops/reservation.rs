@@ -54,10 +54,7 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<(), InvalidInput> {
     if ttl < Duration::from_millis(1) || ttl > MAX_RESERVATION_TTL {
         return Err(InvalidInput::BadReservation {
             field: "ttl",
-            reason: format!(
-                "1 ms to {} s, got {ttl:?}",
-                MAX_RESERVATION_TTL.as_secs()
-            ),
+            reason: format!("1 ms to {} s, got {ttl:?}", MAX_RESERVATION_TTL.as_secs()),
         });
     }
     Ok(())

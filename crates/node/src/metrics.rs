@@ -16,7 +16,10 @@ use crate::runtime::outcome::Outcome;
 mod labels;
 pub mod rlqs;
 
-pub use labels::{Api, ApiResult, PenaltyLabels, RuleLabels, StoreFailure, StoreOp};
+pub use labels::{
+    Api, ApiResult, PenaltyLabels, RuleLabels, SettledUnitsLabels, SettlementLabels, StoreFailure,
+    StoreOp,
+};
 use labels::{ApiLabels, ApiResultLabels, DecisionLabels, FailureLabels, OpLabels};
 
 /// Per-rule decision counters, resolved once per compiled rule.
@@ -90,6 +93,10 @@ pub struct Metrics {
     pub penalties: Family<PenaltyLabels, Counter>,
     /// Requests denied because their identity was in a rule's penalty box, per rule.
     pub penalized_requests: Family<RuleLabels, Counter>,
+    /// Reservations settled, per rule and what the store did.
+    pub settlements: Family<SettlementLabels, Counter>,
+    /// Units settlements gave back or charged, per rule.
+    pub settled_units: Family<SettledUnitsLabels, Counter>,
     /// Owed units forgiven: the store could not be reached to take them (it was down, not
     /// late), or a late answer showed it had counted them already.
     pub owed_units_forgiven: Counter,
@@ -289,6 +296,8 @@ impl Metrics {
             owed_units_paid_by_grant: Counter::default(),
             penalties: Family::default(),
             penalized_requests: Family::default(),
+            settlements: Family::default(),
+            settled_units: Family::default(),
             store_stalls: Counter::default(),
             owed_units_forgiven: Counter::default(),
             slow_store_decisions: Counter::default(),
@@ -386,6 +395,16 @@ impl Metrics {
             "penalized_requests",
             "Requests denied because their identity was in a rule's penalty box",
             m.penalized_requests.clone(),
+        );
+        registry.register(
+            "settlements",
+            "Reservations settled, by what the store did (settled, expired, already-settled, unknown)",
+            m.settlements.clone(),
+        );
+        registry.register(
+            "settled_units",
+            "Units settlements gave back (refunded) or charged (the excess over the estimate)",
+            m.settled_units.clone(),
         );
         registry.register(
             "owed_units_paid_by_grant",
@@ -548,6 +567,31 @@ impl Metrics {
     }
 
     /// Records a store call's latency.
+    /// Counts one rule's settlement.
+    pub fn settlement(&self, rule: &str, settlement: &tollgate_lease::Settlement) {
+        self.settlements
+            .get_or_create(&SettlementLabels {
+                rule: rule.to_owned(),
+                result: settlement.as_str().to_owned(),
+            })
+            .inc();
+        let (refunded, charged) = match *settlement {
+            tollgate_lease::Settlement::Settled { refunded, charged } => (refunded, charged),
+            tollgate_lease::Settlement::Expired { charged } => (0, charged),
+            _ => (0, 0),
+        };
+        for (direction, units) in [("refunded", refunded), ("charged", charged)] {
+            if units > 0 {
+                self.settled_units
+                    .get_or_create(&SettledUnitsLabels {
+                        rule: rule.to_owned(),
+                        direction: direction.to_owned(),
+                    })
+                    .inc_by(units);
+            }
+        }
+    }
+
     pub fn observe_store(&self, op: StoreOp, seconds: f64) {
         let index = match op {
             StoreOp::Check => 0,

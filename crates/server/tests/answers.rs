@@ -104,6 +104,7 @@ fn check_request(
         }],
         cost,
         with_headers: false,
+        reserve_ttl_ms: 0,
     }
 }
 

@@ -307,6 +307,7 @@ fn seed_request(cost: u64) -> CheckRateLimitRequest {
         ],
         cost,
         with_headers: true,
+        reserve_ttl_ms: 0,
     }
 }
 
@@ -404,6 +405,7 @@ async fn concurrency_slots_travel_as_tokens() {
         }],
         cost: 1,
         with_headers: false,
+        reserve_ttl_ms: 0,
     };
     let held = api
         .check_rate_limit(request.clone())

@@ -276,6 +276,7 @@ async fn slot_metrics_tell_released_from_expired() {
         }],
         cost: 1,
         with_headers: false,
+        reserve_ttl_ms: 0,
     };
     let first = api
         .check_rate_limit(request.clone())

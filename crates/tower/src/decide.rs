@@ -212,6 +212,7 @@ impl Decide for Remote {
                 .collect(),
             cost: request.cost,
             with_headers: true,
+            reserve_ttl_ms: 0,
         };
         let mut call = tonic::Request::new(call);
         call.set_timeout(self.timeout);

@@ -14,6 +14,25 @@ pub struct RuleLabels {
     pub rule: String,
 }
 
+/// A settlement's labels: the rule, and what the store did (`settled`, `expired`,
+/// `already-settled`, `unknown`).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SettlementLabels {
+    /// The rule's id.
+    pub rule: String,
+    /// What the store did.
+    pub result: String,
+}
+
+/// Units a settlement moved: the rule, and `refunded` or `charged`.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SettledUnitsLabels {
+    /// The rule's id.
+    pub rule: String,
+    /// `refunded` (the estimate exceeded the actual) or `charged` (the excess).
+    pub direction: String,
+}
+
 /// A penalty's labels: the rule, and `blocked` or `shadow`.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PenaltyLabels {

@@ -47,16 +47,32 @@ use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
 pub mod counters;
 mod direct;
 pub(crate) mod region;
+pub mod reservations;
 mod reserve;
 
 /// How the decision path reaches a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route {
+enum Route<'a> {
     /// The node's lease where it has one, else the store: a request's path.
     Fastest,
     /// The store itself, waiting through a stall: a draw of many units at once, which a
     /// lease would not hold and no request waits on.
     Store,
+    /// The store itself, recording a reservation of the request's cost (a request's path:
+    /// its denials count towards penalties, its blocks deny it).
+    Reserve(&'a tollgate_lease::Reserve),
+}
+
+impl Route<'_> {
+    /// Whether a client's request is decided (not a draw).
+    fn is_request(self) -> bool {
+        matches!(self, Route::Fastest | Route::Reserve(_))
+    }
+
+    /// Whether the store decides, not a lease.
+    fn to_store(self) -> bool {
+        matches!(self, Route::Store | Route::Reserve(_))
+    }
 }
 
 /// A running node. Cheap to clone; every clone is the same node.
@@ -439,7 +455,7 @@ impl Node {
         self.inner.shared.clock.now_micros()
     }
 
-    async fn decide(&self, hits: Vec<Hit>, route: Route) -> Verdict {
+    async fn decide(&self, hits: Vec<Hit>, route: Route<'_>) -> Verdict {
         let now = self.now();
         let mut attempt = Attempt::new(hits.len());
         let (mut enforce, mut shadow) = (vec![], vec![]);
@@ -523,7 +539,7 @@ impl Node {
             if s.outcome == Some(Outcome::Denied) && s.rule.mode == Mode::Enforce {
                 self.inner.top_denied.record(&s.rule.id, &hit.identity);
             }
-            if route == Route::Fastest
+            if route.is_request()
                 && s.rule.penalty.is_some()
                 && matches!(s.outcome, Some(Outcome::Denied | Outcome::ShadowDenied))
                 && matches!(s.denial, Some(Denial::OverLimit) | None)
@@ -566,8 +582,8 @@ impl Node {
 
     /// The time left of a block this node knows `hit`'s identity is under, for a request (a
     /// draw is not a client's request).
-    fn known_block(&self, hit: &Hit, route: Route, now: u64) -> Option<Duration> {
-        if route != Route::Fastest || hit.rule.penalty.is_none() {
+    fn known_block(&self, hit: &Hit, route: Route<'_>, now: u64) -> Option<Duration> {
+        if !route.is_request() || hit.rule.penalty.is_none() {
             return None;
         }
         let key = hit.bucket_id().store_key().ok()?;

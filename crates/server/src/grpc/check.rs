@@ -4,11 +4,14 @@
 //! from one descriptor and `route` from another). A store failure never becomes a gRPC error:
 //! each rule's fail mode decides, and `rules[].failed_with` says so. SHADOW rules are never
 //! answered (they are counted in metrics and logged); `reason` says why a request was denied.
+//! `reserve_ttl_ms` makes the check a reservation of its cost, which `Settle` charges at the
+//! actual cost once it is known (docs/reserve-settle.md).
 
 use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiter;
 use tollgate_proto::tollgate::ratelimit::v1::{
     CheckRateLimitRequest, CheckRateLimitResponse, Decision, DenyReason, Header,
-    ReleaseSlotsRequest, ReleaseSlotsResponse, RenewSlotsRequest, RenewSlotsResponse, RuleStatus,
+    ReleaseSlotsRequest, ReleaseSlotsResponse, RenewSlotsRequest, RenewSlotsResponse,
+    RuleSettlement, RuleStatus, SettleRequest, SettleResponse, SettleResult,
 };
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
@@ -82,6 +85,71 @@ impl RateLimiter for Check {
             renewed: renewed as u32,
         }))
     }
+
+    async fn settle(
+        &self,
+        request: Request<SettleRequest>,
+    ) -> Result<Response<SettleResponse>, Status> {
+        let req = request.into_inner();
+        let request = node_request(req.domain, req.descriptors, 1);
+        let settled = self
+            .node
+            .settle(&request, &req.reservation_id, req.actual)
+            .await
+            .map_err(reserve_status)?;
+        let rules = settled
+            .into_iter()
+            .map(|s| {
+                use tollgate_lease::Settlement;
+                let (result, refunded, charged) = match s.settlement {
+                    Settlement::Settled { refunded, charged } => {
+                        (SettleResult::Settled, refunded, charged)
+                    }
+                    Settlement::Expired { charged } => (SettleResult::Expired, 0, charged),
+                    Settlement::AlreadySettled => (SettleResult::AlreadySettled, 0, 0),
+                    Settlement::Unknown => (SettleResult::Unknown, 0, 0),
+                };
+                RuleSettlement {
+                    rule: s.rule,
+                    result: result as i32,
+                    refunded,
+                    charged,
+                }
+            })
+            .collect();
+        Ok(Response::new(SettleResponse { rules }))
+    }
+}
+
+/// The runtime's request for a domain, descriptors merged into one set of attributes.
+fn node_request(
+    domain: String,
+    descriptors: Vec<tollgate_proto::tollgate::ratelimit::v1::Descriptor>,
+    cost: u64,
+) -> tollgate_node::runtime::Request {
+    tollgate_node::runtime::Request {
+        domain,
+        descriptors: descriptors
+            .into_iter()
+            .map(|d| Descriptor {
+                entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
+                ..Descriptor::default()
+            })
+            .collect(),
+        cost,
+        matching: Matching::Merged,
+    }
+}
+
+/// A refused reservation or settlement as a status: a bad request (the field named), or the
+/// store could not answer.
+fn reserve_status(e: tollgate_node::runtime::node::reservations::ReserveError) -> Status {
+    use tollgate_node::runtime::node::reservations::ReserveError;
+    match e {
+        ReserveError::Request(e) => invalid(e),
+        ReserveError::Invalid { .. } => Status::invalid_argument(e.to_string()),
+        ReserveError::Store(e) => store_status(e),
+    }
 }
 
 /// Slot tokens as a client sent them back.
@@ -113,23 +181,25 @@ impl Check {
         let metrics = self.node.metrics().api(Api::Check);
         let req = request.into_inner();
         let with_headers = req.with_headers;
-        let request = tollgate_node::runtime::Request {
-            domain: req.domain,
-            descriptors: req
-                .descriptors
-                .into_iter()
-                .map(|d| Descriptor {
-                    entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
-                    ..Descriptor::default()
-                })
-                .collect(),
-            cost: req.cost.max(1),
-            matching: Matching::Merged,
-        };
-        let verdict = self.node.check(&request).await.map_err(|e| {
+        let request = node_request(req.domain, req.descriptors, req.cost.max(1));
+        let refused = |status: Status| {
             metrics.answered(ApiResult::Invalid, started.elapsed().as_secs_f64());
-            invalid(e)
-        })?;
+            status
+        };
+        let (verdict, reservation_id) = if req.reserve_ttl_ms == 0 {
+            let verdict = self
+                .node
+                .check(&request)
+                .await
+                .map_err(|e| refused(invalid(e)))?;
+            (verdict, None)
+        } else {
+            let ttl = std::time::Duration::from_millis(req.reserve_ttl_ms);
+            self.node
+                .check_and_reserve(&request, ttl)
+                .await
+                .map_err(|e| refused(reserve_status(e)))?
+        };
         crate::telemetry::record_decision(&request.domain, request.descriptors.len(), &verdict);
         let decisive = verdict.decisive();
         let rules = verdict
@@ -187,6 +257,7 @@ impl Check {
             reason: reason(verdict.denial()),
             headers,
             slot_ttl_ms: verdict.slot_ttl().map_or(0, millis),
+            reservation_id: reservation_id.unwrap_or_default(),
         };
         metrics.answered(result, started.elapsed().as_secs_f64());
         Ok(Response::new(response))

@@ -31,7 +31,7 @@ impl Node {
         hits: &[Hit],
         group: &[usize],
         attempt: &mut Attempt,
-        route: Route,
+        route: Route<'_>,
     ) -> bool {
         let mut items: Vec<CheckItem> = vec![];
         let mut item_of = Vec::with_capacity(group.len());
@@ -68,7 +68,10 @@ impl Node {
         let request = match CheckRequest::new(items)
             .and_then(|r| r.with_allowances(allowances))
             .and_then(|r| r.with_penalized(penalized))
-        {
+            .and_then(|r| match route {
+                Route::Reserve(reserve) => r.reserve(&reserve.nonce, reserve.ttl),
+                _ => Ok(r),
+            }) {
             Ok(r) => r,
             Err(e) => {
                 // Only a cost above a bucket's capacity is refused here: it can never fit.
@@ -88,7 +91,7 @@ impl Node {
         };
         // A request under a CLOSED rule waits through a stall: one late call must not deny a
         // real user. So does a draw, which no request waits on.
-        let wait = if route == Route::Store
+        let wait = if route.to_store()
             || group
                 .iter()
                 .any(|&i| hits[i].rule.fail_mode == FailMode::Closed)

@@ -41,7 +41,7 @@ impl Node {
         indices: &[usize],
         attempt: &mut Attempt,
         now: u64,
-        route: Route,
+        route: Route<'_>,
     ) -> bool {
         let Some(region) = self.inner.shared.region.get() else {
             return self.reserve_local(hits, indices, attempt, now, route).await;
@@ -92,7 +92,7 @@ impl Node {
         indices: &[usize],
         attempt: &mut Attempt,
         now: u64,
-        route: Route,
+        route: Route<'_>,
     ) -> bool {
         let shared = &self.inner.shared;
         let mut slow: Vec<(usize, Arc<Bucket>)> = vec![];
@@ -117,7 +117,7 @@ impl Node {
             }
             // Peeks and concurrency slots are store checks; so is everything while stopping, and
             // everything routed to the store.
-            if route == Route::Store
+            if route.to_store()
                 || hit.cost == 0
                 || limit.algorithm() == Algorithm::Concurrency
                 || self.inner.stopping.load(Ordering::Acquire)

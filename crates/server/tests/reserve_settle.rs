@@ -60,6 +60,15 @@ fn settle(api_key: &str, id: &str, actual: u64) -> SettleRequest {
     }
 }
 
+/// A store to look at the buckets with, patient on a busy machine.
+fn observer(redis: &RedisServer) -> RedisStore {
+    RedisStore::open(&RedisConfig {
+        call_timeout: Duration::from_secs(2),
+        ..RedisConfig::single(redis.url())
+    })
+    .expect("observer")
+}
+
 /// What the store holds of `api_key`'s token bucket (a peek: nothing spent).
 async fn left(store: &RedisStore, api_key: &str) -> u64 {
     let key = BucketKey::new(api_key.as_bytes(), "tokens").expect("key");
@@ -76,7 +85,7 @@ async fn a_reservation_made_on_one_node_is_settled_once_on_the_other() {
         .expect("redis");
     let mut a = Served::start(RULES, on_redis(&redis)).await;
     let mut b = Served::start(RULES, on_redis(&redis)).await;
-    let observer = RedisStore::open(&RedisConfig::single(redis.url())).expect("observer");
+    let observer = observer(&redis);
     let (mut api_a, mut api_b) = (a.api().await, b.api().await);
 
     // Reserve 400 on a: admitted, the estimate spent at once.
@@ -156,7 +165,7 @@ async fn two_nodes_settling_one_reservation_at_the_same_instant_apply_it_once() 
         .expect("redis");
     let mut a = Served::start(RULES, on_redis(&redis)).await;
     let mut b = Served::start(RULES, on_redis(&redis)).await;
-    let observer = RedisStore::open(&RedisConfig::single(redis.url())).expect("observer");
+    let observer = observer(&redis);
     let (mut api_a, mut api_b) = (a.api().await, b.api().await);
     for round in 0..10 {
         let key = format!("race-{round}");
@@ -193,7 +202,7 @@ async fn an_unsettled_reservation_expires_charged_at_its_estimate() {
         .expect("join")
         .expect("redis");
     let mut a = Served::start(RULES, on_redis(&redis)).await;
-    let observer = RedisStore::open(&RedisConfig::single(redis.url())).expect("observer");
+    let observer = observer(&redis);
     let mut api = a.api().await;
     let id = api
         .check_rate_limit(reserve("slow", 300, 100))

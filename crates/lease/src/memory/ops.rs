@@ -606,7 +606,7 @@ impl LeaseStore for MemoryStore {
                                         &mut b,
                                         &item.limit,
                                         item.actual - units,
-                                        at,
+                                        at.min(now),
                                         now,
                                     );
                                 }

@@ -117,8 +117,9 @@ impl SettleRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settlement {
     /// Settled while the reservation lived: `refunded` units given back (what the estimate
-    /// exceeded the actual by, as far as the bucket had room or its window still counts), or
-    /// `charged` units of excess debited.
+    /// exceeded the actual by, as a lease return credits: a window's only while it counts;
+    /// a bucket already full keeps none of them), or `charged` units of excess debited (a
+    /// debt is floored at one full bucket, as every debit's).
     Settled {
         /// Units given back.
         refunded: u64,

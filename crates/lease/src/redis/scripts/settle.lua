@@ -58,7 +58,7 @@ for i = 1, #ARGV / 5 do
           refunded = credit_counter(b, back, ws)
         end
       elseif actual > units then
-        charged = debit_bucket(b, actual - units, at, now)
+        charged = debit_bucket(b, actual - units, math.min(at, now), now)
       end
       if refunded > 0 or charged > 0 then store(b, now) end
     end

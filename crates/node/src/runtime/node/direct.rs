@@ -90,8 +90,8 @@ impl Node {
             }
         };
         // A request under a CLOSED rule waits through a stall: one late call must not deny a
-        // real user. So does a draw, which no request waits on.
-        let wait = if route.to_store()
+        // real user. So does a draw, which no request waits on (a reservation is a request).
+        let wait = if route == Route::Store
             || group
                 .iter()
                 .any(|&i| hits[i].rule.fail_mode == FailMode::Closed)

@@ -171,7 +171,10 @@ impl Node {
                     },
                 ));
         }
-        let store = self.inner.shared.store.inner();
+        // A settle is made after the response, no request waits on it: it waits for the
+        // store as long as any call is waited for (the patience), not one call's budget.
+        let guarded = &self.inner.shared.store;
+        let store = guarded.inner().with_budget(guarded.patience());
         let mut out = vec![];
         for (_, group) in by_identity {
             let (rules, items): (Vec<String>, Vec<SettleItem>) = group.into_iter().unzip();

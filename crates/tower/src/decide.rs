@@ -97,6 +97,18 @@ pub trait Decide: Clone + Send + Sync + 'static {
     /// Renews the slots of a request still running, for their TTL from now (best effort: a
     /// slot not renewed expires with its TTL).
     fn renew(&self, slots: &Slots) -> impl Future<Output = ()> + Send;
+
+    /// Decides `request` reserving its cost (the estimate) for `ttl`: admitted, the answer
+    /// carries the reservation to [`Decide::settle`] (docs/reserve-settle.md).
+    fn reserve(
+        &self,
+        request: Request,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<(Decision, Option<String>), DecideError>> + Send;
+
+    /// Charges the reservation `id` made for `request` its `actual` cost (best effort: an
+    /// unsettled reservation stays charged at its estimate).
+    fn settle(&self, request: Request, id: String, actual: u64) -> impl Future<Output = ()> + Send;
 }
 
 /// A [`Verdict`] as a [`Decision`].
@@ -154,6 +166,24 @@ impl Decide for Node {
             tracing::debug!(error = %e, "slots not renewed; they expire with their TTL");
         }
     }
+
+    async fn reserve(
+        &self,
+        request: Request,
+        ttl: Duration,
+    ) -> Result<(Decision, Option<String>), DecideError> {
+        let (verdict, id) = self
+            .check_and_reserve(&request, ttl)
+            .await
+            .map_err(|e| DecideError::Invalid(e.to_string()))?;
+        Ok((decision_of(verdict), id))
+    }
+
+    async fn settle(&self, request: Request, id: String, actual: u64) {
+        if let Err(e) = Node::settle(self, &request, &id, actual).await {
+            tracing::debug!(error = %e, "reservation not settled; it stays charged at its estimate");
+        }
+    }
 }
 
 /// A Tollgate node reached over gRPC (its `CheckRateLimit` API).
@@ -195,24 +225,67 @@ fn remote_denial(reason: i32) -> Option<Denial> {
     }
 }
 
+fn api_descriptors(descriptors: Vec<tollgate_node::runtime::Descriptor>) -> Vec<api::Descriptor> {
+    descriptors
+        .into_iter()
+        .map(|d| api::Descriptor {
+            entries: d
+                .entries
+                .into_iter()
+                .map(|(key, value)| api::descriptor::Entry { key, value })
+                .collect(),
+        })
+        .collect()
+}
+
 impl Decide for Remote {
     async fn decide(&self, request: Request) -> Result<Decision, DecideError> {
+        self.ask(request, 0).await.map(|(decision, _)| decision)
+    }
+
+    async fn reserve(
+        &self,
+        request: Request,
+        ttl: Duration,
+    ) -> Result<(Decision, Option<String>), DecideError> {
+        self.ask(request, (ttl.as_millis() as u64).max(1)).await
+    }
+
+    async fn settle(&self, request: Request, id: String, actual: u64) {
+        let mut call = tonic::Request::new(api::SettleRequest {
+            domain: request.domain,
+            descriptors: api_descriptors(request.descriptors),
+            reservation_id: id,
+            actual,
+        });
+        call.set_timeout(self.timeout);
+        if let Err(e) = self.client.clone().settle(call).await {
+            tracing::debug!(error = %e, "reservation not settled; it stays charged at its estimate");
+        }
+    }
+
+    async fn release(&self, slots: Slots) {
+        self.release_remote(slots).await
+    }
+
+    async fn renew(&self, slots: &Slots) {
+        self.renew_remote(slots).await
+    }
+}
+
+impl Remote {
+    /// `CheckRateLimit`, reserving for `reserve_ttl_ms` when it is not 0.
+    async fn ask(
+        &self,
+        request: Request,
+        reserve_ttl_ms: u64,
+    ) -> Result<(Decision, Option<String>), DecideError> {
         let call = api::CheckRateLimitRequest {
             domain: request.domain,
-            descriptors: request
-                .descriptors
-                .into_iter()
-                .map(|d| api::Descriptor {
-                    entries: d
-                        .entries
-                        .into_iter()
-                        .map(|(key, value)| api::descriptor::Entry { key, value })
-                        .collect(),
-                })
-                .collect(),
+            descriptors: api_descriptors(request.descriptors),
             cost: request.cost,
             with_headers: true,
-            reserve_ttl_ms: 0,
+            reserve_ttl_ms,
         };
         let mut call = tonic::Request::new(call);
         call.set_timeout(self.timeout);
@@ -244,7 +317,8 @@ impl Decide for Remote {
             remote_denial(answer.reason)
         };
         let retryable = denial.is_some_and(Denial::retryable);
-        Ok(Decision {
+        let reservation = (!answer.reservation_id.is_empty()).then_some(answer.reservation_id);
+        let decision = Decision {
             allowed,
             retry_after: (!allowed && retryable)
                 .then(|| Duration::from_millis(answer.retry_after_ms)),
@@ -257,10 +331,11 @@ impl Decide for Remote {
                 .collect(),
             slots: Slots::Remote(answer.slots),
             slot_ttl: (answer.slot_ttl_ms > 0).then(|| Duration::from_millis(answer.slot_ttl_ms)),
-        })
+        };
+        Ok((decision, reservation))
     }
 
-    async fn release(&self, slots: Slots) {
+    async fn release_remote(&self, slots: Slots) {
         let Slots::Remote(slots) = slots else {
             return;
         };
@@ -277,7 +352,7 @@ impl Decide for Remote {
         }
     }
 
-    async fn renew(&self, slots: &Slots) {
+    async fn renew_remote(&self, slots: &Slots) {
         let Slots::Remote(slots) = slots else {
             return;
         };

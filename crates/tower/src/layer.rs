@@ -1,5 +1,7 @@
 //! The layer and its service: extract, decide, then answer 429 or pass the request on with
-//! the rate-limit headers, holding a concurrency rule's slot until the response body is done.
+//! the rate-limit headers, holding a concurrency rule's slot until the response body is done,
+//! and (with [`RateLimitLayer::settle`]) settling the request's reserved cost at what the
+//! response really cost when its body ends or the client goes away.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -31,12 +33,37 @@ pub enum FailMode {
     Closed,
 }
 
+/// Where a response's actual cost is read, to settle what its request reserved
+/// (docs/reserve-settle.md). The request's cost (the [`Extractor`]'s) is the estimate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SettleFrom {
+    /// A response header holding a whole number (absent or not a number: nothing is settled,
+    /// and the estimate stands).
+    Header(http::HeaderName),
+    /// An [`ActualCost`] the handler puts in the response's extensions (absent: the estimate
+    /// stands).
+    Extension,
+    /// One unit per `bytes_per_unit` of response body sent, rounded up: what was sent when
+    /// the body ended, or when the client went away.
+    BodyBytes {
+        /// Bytes one unit pays for.
+        bytes_per_unit: u64,
+    },
+}
+
+/// The actual cost of a response, set by its handler in the response's extensions (for
+/// [`SettleFrom::Extension`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ActualCost(pub u64);
+
 #[derive(Debug, Clone)]
 struct Config<D> {
     decider: D,
     extractor: Extractor,
     answers: Answers,
     on_error: FailMode,
+    /// Reserve, then settle: where the actual cost is read, and how long a reservation lives.
+    settle: Option<(SettleFrom, Duration)>,
 }
 
 /// Rate-limits every request of the service it wraps. See the crate docs.
@@ -62,6 +89,7 @@ impl<D: Decide> RateLimitLayer<D> {
                 extractor,
                 answers: Answers::default(),
                 on_error: FailMode::Open,
+                settle: None,
             }),
         }
     }
@@ -82,6 +110,14 @@ impl<D: Decide> RateLimitLayer<D> {
     /// What to do when the rate limiter cannot answer.
     pub fn on_error(self, mode: FailMode) -> Self {
         self.with(|c| c.on_error = mode)
+    }
+
+    /// Reserves each request's cost (the [`Extractor`]'s, an estimate) for `ttl` instead of
+    /// spending it, and settles it at the actual cost read from the response (`from`) when
+    /// the response body ends, or when the client goes away first. A reservation never
+    /// settled (the handler set no cost) expires charged at its estimate.
+    pub fn settle(self, from: SettleFrom, ttl: Duration) -> Self {
+        self.with(|c| c.settle = Some((from, ttl)))
     }
 }
 
@@ -165,6 +201,50 @@ impl<D: Decide> Drop for SlotGuard<D> {
 trait Held: Send {}
 impl<D: Decide> Held for SlotGuard<D> {}
 
+/// Settles a reservation when dropped (with the body's end, or with the body when the client
+/// goes away): at the cost the response stated, or at what its body sent so far.
+struct SettleGuard<D: Decide> {
+    decider: D,
+    request: Option<tollgate_node::Request>,
+    id: String,
+    /// The cost the response stated (header or extension).
+    stated: Option<u64>,
+    /// Per unit of body sent, when the cost is the body's size.
+    bytes_per_unit: Option<u64>,
+    sent: u64,
+}
+
+/// A type-erased settle guard that counts the body's bytes.
+trait Settles: Send {
+    fn sent(&mut self, bytes: u64);
+}
+
+impl<D: Decide> Settles for SettleGuard<D> {
+    fn sent(&mut self, bytes: u64) {
+        self.sent += bytes;
+    }
+}
+
+impl<D: Decide> Drop for SettleGuard<D> {
+    fn drop(&mut self) {
+        let actual = match self.bytes_per_unit {
+            Some(per) => Some(self.sent.div_ceil(per.max(1))),
+            None => self.stated,
+        };
+        let (Some(actual), Some(request)) = (actual, self.request.take()) else {
+            // No cost stated: the estimate stands (charged when the reservation expires).
+            return;
+        };
+        let (decider, id) = (self.decider.clone(), std::mem::take(&mut self.id));
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move { decider.settle(request, id, actual).await });
+            }
+            Err(_) => tracing::debug!("no runtime to settle on; the estimate stands"),
+        }
+    }
+}
+
 /// The response body: the layer's own answer, or the inner service's body, holding the
 /// admission's concurrency slots until it ends or is dropped.
 pub struct RateLimitBody<B> {
@@ -176,6 +256,7 @@ enum Kind<B> {
     Inner {
         body: Pin<Box<B>>,
         guard: Option<Box<dyn Held>>,
+        settle: Option<Box<dyn Settles>>,
     },
 }
 
@@ -216,11 +297,22 @@ where
             Kind::Own(body) => Pin::new(body)
                 .poll_frame(cx)
                 .map_err(|never| match never {}),
-            Kind::Inner { body, guard } => {
+            Kind::Inner {
+                body,
+                guard,
+                settle,
+            } => {
                 let polled = body.as_mut().poll_frame(cx);
+                if let (Poll::Ready(Some(Ok(frame))), Some(settle)) = (&polled, settle.as_mut())
+                    && let Some(data) = frame.data_ref()
+                {
+                    settle.sent(data.len() as u64);
+                }
                 if matches!(polled, Poll::Ready(None) | Poll::Ready(Some(Err(_)))) {
-                    // The response is done (or broken): the slot goes back now.
+                    // The response is done (or broken): the slot goes back now, and the
+                    // reservation is settled.
                     guard.take();
+                    settle.take();
                 }
                 polled.map_err(Into::into)
             }
@@ -283,7 +375,14 @@ where
                     )));
                 }
             };
-            let decision = match config.decider.decide(wanted).await {
+            let (estimated, decided) = match &config.settle {
+                None => (None, config.decider.decide(wanted).await),
+                Some((_, ttl)) => match config.decider.reserve(wanted.clone(), *ttl).await {
+                    Ok((decision, id)) => (id.map(|id| (wanted, id)), Ok(decision)),
+                    Err(e) => (None, Err(e)),
+                },
+            };
+            let decision = match decided {
                 Ok(decision) => decision,
                 Err(DecideError::Invalid(reason)) => {
                     return Ok(own(response::plain_problem(
@@ -300,6 +399,7 @@ where
                             kind: Kind::Inner {
                                 body: Box::pin(body),
                                 guard: None,
+                                settle: None,
                             },
                         }));
                     }
@@ -330,12 +430,40 @@ where
                 )) as Box<dyn Held>
             });
             // Dropped here (the slot released) if the service fails or the client goes away.
+            let mut settle: Option<SettleGuard<D>> = estimated.map(|(request, id)| SettleGuard {
+                decider: config.decider.clone(),
+                request: Some(request),
+                id,
+                stated: None,
+                bytes_per_unit: None,
+                sent: 0,
+            });
+            // Dropped here if the service fails or the client goes away before the response:
+            // a body-size cost settles at 0; a stated one was not stated, the estimate stands.
             let mut response = inner.call(request).await?;
+            if let (Some(guard), Some((from, _))) = (settle.as_mut(), &config.settle) {
+                match from {
+                    SettleFrom::Header(name) => {
+                        guard.stated = response
+                            .headers()
+                            .get(name)
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.trim().parse().ok());
+                    }
+                    SettleFrom::Extension => {
+                        guard.stated = response.extensions().get::<ActualCost>().map(|c| c.0);
+                    }
+                    SettleFrom::BodyBytes { bytes_per_unit } => {
+                        guard.bytes_per_unit = Some(*bytes_per_unit);
+                    }
+                }
+            }
             response::add_allowed_headers(&mut response, &config.answers, &decision);
             Ok(response.map(|body| RateLimitBody {
                 kind: Kind::Inner {
                     body: Box::pin(body),
                     guard,
+                    settle: settle.map(|s| Box::new(s) as Box<dyn Settles>),
                 },
             }))
         })

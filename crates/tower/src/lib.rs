@@ -15,7 +15,9 @@
 //!
 //! Admitted responses carry the rate-limit headers (hidden per rule if you like); a
 //! CONCURRENCY rule's slot is held until the response body is done, and given back when the
-//! client goes away or the service fails (something Envoy's filter cannot do).
+//! client goes away or the service fails (something Envoy's filter cannot do). With
+//! [`RateLimitLayer::settle`] a request's cost is an estimate, settled at the response's actual
+//! cost (a header, an [`ActualCost`] extension, or the body's size) when its body ends.
 //!
 //! ```
 //! use axum::{Router, routing::post};
@@ -46,7 +48,8 @@
 //! - [`decide`]: who decides ([`Decide`]: an embedded [`tollgate_node::Node`], or
 //!   [`Remote`] over gRPC) and what it says ([`Decision`]).
 //! - [`response`]: the 429 (headers, problem+json per rule) and what admitted responses carry.
-//! - [`layer`]: [`RateLimitLayer`], its service, and the body that holds a slot.
+//! - [`layer`]: [`RateLimitLayer`], its service, and the body that holds a slot and settles a
+//!   reservation.
 
 pub mod client_ip;
 pub mod decide;
@@ -57,5 +60,5 @@ pub mod response;
 pub use client_ip::{ClientIp, ForwardedHeader, PeerAddr};
 pub use decide::{Decide, DecideError, Decision, Remote};
 pub use extract::{Cost, Extractor, RouteTemplate, VerifiedIdentity};
-pub use layer::{FailMode, RateLimitLayer, RateLimitService};
+pub use layer::{ActualCost, FailMode, RateLimitLayer, RateLimitService, SettleFrom};
 pub use response::{Answers, Problem};

@@ -617,3 +617,162 @@ async fn the_envoy_gateway_patches_work_in_a_real_envoy() {
     assert!(denied.header("retry-after").is_some(), "{denied:?}");
     node.stop().await;
 }
+
+/// An upstream that states each response's cost as the client asked it to (`x-test-cost`,
+/// echoed as `x-actual-cost`; no header when the client sent none); its port.
+async fn costing_upstream() -> u16 {
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind upstream");
+    let port = upstream.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        let app = axum::Router::new().fallback(|headers: axum::http::HeaderMap| async move {
+            let mut response = axum::response::Response::new(axum::body::Body::from("done\n"));
+            if let Some(cost) = headers.get("x-test-cost") {
+                response.headers_mut().insert("x-actual-cost", cost.clone());
+            }
+            response
+        });
+        axum::serve(upstream, app).await.expect("upstream");
+    });
+    port
+}
+
+/// One counter of a node's `/metrics`, summed over the lines that carry every label given.
+fn metric(http: u16, name: &str, labels: &[&str]) -> f64 {
+    let text = get(http, "/metrics", &[]).expect("metrics").body;
+    text.lines()
+        .filter(|l| l.starts_with(name) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The shipped deploy/envoy/envoy-reserve.yaml in front of deploy/rules/reserve.yaml
+/// (tokens-per-key: 20,000, refilled at 500/s) on a real Redis: each request reserves the
+/// route's estimate (1,000) and, when its stream ends, Envoy settles the cost the upstream
+/// stated in `x-actual-cost`. Requests that cost 10 are all admitted (charged at the
+/// estimate they would stop at 20); responses stating no cost leave the estimate charged;
+/// a response costing more than the bucket holds puts it into debt, and the next request
+/// waits out the debt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_settles_the_cost_a_response_states_through_the_shipped_config() {
+    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let mut node = node_on_redis(&redis, vec![deploy("rules/reserve.yaml")]).await;
+    let upstream = costing_upstream().await;
+    let (grpc, http) = (node.grpc_addr.port(), node.http_addr.port());
+    let envoy =
+        tokio::task::spawn_blocking(move || Shipped::start("envoy-reserve.yaml", upstream, grpc))
+            .await
+            .expect("join");
+    let envoy = std::sync::Arc::new(envoy);
+
+    // 40 requests on one key, each stating a cost of 10. At the estimate alone, 20 would
+    // fit (plus what refills while they run); settled, every one does.
+    let e = envoy.clone();
+    let cheap = tokio::task::spawn_blocking(move || {
+        (0..40)
+            .map(|_| {
+                e.send(
+                    "POST",
+                    "/v1/completions",
+                    &[("x-api-key", "k-cheap"), ("x-test-cost", "10")],
+                )
+            })
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    for (i, r) in cheap.iter().enumerate() {
+        assert_eq!(
+            r.status,
+            200,
+            "request {i} of 40 at cost 10: {r:?}\n{}",
+            envoy.envoy.log()
+        );
+    }
+    let settled = {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            let n = metric(http, "tollgate_settlements_total", &["result=\"settled\""]);
+            if n >= 40.0 || tokio::time::Instant::now() > deadline {
+                break n;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    assert_eq!(
+        settled, 40.0,
+        "every stream's end settled its reservation once"
+    );
+    let refunded = metric(
+        http,
+        "tollgate_settled_units_total",
+        &["direction=\"refunded\""],
+    );
+    assert!(
+        refunded >= 40.0 * 990.0 * 0.5,
+        "the unused estimate was given back: {refunded} units"
+    );
+
+    // 30 requests on another key whose responses state no cost: the estimate stands.
+    let e = envoy.clone();
+    let started = tokio::time::Instant::now();
+    let unstated = tokio::task::spawn_blocking(move || {
+        (0..30)
+            .map(|_| e.send("POST", "/v1/completions", &[("x-api-key", "k-silent")]))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    let refilled = (started.elapsed().as_secs_f64() * 500.0 / 1000.0).ceil() as usize;
+    let admitted = unstated.iter().filter(|r| r.status == 200).count();
+    assert!(
+        (20..=20 + refilled).contains(&admitted),
+        "with no cost stated, each request stays charged its 1,000: {admitted} of 30 admitted \
+         (20 fit, {refilled} more refilled meanwhile)"
+    );
+
+    // One response costing 25,000 against a bucket of 20,000: the bucket goes into debt and
+    // the key's next request is denied until the debt is refilled.
+    let e = envoy.clone();
+    let (costly, next) = tokio::task::spawn_blocking(move || {
+        let costly = e.send(
+            "POST",
+            "/v1/completions",
+            &[("x-api-key", "k-costly"), ("x-test-cost", "25000")],
+        );
+        // The settle is sent when the stream ends, after the response: the next requests
+        // (stating a cost of 0, so they charge nothing once settled) meet the debt within
+        // moments.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        let next = loop {
+            let r = e.send(
+                "POST",
+                "/v1/completions",
+                &[("x-api-key", "k-costly"), ("x-test-cost", "0")],
+            );
+            if r.status != 200 || tokio::time::Instant::now() > deadline {
+                break r;
+            }
+        };
+        (costly, next)
+    })
+    .await
+    .expect("join");
+    assert_eq!(costly.status, 200, "the estimate fit: {costly:?}");
+    assert_eq!(next.status, 429, "the debt is waited out: {next:?}");
+    let retry: u64 = next
+        .header("retry-after")
+        .expect("retry-after")
+        .parse()
+        .expect("secs");
+    // 5,000 of debt and the 1,000 the next estimate needs, at 500/s: about 12 s.
+    assert!(
+        (8..=13).contains(&retry),
+        "retry when the debt and the next estimate are refilled: {retry} s"
+    );
+    node.stop().await;
+}

@@ -16,7 +16,7 @@ use tollgate_proto::tollgate::ratelimit::v1::{
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::grpc::invalid;
+use crate::grpc::{invalid, reserve_status, store_status};
 use tollgate_node::metrics::{Api, ApiResult};
 use tollgate_node::runtime::Outcome;
 use tollgate_node::runtime::verdict::Denial;
@@ -141,17 +141,6 @@ fn node_request(
     }
 }
 
-/// A refused reservation or settlement as a status: a bad request (the field named), or the
-/// store could not answer.
-fn reserve_status(e: tollgate_node::runtime::node::reservations::ReserveError) -> Status {
-    use tollgate_node::runtime::node::reservations::ReserveError;
-    match e {
-        ReserveError::Request(e) => invalid(e),
-        ReserveError::Invalid { .. } => Status::invalid_argument(e.to_string()),
-        ReserveError::Store(e) => store_status(e),
-    }
-}
-
 /// Slot tokens as a client sent them back.
 fn slot_tokens(tokens: &[String]) -> Result<Vec<HeldSlot>, Status> {
     tokens
@@ -161,15 +150,6 @@ fn slot_tokens(tokens: &[String]) -> Result<Vec<HeldSlot>, Status> {
                 .ok_or_else(|| Status::invalid_argument(format!("{t:?} is not a slot token")))
         })
         .collect()
-}
-
-/// A store failure as a status: the store could not answer, or the slots were not slots.
-fn store_status(e: tollgate_lease::StoreError) -> Status {
-    if e.is_transient() {
-        Status::unavailable(e.to_string())
-    } else {
-        Status::invalid_argument(e.to_string())
-    }
 }
 
 impl Check {

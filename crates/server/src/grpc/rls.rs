@@ -21,7 +21,8 @@ use tollgate_proto::envoy::r#type::v3::RateLimitUnit;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::grpc::invalid;
+use crate::grpc::rls_reservations::{self, Marker};
+use crate::grpc::{invalid, reserve_status};
 use tollgate_node::headers::{Policy, status_policy, write_headers};
 use tollgate_node::metrics::{Api, ApiResult};
 use tollgate_node::rules::RuleKind;
@@ -89,6 +90,14 @@ pub fn to_request(req: RateLimitRequest) -> Result<tollgate_node::runtime::Reque
         cost: u64::from(req.hits_addend.max(1)),
         matching: Matching::PerDescriptor,
     })
+}
+
+/// A descriptor's status when no limit speaks for it.
+fn ok_status() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        ..DescriptorStatus::default()
+    }
 }
 
 /// How a limit reads in Envoy's terms: requests per unit.
@@ -220,18 +229,71 @@ impl Rls {
             metrics.answered(ApiResult::Invalid, started.elapsed().as_secs_f64());
             status
         };
+        let mut request = request;
+        let marker = rls_reservations::take_marker(&mut request, rls_reservations::DEFAULT_TTL)
+            .map_err(refused)?;
+        let reserve = match marker {
+            Some((_, Marker::Settle { id })) => {
+                return self.settle(request, &id).await.map(|r| (r, None));
+            }
+            Some((at, Marker::Reserve { id, ttl })) => Some((at, id, ttl)),
+            None => None,
+        };
         let request = to_request(request).map_err(refused)?;
         let descriptors = request.descriptors.len();
-        let verdict = self
-            .node
-            .check(&request)
-            .await
-            .map_err(|e| refused(invalid(e)))?;
-        let response = to_response(&verdict, descriptors);
+        let verdict = match &reserve {
+            None => self
+                .node
+                .check(&request)
+                .await
+                .map_err(|e| refused(invalid(e)))?,
+            Some((_, id, ttl)) => {
+                self.node
+                    .check_and_reserve_as(&request, *ttl, id.clone())
+                    .await
+                    .map_err(|e| refused(reserve_status(e)))?
+                    .0
+            }
+        };
+        let mut response = to_response(&verdict, descriptors);
+        if let Some((at, _, _)) = reserve {
+            // The reserve descriptor's own status, where Envoy sent it.
+            response.statuses.insert(at, ok_status());
+        }
         crate::telemetry::record_decision(&request.domain, descriptors, &verdict);
         let result = ApiResult::of(verdict.allowed);
         metrics.answered(result, started.elapsed().as_secs_f64());
         Ok((response, verdict.decided_without_store()))
+    }
+
+    /// Settles reservation `id` at each descriptor's own cost (its `hits_addend`, else the
+    /// request's, as Envoy counts hits): the end of a stream, whose answer Envoy ignores. It
+    /// is not a decision: it shows in the settlement metrics, not the API's.
+    async fn settle(
+        &self,
+        request: RateLimitRequest,
+        id: &str,
+    ) -> Result<RateLimitResponse, Status> {
+        let sent = request.descriptors.len() + 1;
+        let request = to_request(request)?;
+        for d in &request.descriptors {
+            let one = tollgate_node::runtime::Request {
+                domain: request.domain.clone(),
+                descriptors: vec![d.clone()],
+                cost: request.cost,
+                matching: request.matching,
+            };
+            let actual = d.cost.unwrap_or(request.cost);
+            self.node
+                .settle(&one, id, actual)
+                .await
+                .map_err(reserve_status)?;
+        }
+        Ok(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            statuses: vec![ok_status(); sent],
+            ..RateLimitResponse::default()
+        })
     }
 
     async fn decide(

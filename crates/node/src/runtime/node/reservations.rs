@@ -63,6 +63,18 @@ fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// The reservation id for an id the caller already has for its request (Envoy's
+/// `x-request-id`): the first 128 bits of its SHA-256, so any string makes a well-formed id
+/// and the reserve and the settle, made apart, name the same one. Two requests of one
+/// identity that share an id share a record: the second reserve replaces the first's record
+/// (both estimates stay charged, one settle refunds at most one), so a reused id can only
+/// cost its client, never refund more than was charged.
+pub fn reservation_id_for(request_id: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(request_id.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 fn invalid(field: &'static str, reason: impl Into<String>) -> ReserveError {
     ReserveError::Invalid {
         field,
@@ -79,6 +91,18 @@ impl Node {
         &self,
         request: &Request,
         ttl: Duration,
+    ) -> Result<(Verdict, Option<String>), ReserveError> {
+        self.check_and_reserve_as(request, ttl, new_id()).await
+    }
+
+    /// [`Node::check_and_reserve`] under a given id (one from [`reservation_id_for`], when
+    /// the settle is made by someone who knows the request's own id but never saw this
+    /// answer: Envoy's call at the end of the stream).
+    pub async fn check_and_reserve_as(
+        &self,
+        request: &Request,
+        ttl: Duration,
+        id: String,
     ) -> Result<(Verdict, Option<String>), ReserveError> {
         request.validate()?;
         if ttl < Duration::from_millis(1) || ttl > MAX_RESERVATION_TTL {
@@ -112,10 +136,7 @@ impl Node {
                 }
             }
         }
-        let reserve = Reserve {
-            nonce: new_id(),
-            ttl,
-        };
+        let reserve = Reserve { nonce: id, ttl };
         let verdict = self.decide(hits, Route::Reserve(&reserve)).await;
         let id = verdict.allowed.then_some(reserve.nonce);
         Ok((verdict, id))

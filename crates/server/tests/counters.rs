@@ -151,10 +151,15 @@ async fn support_reads_a_key_and_a_reset_takes_effect_on_every_node() {
     // Node a reset it and dropped what it held at once, then leases again. A node that hears
     // of a reset late, or twice (its own is announced to it too), gives back what it leased
     // since rather than losing it: the store and the lease together still account for all
-    // but the 10 spent.
-    assert_eq!(allowed(&a.node, &key("k1"), 10).await, 10);
-    let held_before = a.node.counters(&key("k1")).await.expect("counters")[0].held_here;
-    assert!(held_before > 0, "node a leased more than it spent");
+    // but what was spent.
+    // Node a spends until it leases ahead (a node hearing its own reset notice between two
+    // requests gives its fresh lease back, so the first few may leave it holding nothing).
+    let mut spent = 0u64;
+    while a.node.counters(&key("k1")).await.expect("counters")[0].held_here == 0 {
+        assert!(spent < 50, "node a never leased more than it spent");
+        assert_eq!(allowed(&a.node, &key("k1"), 1).await, 1);
+        spent += 1;
+    }
     assert!(
         a.node.forget_held("per-key", b"k1"),
         "node a holds the bucket"
@@ -162,7 +167,7 @@ async fn support_reads_a_key_and_a_reset_takes_effect_on_every_node() {
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
         let k1_now = &a.node.counters(&key("k1")).await.expect("counters")[0];
-        if k1_now.held_here == 0 && k1_now.remaining == Some(90) {
+        if k1_now.held_here == 0 && k1_now.remaining == Some(100 - spent) {
             break;
         }
         assert!(
@@ -173,7 +178,7 @@ async fn support_reads_a_key_and_a_reset_takes_effect_on_every_node() {
     }
     // Node b is told over PostgreSQL (its part is below, with k2).
     let again = allowed(&a.node, &key("k1"), 120).await + allowed(&b.node, &key("k1"), 120).await;
-    assert_eq!(again, 90, "a reset bucket admits its capacity, once");
+    assert_eq!(again as u64, 100 - spent, "a reset bucket admits its capacity, once");
     let k1 = read(admin, "api_key=k1").await;
     assert!(
         counter(&k1, "per-key-daily")["remaining"]

@@ -60,6 +60,9 @@ enum Command {
         /// Writes every run's values and report as JSON.
         #[arg(long)]
         report: Option<PathBuf>,
+        /// Writes an HTML page: the table, and a small plot of each run.
+        #[arg(long)]
+        plot: Option<PathBuf>,
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
@@ -143,6 +146,7 @@ fn main_() -> anyhow::Result<ExitCode> {
             param,
             seeds,
             report,
+            plot: plot_to,
             quiet,
             strict,
         } => {
@@ -193,6 +197,12 @@ fn main_() -> anyhow::Result<ExitCode> {
             if let Some(path) = report {
                 let text = serde_json::to_string_pretty(&rows)?;
                 std::fs::write(&path, text + "\n")
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            }
+            if let Some(path) = plot_to {
+                let page = plot::sweep_html(&base.name, &params, &rows)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+                std::fs::write(&path, page)
                     .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
             }
             let broken: Vec<&Row> = rows.iter().filter(|r| !r.report.passed()).collect();

@@ -170,6 +170,8 @@ pub struct RuleSecond {
 pub struct FaultWindow {
     /// What happened.
     pub label: String,
+    /// Its kind ([`crate::scenario::FaultKind::class`]).
+    pub class: String,
     /// From, seconds.
     pub from: f64,
     /// Until, seconds (equal to `from` for an instant fault).

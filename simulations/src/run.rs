@@ -170,6 +170,7 @@ async fn simulate(
         .iter()
         .map(|f| FaultWindow {
             label: f.kind.label(),
+            class: f.kind.class().into(),
             from: f.at.as_secs_f64(),
             until: (f.at + f.lasts.unwrap_or_default()).as_secs_f64(),
         })

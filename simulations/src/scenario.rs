@@ -364,6 +364,25 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
+    /// The kind of fault, one word for each colour a plot gives it: `store-down`,
+    /// `store-stall`, `store-slow`, `store-failover`, `rules`, `crash`, `restart`,
+    /// `partition`, `link`.
+    pub fn class(&self) -> &'static str {
+        match self {
+            FaultKind::StoreDown { .. } => "store-down",
+            FaultKind::StoreStall { .. } => "store-stall",
+            FaultKind::StoreSlow { .. } => "store-slow",
+            FaultKind::StoreFailover { .. } => "store-failover",
+            FaultKind::Rules { .. } => "rules",
+            FaultKind::Crash { .. } => "crash",
+            FaultKind::Restart { .. } => "restart",
+            FaultKind::Partition {} => "partition",
+            FaultKind::LinkDuplicate { .. }
+            | FaultKind::LinkReorder { .. }
+            | FaultKind::LinkDelay { .. } => "link",
+        }
+    }
+
     /// A short label for reports and plots.
     pub fn label(&self) -> String {
         match self {

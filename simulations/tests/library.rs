@@ -159,23 +159,6 @@ fn two_regions_of_fifty_pods_shortened() {
 }
 
 #[test]
-fn a_report_draws_as_svg() {
-    let dir = tempfile::tempdir().expect("dir");
-    let scenario = Scenario::load(&library().join("redis-down.yaml")).expect("scenario");
-    let report = run(&scenario, 2, &mut |_| {}).expect("runs");
-    let path = dir.path().join("plot.svg");
-    tollgate_simulations::plot::write(&report, &path).expect("draws");
-    let svg = std::fs::read_to_string(&path).expect("svg");
-    assert!(svg.starts_with("<svg"), "{}", &svg[..svg.len().min(200)]);
-    // Two rules: a panel each, with their lines and the outage shaded.
-    assert!(svg.matches("<polyline").count() >= 6, "lines drawn");
-    assert!(
-        svg.contains("store down (eu)"),
-        "the fault window is labelled"
-    );
-}
-
-#[test]
 fn a_key_flood_shortened() {
     // The library's flood is 1M new keys in a second; CI floods 100,000.
     let path = library().join("key-flood.yaml");

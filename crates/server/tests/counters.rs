@@ -178,7 +178,11 @@ async fn support_reads_a_key_and_a_reset_takes_effect_on_every_node() {
     }
     // Node b is told over PostgreSQL (its part is below, with k2).
     let again = allowed(&a.node, &key("k1"), 120).await + allowed(&b.node, &key("k1"), 120).await;
-    assert_eq!(again as u64, 100 - spent, "a reset bucket admits its capacity, once");
+    assert_eq!(
+        again as u64,
+        100 - spent,
+        "a reset bucket admits its capacity, once"
+    );
     let k1 = read(admin, "api_key=k1").await;
     assert!(
         counter(&k1, "per-key-daily")["remaining"]

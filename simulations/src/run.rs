@@ -199,13 +199,14 @@ async fn simulate(
             stream.carry += stream.rate_at(t) * tick.as_secs_f64();
             let due = stream.carry.floor();
             stream.carry -= due;
+            // Nodes start and stop only between ticks (faults): the live ones, once a tick.
+            let live: Vec<usize> = stream
+                .nodes
+                .iter()
+                .copied()
+                .filter(|&i| world.nodes[i].node.is_some())
+                .collect();
             for _ in 0..due as u64 {
-                let live: Vec<usize> = stream
-                    .nodes
-                    .iter()
-                    .copied()
-                    .filter(|&i| world.nodes[i].node.is_some())
-                    .collect();
                 if live.is_empty() {
                     break;
                 }
@@ -328,22 +329,24 @@ async fn simulate(
             tally.latency_breaches, tally.longest
         ),
     });
-    tally.latency.sort_unstable();
+    let count: u64 = tally.latency.values().sum();
+    // The value at rank ⌊count·q⌋ of the sorted latencies.
     let pct = |q: f64| {
-        tally
-            .latency
-            .get(
-                ((tally.latency.len() as f64 * q) as usize)
-                    .min(tally.latency.len().saturating_sub(1)),
-            )
-            .copied()
-            .unwrap_or(0)
+        let rank = ((count as f64 * q) as u64).min(count.saturating_sub(1));
+        let mut seen = 0;
+        for (&us, &n) in &tally.latency {
+            seen += n;
+            if seen > rank {
+                return us;
+            }
+        }
+        0
     };
     let latency_us = report::Latency {
         p50: pct(0.5),
         p99: pct(0.99),
         p999: pct(0.999),
-        max: tally.latency.last().copied().unwrap_or(0),
+        max: tally.latency.keys().next_back().copied().unwrap_or(0),
     };
     for node in world.nodes.iter().filter_map(|n| n.node.as_ref()) {
         node.crash();

@@ -15,7 +15,9 @@ use tollgate_node::rules::{FailMode, Mode};
 use tollgate_node::runtime::{Outcome, Verdict};
 use tollgate_node::{Node, Request};
 
-use super::tally::Tally;
+use std::collections::BTreeMap;
+
+use super::tally::{BucketId, ExactId, Tally};
 use crate::oracle::BucketOracle;
 use crate::scenario::{Keys, Traffic};
 
@@ -89,61 +91,75 @@ impl Job {
             Err(_) => return,
         };
         let arrived = self.node_now();
+        // Each charge's keys in the books, made once: its region's bucket and the exact
+        // limiter's over both regions.
+        let keys: Vec<(BucketId, ExactId)> = charges
+            .iter()
+            .map(|c| {
+                (
+                    (self.region, c.rule.uid, c.identity.clone()),
+                    (c.rule.key.clone(), c.identity.clone()),
+                )
+            })
+            .collect();
         {
             // The exact limiter sees every request as it arrives, and decides it whole: admitted
             // when every enforced rule has room, and then charged at each.
             let mut t = self.tally.lock();
             let mut fits_all = true;
-            for c in &charges {
+            for (c, (bucket, exact)) in charges.iter().zip(&keys) {
                 let Some(limit) = c.rule.limit() else {
                     continue;
                 };
-                if c.rule.mode != Mode::Enforce {
-                    t.shadow.insert(c.rule.uid);
+                if !t.rule_names.contains_key(&c.rule.uid) {
+                    if c.rule.mode != Mode::Enforce {
+                        t.shadow.insert(c.rule.uid);
+                    }
+                    t.rule_names.insert(c.rule.uid, c.rule.id.clone());
+                    t.rule_keys.insert(c.rule.uid, c.rule.key.clone());
                 }
-                t.rule_names
-                    .entry(c.rule.uid)
-                    .or_insert_with(|| c.rule.id.clone());
-                t.rule_keys
-                    .entry(c.rule.uid)
-                    .or_insert_with(|| c.rule.key.clone());
-                t.buckets
-                    .entry((self.region, c.rule.uid, c.identity.clone()))
-                    .or_insert_with(|| BucketOracle::new(limit, arrived, self.failovers));
+                if !t.buckets.contains_key(bucket) {
+                    t.buckets.insert(
+                        bucket.clone(),
+                        BucketOracle::new(limit, arrived, self.failovers),
+                    );
+                }
                 let whole = c.rule.whole.unwrap_or(limit);
-                let oracle = t
-                    .exact
-                    .entry((c.rule.key.clone(), c.identity.clone()))
-                    .or_insert_with(|| BucketOracle::new(whole, arrived, 0));
+                let oracle = match t.exact.get_mut(exact) {
+                    Some(o) => o,
+                    None => t
+                        .exact
+                        .entry(exact.clone())
+                        .or_insert_with(|| BucketOracle::new(whole, arrived, 0)),
+                };
                 oracle.follow(whole, arrived);
                 if c.rule.mode == Mode::Enforce && !oracle.fits(arrived, c.cost) {
                     fits_all = false;
                 }
             }
             if fits_all {
-                for c in &charges {
-                    let key = (c.rule.key.clone(), c.identity.clone());
-                    if let Some(oracle) = t.exact.get_mut(&key) {
+                for (c, (_, exact)) in charges.iter().zip(&keys) {
+                    if let Some(oracle) = t.exact.get_mut(exact) {
                         oracle.ideal_take(arrived, c.cost);
-                        let id = c.rule.id.clone();
-                        t.rules.entry(id.clone()).or_default().exact += 1;
-                        t.second.entry(id).or_default().exact += 1;
+                        rule_entry(&mut t.rules, &c.rule.id).exact += 1;
+                        rule_entry(&mut t.second, &c.rule.id).exact += 1;
                     }
                 }
             }
         }
         let started = Instant::now();
-        let Ok(verdict) = self.node.check(&self.request).await else {
+        // Boxed: the decision's future is large, and a task moves its future as it spawns.
+        let Ok(verdict) = Box::pin(self.node.check(&self.request)).await else {
             return;
         };
         let took = started.elapsed().as_micros() as u64;
         let decided = self.node_now();
-        let held_costs = self.record(&charges, &verdict, decided, took);
+        let held_costs = self.record(&charges, &keys, &verdict, decided, took);
         if let (Some(hold), false) = (self.hold, verdict.slots.is_empty()) {
             tokio::time::sleep(hold).await;
             // A request whose pod crashed meanwhile is gone with it: nothing releases its slots.
             if self.node_alive() {
-                let _ = self.node.release_slots(&verdict.slots).await;
+                let _ = Box::pin(self.node.release_slots(&verdict.slots)).await;
             }
             let mut t = self.tally.lock();
             for (uid, identity, cost) in held_costs {
@@ -170,6 +186,7 @@ impl Job {
     fn record(
         &self,
         charges: &[tollgate_node::runtime::Charge],
+        keys: &[(BucketId, ExactId)],
         verdict: &Verdict,
         now: u64,
         took: u64,
@@ -182,7 +199,7 @@ impl Job {
             t.admitted += 1;
             *t.region_admitted.entry(self.region).or_default() += 1;
         }
-        t.latency.push(took);
+        *t.latency.entry(took).or_default() += 1;
         t.longest = t.longest.max(took);
         if took > self.budget.as_micros() as u64 {
             t.latency_breaches += 1;
@@ -192,8 +209,7 @@ impl Job {
                 continue;
             };
             let rule = &status.rule;
-            let id = rule.id.clone();
-            let charge = charges.iter().find(|c| c.rule.uid == rule.uid);
+            let at = charges.iter().position(|c| c.rule.uid == rule.uid);
             let mut breach = None;
             match outcome {
                 Outcome::FailedOpen if !(status.allowed && rule.fail_mode == FailMode::Open) => {
@@ -209,8 +225,8 @@ impl Job {
             }
             if let Some(what) = breach {
                 let line = format!(
-                    "rule {id} ({:?} fail mode) {what}, allowed {}",
-                    rule.fail_mode, status.allowed
+                    "rule {} ({:?} fail mode) {what}, allowed {}",
+                    rule.id, rule.fail_mode, status.allowed
                 );
                 t.fail_mode_breaches.push(line);
             }
@@ -220,7 +236,7 @@ impl Job {
                 Outcome::Allowed if !verdict.allowed => Outcome::Denied,
                 other => other,
             };
-            let r = t.rules.entry(id.clone()).or_default();
+            let r = rule_entry(&mut t.rules, &rule.id);
             if status.on_last_answer {
                 r.on_last_answer += 1;
             }
@@ -228,17 +244,15 @@ impl Job {
                 r.shadow_denied += 1;
             }
             r.decided.count(outcome, status.allowed);
-            t.second
-                .entry(id.clone())
-                .or_default()
+            rule_entry(&mut t.second, &rule.id)
                 .decided
                 .count(outcome, status.allowed);
-            let (Some(charge), Mode::Enforce) = (charge, rule.mode) else {
+            let (Some(at), Mode::Enforce) = (at, rule.mode) else {
                 continue;
             };
-            let key = (self.region, rule.uid, charge.identity.clone());
+            let (charge, (bucket, exact)) = (&charges[at], &keys[at]);
             let mut false_denial = false;
-            if let Some(o) = t.buckets.get_mut(&key) {
+            if let Some(o) = t.buckets.get_mut(bucket) {
                 if status.on_last_answer
                     || matches!(
                         own,
@@ -257,15 +271,12 @@ impl Job {
                         .limit
                         .is_some_and(|l| l.algorithm() == tollgate_lease::Algorithm::Concurrency)
                     {
-                        held.push((key.1, key.2.clone(), charge.cost));
+                        held.push((bucket.1, bucket.2.clone(), charge.cost));
                     }
                 }
             }
             // False denials are judged on the whole limit, fed what both regions admitted.
-            if let Some(g) = t
-                .exact
-                .get_mut(&(rule.key.clone(), charge.identity.clone()))
-            {
+            if let Some(g) = t.exact.get_mut(exact) {
                 if verdict.allowed {
                     g.admitted(now, charge.cost, false);
                 } else if own == Outcome::Denied && g.denied(now, charge.cost) {
@@ -273,12 +284,20 @@ impl Job {
                 }
             }
             if false_denial {
-                t.rules.entry(id.clone()).or_default().false_denials += 1;
-                t.second.entry(id).or_default().false_denials += 1;
+                rule_entry(&mut t.rules, &rule.id).false_denials += 1;
+                rule_entry(&mut t.second, &rule.id).false_denials += 1;
             }
         }
         held
     }
+}
+
+/// A rule's entry in a map of rules by id, made when it is missing (no id copied otherwise).
+fn rule_entry<'a, T: Default>(map: &'a mut BTreeMap<String, T>, id: &str) -> &'a mut T {
+    if !map.contains_key(id) {
+        map.insert(id.to_owned(), T::default());
+    }
+    map.get_mut(id).expect("just made")
 }
 
 /// The key (bucket name) of the charged rule with definition `uid`.

@@ -7,7 +7,8 @@
 //!   room is a *false denial* (the units were leased to another node, or held by a pre-limit).
 //! - **bound**: the most any correct limiter may admit since the bucket was first used
 //!   (token bucket: capacity + rate × elapsed; windows: the limit per window touched; plus a
-//!   full bucket for each store failover, which forgets the state): the invariant.
+//!   full bucket for each store failover or eviction of the bucket, which forget its state):
+//!   the invariant.
 
 use std::collections::VecDeque;
 use std::time::Duration;

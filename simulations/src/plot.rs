@@ -432,7 +432,7 @@ fn table(out: &mut String, head: &[&str], rows: &[Vec<String>]) {
 fn report_tables(out: &mut String, report: &Report) {
     let _ = writeln!(
         out,
-        "<p>{} nodes, {} s virtual; {} decisions, {} admitted; {} store calls ({:.4} per decision, {} refused); latency p50 {} µs, p99 {} µs, p999 {} µs, max {} µs.</p>",
+        "<p>{} nodes, {} s virtual; {} decisions, {} admitted; {} store calls ({:.4} per decision, {} refused); {} store keys evicted; latency p50 {} µs, p99 {} µs, p999 {} µs, max {} µs.</p>",
         report.nodes,
         report.seconds,
         report.decisions,
@@ -440,6 +440,7 @@ fn report_tables(out: &mut String, report: &Report) {
         report.store_calls,
         report.store_calls_per_decision,
         report.store_refused,
+        report.store_evictions,
         report.latency_us.p50,
         report.latency_us.p99,
         report.latency_us.p999,

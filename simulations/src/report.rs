@@ -28,6 +28,9 @@ pub struct Report {
     pub store_calls_per_decision: f64,
     /// Calls refused by a store that was down.
     pub store_refused: u64,
+    /// Live keys the stores evicted to stay within their memory (`store_memory_mb`): each
+    /// starts its bucket full again.
+    pub store_evictions: u64,
     /// Decision latency on virtual time, µs.
     pub latency_us: Latency,
     /// Per rule id.
@@ -205,12 +208,13 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "decisions {}  admitted {}  store calls {} ({:.4} per decision, {} refused)  latency p50 {} µs  p99 {} µs  p999 {} µs  max {} µs",
+            "decisions {}  admitted {}  store calls {} ({:.4} per decision, {} refused)  store keys evicted {}  latency p50 {} µs  p99 {} µs  p999 {} µs  max {} µs",
             self.decisions,
             self.admitted,
             self.store_calls,
             self.store_calls_per_decision,
             self.store_refused,
+            self.store_evictions,
             self.latency_us.p50,
             self.latency_us.p99,
             self.latency_us.p999,

@@ -82,6 +82,9 @@ async fn simulate(
                     clock.clone(),
                     MemoryConfig {
                         id_seed: Some(derive(seed, "ids", i as u64)),
+                        max_bytes: r
+                            .store_memory_mb
+                            .map_or(tollgate_lease::DEFAULT_MEMORY_MAX_BYTES, |mb| mb << 20),
                         ..MemoryConfig::default()
                     },
                 ),
@@ -92,6 +95,7 @@ async fn simulate(
                 derive(seed, "store", i as u64),
             );
             store.keep_ledger();
+            store.memory().keep_eviction_record();
             store
         })
         .collect();
@@ -365,6 +369,7 @@ async fn simulate(
             store_calls as f64 / tally.decisions as f64
         },
         store_refused: refused,
+        store_evictions: world.stores.iter().map(|s| s.memory().evictions()).sum(),
         latency_us,
         rules: tally.rules,
         per_second,

@@ -118,6 +118,11 @@ pub struct Region {
     /// How long one store call takes.
     #[serde(default)]
     pub store_latency: LatencySpec,
+    /// Most memory the region's store holds for its keys, MiB (the in-memory store's
+    /// `--memory-max-mb`, or a Redis `maxmemory` with an eviction policy): past it, keys are
+    /// evicted and their buckets start full again. The in-memory store's default unless set.
+    #[serde(default)]
+    pub store_memory_mb: Option<usize>,
 }
 
 /// A latency distribution: log-normal through a median and a 99th percentile.

@@ -173,6 +173,33 @@ fn a_key_flood_shortened() {
     );
 }
 
+/// A store too small for its keys evicts, and a hot fixed window evicted starts again from
+/// zero: the run shows the overshoot against the exact line, and the bound counts each
+/// eviction as a refill (without it the invariant would blame the node for the store's memory).
+#[test]
+fn a_store_at_its_memory_bound_evicts_and_the_run_shows_what_it_cost() {
+    let path = library().join("store-memory-bound.yaml");
+    let scenario = Scenario::load(&path).expect("scenario");
+    let report = run(&scenario, 1, &mut |_| {}).expect("runs");
+    assert!(report.passed(), "{}", report.table());
+    assert!(report.store_evictions > 1000, "{}", report.table());
+    let rule = &report.rules["per-key"];
+    assert!(rule.overshoot > 0, "{}", report.table());
+    // The same scenario with a store that fits its keys: no eviction, no overshoot.
+    let text = std::fs::read_to_string(&path).expect("scenario");
+    let roomy = sweep::variant(
+        &text,
+        "store-memory-bound",
+        "topology.regions.0.store_memory_mb",
+        "64",
+    )
+    .expect("variant");
+    let report = run(&roomy, 1, &mut |_| {}).expect("runs");
+    assert!(report.passed(), "{}", report.table());
+    assert_eq!(report.store_evictions, 0, "{}", report.table());
+    assert_eq!(report.rules["per-key"].overshoot, 0, "{}", report.table());
+}
+
 #[test]
 fn regression_seeds_keep_their_invariants() {
     for (name, seed) in REGRESSION_SEEDS {
@@ -200,7 +227,8 @@ fn every_library_scenario_parses() {
 
 /// One seed, two processes, the same bytes: nothing in a run reads the wall clock or the OS's
 /// randomness where it could reach the report (one region with a stall, two regions with a
-/// partition: the faults that wake many waiters at once).
+/// partition: the faults that wake many waiters at once; a store that evicts, whose choice
+/// hangs on which identities share a shard).
 #[test]
 fn one_seed_gives_a_byte_identical_report_across_processes() {
     let dir = tempfile::tempdir().expect("dir");
@@ -217,7 +245,11 @@ fn one_seed_gives_a_byte_identical_report_across_processes() {
         assert!(status.success(), "{scenario}: {status}");
         std::fs::read(out).expect("report")
     };
-    for scenario in ["redis-stall-fail-modes", "region-partition-split"] {
+    for scenario in [
+        "redis-stall-fail-modes",
+        "region-partition-split",
+        "store-memory-bound",
+    ] {
         let (a, b) = (run(scenario, 7, "a.json"), run(scenario, 7, "b.json"));
         assert!(a.len() > 1000, "a whole report");
         assert!(a == b, "{scenario}: two runs of seed 7 differ");

@@ -41,8 +41,9 @@ pub struct MemoryConfig {
     /// The most bytes held at once (keys, values and their entries, as counted by the store),
     /// all shards together.
     pub max_bytes: usize,
-    /// Where lease and slot ids start: None draws from the OS; a simulation pins it so a run
-    /// can be repeated (ids are unique within one store either way).
+    /// Where lease and slot ids start, and how identities are spread over shards: None draws
+    /// both from the OS; a simulation pins them so a run can be repeated (ids are unique within
+    /// one store either way).
     pub id_seed: Option<u64>,
 }
 
@@ -69,14 +70,39 @@ pub struct MemoryStore {
 #[derive(Debug)]
 struct Inner {
     shards: Box<[Mutex<Shard>]>,
-    hasher: RandomState,
+    hasher: ShardHasher,
     clock: SharedClock,
     max_bytes: usize,
     max_bytes_per_shard: usize,
     /// Live keys evicted to make room, since the start.
     evictions: std::sync::atomic::AtomicU64,
+    /// Evictions per bucket (`rl:{tag}:rule`), when kept ([`MemoryStore::keep_eviction_record`]).
+    eviction_record: Mutex<Option<std::collections::HashMap<String, u64>>>,
     /// The next lease or slot id (a counter, scrambled).
     ids: std::sync::atomic::AtomicU64,
+}
+
+/// How an identity picks its shard: keyed at random in a node (so no client can aim its
+/// identities at one shard), from the seed in a simulation (so a run that evicts can be
+/// repeated: which keys share a shard decides which are evicted).
+#[derive(Debug)]
+enum ShardHasher {
+    Random(RandomState),
+    Seeded(u64),
+}
+
+impl ShardHasher {
+    fn shard_of(&self, identity: &str) -> u64 {
+        match self {
+            ShardHasher::Random(state) => state.hash_one(identity),
+            ShardHasher::Seeded(seed) => {
+                let mut h = std::hash::DefaultHasher::new();
+                std::hash::Hasher::write_u64(&mut h, *seed);
+                std::hash::Hash::hash(identity, &mut h);
+                std::hash::Hasher::finish(&h)
+            }
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -108,11 +134,15 @@ impl MemoryStore {
                         })
                     })
                     .collect(),
-                hasher: RandomState::new(),
+                hasher: match config.id_seed {
+                    Some(seed) => ShardHasher::Seeded(seed),
+                    None => ShardHasher::Random(RandomState::new()),
+                },
                 clock,
                 max_bytes: config.max_bytes,
                 max_bytes_per_shard,
                 evictions: Default::default(),
+                eviction_record: Mutex::new(None),
                 ids: std::sync::atomic::AtomicU64::new(config.id_seed.unwrap_or_else(rand::random)),
             }),
         }
@@ -137,6 +167,26 @@ impl MemoryStore {
         self.inner
             .evictions
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Keeps, from now on, how many times each bucket lost a key to eviction (what a simulation
+    /// needs to tell a bucket that started full again from one that over-admitted).
+    pub fn keep_eviction_record(&self) {
+        self.inner
+            .eviction_record
+            .lock()
+            .get_or_insert_with(Default::default);
+    }
+
+    /// How many times the bucket `key` (`rl:{tag}:rule`, as [`BucketKey::as_str`](crate::key::BucketKey::as_str)) lost a key
+    /// to eviction since the record was kept (0 when it is not kept).
+    pub fn evictions_of(&self, key: &str) -> u64 {
+        self.inner
+            .eviction_record
+            .lock()
+            .as_ref()
+            .and_then(|r| r.get(key).copied())
+            .unwrap_or(0)
     }
 
     /// Whether no key is held.
@@ -187,7 +237,7 @@ impl MemoryStore {
     ) -> Result<T, StoreError> {
         let inner = &*self.inner;
         let index =
-            inner.hasher.hash_one(key.identity_prefix()) as usize & (inner.shards.len() - 1);
+            inner.hasher.shard_of(key.identity_prefix()) as usize & (inner.shards.len() - 1);
         let mut shard = inner.shards[index].lock();
         let now = inner.clock.now_micros();
         if shard.keys.len() >= shard.sweep_at {
@@ -211,7 +261,12 @@ impl MemoryStore {
                 let evicted = shard.keys.evict_to(target, key.identity_prefix());
                 inner
                     .evictions
-                    .fetch_add(evicted as u64, std::sync::atomic::Ordering::Relaxed);
+                    .fetch_add(evicted.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                if let Some(record) = inner.eviction_record.lock().as_mut() {
+                    for key in evicted {
+                        *record.entry(bucket::bucket_of(&key).to_owned()).or_default() += 1;
+                    }
+                }
                 if shard.keys.bytes() + needed > budget {
                     return Err(StoreError::Full(format!(
                         "the in-memory store's {} bytes are all held by this identity",

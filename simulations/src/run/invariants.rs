@@ -22,8 +22,14 @@ pub(super) fn bound_invariant(tally: &mut Tally, world: &World, end: u64) -> Inv
             unanswered += 1;
             continue;
         }
-        let failovers = world.stores[key.0].link().failovers();
-        let bound = oracle.bound(end, failovers);
+        // A failover of the store, or an eviction of this bucket's keys, starts it full again.
+        let store = &world.stores[key.0];
+        let evictions = tally
+            .rule_keys
+            .get(&key.1)
+            .and_then(|rule| tollgate_lease::BucketKey::new(&key.2, rule).ok())
+            .map_or(0, |bucket| store.memory().evictions_of(bucket.as_str()));
+        let bound = oracle.bound(end, store.link().failovers() + evictions);
         let measured = oracle.measured();
         let rule = oracle_rule(tally, key);
         let use_ = if bound == 0 {

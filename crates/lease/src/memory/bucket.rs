@@ -79,6 +79,15 @@ pub(crate) struct Keys {
 
 /// The rule a key belongs to: `rl:{tag}:<rule>[:<suffix>]` (tags and rules are escaped, so
 /// neither holds `}` or `:`); "" for anything else.
+/// The bucket a stored key belongs to: `rl:{tag}:rule` of `rl:{tag}:rule[:suffix]`.
+pub(crate) fn bucket_of(key: &str) -> &str {
+    let Some(at) = key.find("}:") else {
+        return key;
+    };
+    let rule = rule_of(key);
+    &key[..at + 2 + rule.len()]
+}
+
 pub(crate) fn rule_of(key: &str) -> &str {
     key.find("}:")
         .map(|at| &key[at + 2..])
@@ -221,9 +230,9 @@ impl Keys {
     /// bytes, the keys that expire soonest first (a token bucket closest to full again, a
     /// window closest to its end: the least state lost), then from the next rule if that was
     /// not enough. Keys starting with `spare` (the identity the caller is about to use) are
-    /// never evicted. Returns how many keys went.
-    pub(crate) fn evict_to(&mut self, target: usize, spare: &str) -> usize {
-        let mut evicted = 0;
+    /// never evicted. Returns the keys that went.
+    pub(crate) fn evict_to(&mut self, target: usize, spare: &str) -> Vec<String> {
+        let mut evicted = vec![];
         while self.bytes > target {
             let mut by_rule: HashMap<&str, usize> = HashMap::new();
             for (key, stored) in &self.map {
@@ -231,7 +240,11 @@ impl Keys {
                     *by_rule.entry(rule_of(key)).or_default() += stored.bytes;
                 }
             }
-            let Some((rule, _)) = by_rule.into_iter().max_by_key(|(_, bytes)| *bytes) else {
+            // Ties go to the greatest rule name, so the choice does not hang on map order.
+            let Some((rule, _)) = by_rule
+                .into_iter()
+                .max_by_key(|&(rule, bytes)| (bytes, rule))
+            else {
                 break;
             };
             let rule = rule.to_owned();
@@ -247,7 +260,7 @@ impl Keys {
                     break;
                 }
                 self.remove(&key);
-                evicted += 1;
+                evicted.push(key);
             }
         }
         evicted

@@ -111,6 +111,7 @@ async fn simulate(
                 carried: (0, 0),
                 alive: Arc::new(AtomicBool::new(true)),
                 tasks: vec![],
+                cpu: None,
             });
         }
     }
@@ -130,10 +131,14 @@ async fn simulate(
             .map(|r| Listeners::new(r.nodes))
             .collect(),
     };
-    for i in 0..world.nodes.len() {
-        let (node, tasks) = world.start_node(i, 0).await?;
+    // Every node starts (and warms its store up) at once, as a deployment's pods do.
+    let started =
+        futures::future::join_all((0..world.nodes.len()).map(|i| world.start_node(i, 0))).await;
+    for (i, started) in started.into_iter().enumerate() {
+        let (node, tasks, cpu) = started?;
         world.nodes[i].node = Some(node);
         world.nodes[i].tasks = tasks;
+        world.nodes[i].cpu = cpu;
     }
 
     let mut rng = StdRng::seed_from_u64(derive(seed, "traffic", 0));
@@ -182,6 +187,10 @@ async fn simulate(
 
     let tally = Arc::new(Mutex::new(Tally::default()));
     let budget = decision_budget(scenario);
+    let per_decision = scenario
+        .runtime
+        .cpu
+        .map_or(Duration::ZERO, |c| c.per_decision);
     let start = Instant::now();
     let tick = scenario.tick;
     let ticks = (scenario.duration.as_micros() / tick.as_micros()) as u64;
@@ -231,6 +240,7 @@ async fn simulate(
                     tally: tally.clone(),
                     failovers: world.stores[sim.region].link().failovers(),
                     budget,
+                    cpu: sim.cpu.clone().map(|c| (c, per_decision)),
                 };
                 in_flight.spawn(job.run());
             }

@@ -123,6 +123,79 @@ pub struct Region {
     /// evicted and their buckets start full again. The in-memory store's default unless set.
     #[serde(default)]
     pub store_memory_mb: Option<usize>,
+    /// What a node's first calls to the store cost beyond their latency: the connection set
+    /// up, each script loaded (again after a failover). Calibrated on this machine by default
+    /// (see [`SetupSpec::default`]).
+    #[serde(default)]
+    pub store_setup: SetupSpec,
+}
+
+/// A node's connection set-up and script loading on its first calls.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetupSpec {
+    /// Connecting to the store, once per connection.
+    #[serde(with = "humantime_serde")]
+    pub connect: Duration,
+    /// Loading one script (the `NOSCRIPT` answer, the source sent, the compile).
+    #[serde(with = "humantime_serde")]
+    pub script_load: Duration,
+}
+
+impl Default for SetupSpec {
+    /// Measured against a local `redis-server` 7.0 from a fresh release node: see
+    /// BENCHMARKS.md, "The simulator against real processes".
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_micros(CONNECT_US),
+            script_load: Duration::from_micros(SCRIPT_LOAD_US),
+        }
+    }
+}
+
+/// The calibration of [`SetupSpec::default`], µs.
+const CONNECT_US: u64 = 6_000;
+const SCRIPT_LOAD_US: u64 = 100;
+
+/// A node's CPU: what its decisions and its store answers cost, on how many cores. Past its
+/// capacity a node queues: its decisions wait, and so do its store answers, inside the store
+/// budget (what made a saturated real node's calls late).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuSpec {
+    /// Cores the node's runtime runs on (its worker threads).
+    pub cores: usize,
+    /// CPU one decision costs beyond its store calls (the gRPC request and answer, the rules,
+    /// the key's actor).
+    #[serde(with = "humantime_serde")]
+    pub per_decision: Duration,
+    /// CPU reading one store answer costs (the client's decode, waking the caller).
+    #[serde(with = "humantime_serde")]
+    pub per_store_answer: Duration,
+}
+
+impl Default for CpuSpec {
+    /// Calibrated from the benches on this machine: see BENCHMARKS.md, "The simulator against
+    /// real processes".
+    fn default() -> Self {
+        Self {
+            cores: 2,
+            per_decision: Duration::from_micros(PER_DECISION_US),
+            per_store_answer: Duration::from_micros(PER_STORE_ANSWER_US),
+        }
+    }
+}
+
+/// The calibration of [`CpuSpec::default`], µs.
+const PER_DECISION_US: u64 = 10;
+const PER_STORE_ANSWER_US: u64 = 10;
+
+fn default_cpu() -> Option<CpuSpec> {
+    Some(CpuSpec::default())
+}
+
+fn warm_up() -> bool {
+    true
 }
 
 /// A latency distribution: log-normal through a median and a 99th percentile.
@@ -163,6 +236,14 @@ pub struct RuntimeSettings {
     /// The local pre-limit factor (0 turns it off).
     #[serde(default)]
     pub prelimit_factor: Option<f64>,
+    /// The node's CPU (`null`: a node decides in no time, as the simulator did before it
+    /// modelled one).
+    #[serde(default = "default_cpu")]
+    pub cpu: Option<CpuSpec>,
+    /// Whether a node warms its store up before it serves, as `tollgate` does (connected,
+    /// scripts loaded, up to its start-up patience); false: its first requests pay for it.
+    #[serde(default = "warm_up")]
+    pub warm_up: bool,
 }
 
 fn store_timeout() -> Duration {
@@ -176,6 +257,8 @@ impl Default for RuntimeSettings {
             lease_ttl: None,
             lease_max_units: None,
             prelimit_factor: None,
+            cpu: default_cpu(),
+            warm_up: true,
         }
     }
 }

@@ -50,7 +50,7 @@ pub use clock::{Clock, ManualClock, Micros, SharedClock, SystemClock, TokioClock
 pub use error::{InvalidInput, StoreError};
 pub use key::{BucketKey, KeyError};
 pub use limit::{Algorithm, Limit, LimitError, LimitSpec};
-pub use link::{Latency, Ledger, LinkCalls, LinkCondition, LinkedStore, StoreLink};
+pub use link::{Latency, Ledger, LinkCalls, LinkCondition, LinkedStore, NodeCpu, Setup, StoreLink};
 pub use memory::DEFAULT_MAX_BYTES as DEFAULT_MEMORY_MAX_BYTES;
 pub use memory::{MemoryConfig, MemoryStore};
 pub use ops::MAX_BUCKETS_PER_CALL;

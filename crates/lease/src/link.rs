@@ -9,6 +9,12 @@
 //! time it costs no wall time; the draws come from the link's own seeded generator, so one
 //! seed gives one sequence of latencies.
 //!
+//! Each node reaches the store through its own session ([`LinkedStore::for_node`]), which can
+//! model what a real node pays and the shared link does not: a connection to set up and each
+//! script to load on its first calls (again after a failover, which drops connections and
+//! the script cache, as a restarted Redis does), and the node's own CPU, a queue that every
+//! answer waits in before the node reads it ([`NodeCpu`]).
+//!
 //! As with Redis, a command runs once it has crossed the link, whether or not its caller still
 //! waits (a caller's budget, [`LinkedStore::with_budget`], ends its wait, not the command); a
 //! command held by a stalled link runs when the link resumes, and is lost if the link goes
@@ -185,13 +191,144 @@ impl StoreLink {
     }
 }
 
-/// A [`MemoryStore`] reached over a [`StoreLink`]. Cloning shares the store and the link.
+/// What a node's first calls cost on a fresh connection, beyond a call's latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Setup {
+    /// Connecting (TCP, the client's hello): every call waits for it, once per connection.
+    pub connect: Duration,
+    /// A script's first call: `EVALSHA` answered `NOSCRIPT`, then the source sent and
+    /// compiled (one more round trip and the compile).
+    pub script_load: Duration,
+}
+
+/// A node's CPU: `cores` servers of one queue. Work arriving at `t` starts when a core is
+/// free and holds it for its cost; past its capacity a node queues, and everything it does
+/// (its decisions, reading its store answers) waits in that queue.
+#[derive(Debug)]
+pub struct NodeCpu {
+    /// When each core is next free (tokio's clock).
+    free_at: Mutex<Vec<tokio::time::Instant>>,
+    /// What reading one store answer costs (decoding it, waking its caller).
+    per_answer: Duration,
+}
+
+impl NodeCpu {
+    /// A CPU of `cores` cores on which reading one store answer costs `per_answer`.
+    pub fn new(cores: usize, per_answer: Duration) -> Self {
+        Self {
+            free_at: Mutex::new(vec![tokio::time::Instant::now(); cores.max(1)]),
+            per_answer,
+        }
+    }
+
+    /// Runs `cost` of work arriving now: returns once a core has done it.
+    pub async fn run(&self, cost: Duration) {
+        if cost.is_zero() {
+            return;
+        }
+        let done = {
+            let now = tokio::time::Instant::now();
+            let mut cores = self.free_at.lock();
+            let core = cores.iter_mut().min().expect("a CPU has at least one core");
+            *core = (*core).max(now) + cost;
+            *core
+        };
+        tokio::time::sleep_until(done).await;
+    }
+
+    /// How long work arriving now would wait for a core.
+    pub fn queue(&self) -> Duration {
+        let now = tokio::time::Instant::now();
+        self.free_at
+            .lock()
+            .iter()
+            .min()
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
+    }
+}
+
+/// One node's session on the link: its connection, the scripts it has loaded, its CPU.
+#[derive(Debug)]
+struct Session {
+    setup: Setup,
+    cpu: Option<Arc<NodeCpu>>,
+    state: Mutex<SessionState>,
+}
+
+#[derive(Debug, Default)]
+struct SessionState {
+    /// The store failovers seen when the connection was made (None: never connected).
+    epoch: Option<u64>,
+    /// When the connection is (or was) ready.
+    ready_at: Option<tokio::time::Instant>,
+    /// Scripts loaded on this connection, and when each is loaded.
+    scripts: std::collections::HashMap<&'static str, tokio::time::Instant>,
+}
+
+impl Session {
+    /// What a call of `script` issued now waits before it crosses the link: the connection
+    /// set-up if there is none (or the store failed over since: a restart drops it and its
+    /// scripts), and the script's load if this connection has not loaded it yet.
+    fn delay(&self, script: &'static str, epoch: u64, drawn: Duration) -> Duration {
+        let now = tokio::time::Instant::now();
+        let mut state = self.state.lock();
+        if state.epoch != Some(epoch) {
+            state.epoch = Some(epoch);
+            state.ready_at = Some(now + self.setup.connect);
+            state.scripts.clear();
+        }
+        let ready = state.ready_at.unwrap_or(now).max(now);
+        let mut wait = ready - now;
+        match state.scripts.get(script) {
+            Some(loaded) if *loaded <= ready => {}
+            Some(_) => {
+                // Sent while the first caller's load is still on its way: NOSCRIPT as well.
+                wait += self.setup.script_load;
+            }
+            None => {
+                wait += self.setup.script_load;
+                state
+                    .scripts
+                    .insert(script, ready + drawn + self.setup.script_load);
+            }
+        }
+        wait
+    }
+
+    /// Warms the session up as a node does before it serves: connected, every script loaded.
+    fn warm(&self, epoch: u64, scripts: &[&'static str]) -> Duration {
+        let now = tokio::time::Instant::now();
+        let mut state = self.state.lock();
+        if state.epoch != Some(epoch) {
+            state.epoch = Some(epoch);
+            state.ready_at = Some(now + self.setup.connect);
+            state.scripts.clear();
+        }
+        let ready = state.ready_at.unwrap_or(now).max(now);
+        let done = ready + self.setup.script_load * scripts.len() as u32;
+        for script in scripts {
+            state.scripts.entry(script).or_insert(done);
+        }
+        done - now
+    }
+}
+
+/// The scripts a Redis store loads, by the names the link's calls give them.
+const SCRIPTS: &[&str] = &[
+    "check", "acquire", "return", "release", "renew", "debit", "settle", "demand", "counter",
+    "penalty",
+];
+
+/// A [`MemoryStore`] reached over a [`StoreLink`]. Cloning shares the store and the link (and
+/// the node's session, for a store made by [`LinkedStore::for_node`]).
 #[derive(Debug, Clone)]
 pub struct LinkedStore {
     store: MemoryStore,
     link: StoreLink,
     /// How long a caller waits for an answer (None: as long as it takes).
     budget: Option<Duration>,
+    /// The node's session (None: calls pay their latency only).
+    session: Option<Arc<Session>>,
 }
 
 impl LinkedStore {
@@ -211,6 +348,53 @@ impl LinkedStore {
                 }),
             },
             budget: None,
+            session: None,
+        }
+    }
+
+    /// The same store and link, reached by one node: its first calls pay `setup`, and with a
+    /// `cpu` every answer waits for the node to read it.
+    pub fn for_node(&self, setup: Setup, cpu: Option<Arc<NodeCpu>>) -> Self {
+        Self {
+            session: Some(Arc::new(Session {
+                setup,
+                cpu,
+                state: Mutex::new(SessionState::default()),
+            })),
+            ..self.clone()
+        }
+    }
+
+    /// Warms the node's session up within `timeout`, as a node does before it serves
+    /// (connected, every script loaded): at once without a session; refused when the link
+    /// is down; held by a stalled link.
+    pub async fn warm_up(&self, timeout: Duration) -> Result<(), StoreError> {
+        let Some(session) = &self.session else {
+            return Ok(());
+        };
+        let attempt = async {
+            loop {
+                let resumed = self.link.inner.resumed.notified();
+                tokio::pin!(resumed);
+                resumed.as_mut().enable();
+                let condition = *self.link.inner.condition.lock();
+                match condition {
+                    LinkCondition::Down => {
+                        return Err(StoreError::Unavailable(
+                            "connection refused (the simulated link is down)".into(),
+                        ));
+                    }
+                    LinkCondition::Stalled => resumed.await,
+                    LinkCondition::Up | LinkCondition::Slow(_) => break,
+                }
+            }
+            let wait = session.warm(self.link.failovers(), SCRIPTS);
+            tokio::time::sleep(wait).await;
+            Ok(())
+        };
+        match tokio::time::timeout(timeout, attempt).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout { budget: timeout }),
         }
     }
 
@@ -255,6 +439,7 @@ impl LinkedStore {
     /// command runs in its own task, so a caller that gives up does not unsend it.
     async fn call<T, F, Fut>(
         &self,
+        script: &'static str,
         counter: fn(&LinkCalls) -> &AtomicU64,
         op: F,
     ) -> Result<T, StoreError>
@@ -275,9 +460,16 @@ impl LinkedStore {
             let (dist, rng) = &mut *latency;
             dist.draw(rng)
         };
+        let setup = self.session.as_ref().map_or(Duration::ZERO, |s| {
+            s.delay(script, self.link.failovers(), drawn)
+        });
+        let cpu = self.session.as_ref().and_then(|s| s.cpu.clone());
         let link = self.link.clone();
         let store = self.store.clone();
         let carried = tokio::spawn(async move {
+            if !setup.is_zero() {
+                tokio::time::sleep(setup).await;
+            }
             loop {
                 let resumed = link.inner.resumed.notified();
                 tokio::pin!(resumed);
@@ -299,7 +491,12 @@ impl LinkedStore {
                         };
                         tokio::time::sleep(drawn + extra).await;
                         counter(&link.inner.calls).fetch_add(1, Ordering::Relaxed);
-                        return op(store).await;
+                        let answer = op(store).await;
+                        // The answer waits for the node to read it.
+                        if let Some(cpu) = &cpu {
+                            cpu.run(cpu.per_answer).await;
+                        }
+                        return answer;
                     }
                 }
             }
@@ -326,6 +523,7 @@ impl LeaseStore for LinkedStore {
         let req = req.clone();
         let link = self.link.clone();
         self.call(
+            "check",
             |c| &c.check,
             move |s| async move {
                 // Booked where the store answers, whether or not the caller still waits.
@@ -347,6 +545,7 @@ impl LeaseStore for LinkedStore {
         let req = req.clone();
         let link = self.link.clone();
         self.call(
+            "acquire",
             |c| &c.acquire,
             move |s| async move {
                 let grants = s.acquire_leases(&req).await?;
@@ -363,6 +562,7 @@ impl LeaseStore for LinkedStore {
         let req = req.clone();
         let link = self.link.clone();
         self.call(
+            "return",
             |c| &c.returns,
             move |s| async move {
                 let credited = s.return_leases(&req).await?;
@@ -378,6 +578,7 @@ impl LeaseStore for LinkedStore {
     async fn release_slots(&self, req: &SlotRelease) -> Result<Vec<bool>, StoreError> {
         let req = req.clone();
         self.call(
+            "release",
             |c| &c.release,
             move |s| async move { s.release_slots(&req).await },
         )
@@ -387,6 +588,7 @@ impl LeaseStore for LinkedStore {
     async fn renew_slots(&self, req: &SlotRenew) -> Result<Vec<bool>, StoreError> {
         let req = req.clone();
         self.call(
+            "renew",
             |c| &c.release,
             move |s| async move { s.renew_slots(&req).await },
         )
@@ -395,8 +597,12 @@ impl LeaseStore for LinkedStore {
 
     async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {
         let req = req.clone();
-        self.call(|c| &c.debit, move |s| async move { s.debit(&req).await })
-            .await
+        self.call(
+            "debit",
+            |c| &c.debit,
+            move |s| async move { s.debit(&req).await },
+        )
+        .await
     }
 
     async fn settle(
@@ -404,13 +610,18 @@ impl LeaseStore for LinkedStore {
         req: &crate::ops::reservation::SettleRequest,
     ) -> Result<Vec<crate::ops::reservation::Settlement>, StoreError> {
         let req = req.clone();
-        self.call(|c| &c.debit, move |s| async move { s.settle(&req).await })
-            .await
+        self.call(
+            "settle",
+            |c| &c.debit,
+            move |s| async move { s.settle(&req).await },
+        )
+        .await
     }
 
     async fn report_demand(&self, req: &DemandRequest) -> Result<(), StoreError> {
         let req = req.clone();
         self.call(
+            "demand",
             |c| &c.demand,
             move |s| async move { s.report_demand(&req).await },
         )
@@ -420,6 +631,7 @@ impl LeaseStore for LinkedStore {
     async fn held_leases(&self, key: &BucketKey) -> Result<HeldLeases, StoreError> {
         let key = key.clone();
         self.call(
+            "counter",
             |c| &c.counter,
             move |s| async move { s.held_leases(&key).await },
         )
@@ -428,8 +640,12 @@ impl LeaseStore for LinkedStore {
 
     async fn reset(&self, key: &BucketKey) -> Result<bool, StoreError> {
         let key = key.clone();
-        self.call(|c| &c.counter, move |s| async move { s.reset(&key).await })
-            .await
+        self.call(
+            "counter",
+            |c| &c.counter,
+            move |s| async move { s.reset(&key).await },
+        )
+        .await
     }
 
     async fn note_denials(
@@ -440,6 +656,7 @@ impl LeaseStore for LinkedStore {
     ) -> Result<PenaltyState, StoreError> {
         let (key, penalty) = (key.clone(), *penalty);
         self.call(
+            "penalty",
             |c| &c.penalty,
             move |s| async move { s.note_denials(&key, &penalty, denials).await },
         )
@@ -449,6 +666,7 @@ impl LeaseStore for LinkedStore {
     async fn lift_block(&self, key: &BucketKey) -> Result<bool, StoreError> {
         let key = key.clone();
         self.call(
+            "penalty",
             |c| &c.penalty,
             move |s| async move { s.lift_block(&key).await },
         )

@@ -264,7 +264,9 @@ impl MemoryStore {
                     .fetch_add(evicted.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 if let Some(record) = inner.eviction_record.lock().as_mut() {
                     for key in evicted {
-                        *record.entry(bucket::bucket_of(&key).to_owned()).or_default() += 1;
+                        *record
+                            .entry(bucket::bucket_of(&key).to_owned())
+                            .or_default() += 1;
                     }
                 }
                 if shard.keys.bytes() + needed > budget {

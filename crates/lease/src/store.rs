@@ -48,10 +48,12 @@ impl Store {
     }
 
     /// Makes the next call cost one round trip (see [`RedisStore::warm_up`]); the in-memory
-    /// stores are always ready.
+    /// store is always ready, a linked one as its node's session says
+    /// ([`LinkedStore::warm_up`]).
     pub async fn warm_up(&self, timeout: std::time::Duration) -> Result<(), StoreError> {
         match self {
-            Store::Memory(_) | Store::Linked(_) => Ok(()),
+            Store::Memory(_) => Ok(()),
+            Store::Linked(s) => s.warm_up(timeout).await,
             Store::Redis(s) => s.warm_up(timeout).await,
         }
     }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tollgate_lease::{LinkedStore, SharedClock, Store};
+use tollgate_lease::{LinkedStore, NodeCpu, Setup, SharedClock, Store};
 use tollgate_node::metrics::Metrics;
 use tollgate_node::rules::source::{self, LoadedRules};
 use tollgate_node::rules::watch::ActiveRules;
@@ -70,6 +70,8 @@ pub(super) struct SimNode {
     pub(super) alive: Arc<AtomicBool>,
     /// The node's region-link server and its rule follower (two regions).
     pub(super) tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// This life's CPU (None: the scenario models none).
+    pub(super) cpu: Option<Arc<NodeCpu>>,
 }
 
 pub(super) struct World {
@@ -85,11 +87,13 @@ pub(super) struct World {
 }
 
 impl World {
+    /// Starts life `life` of node `index`: its CPU, its session on its region's store, the
+    /// node (warmed up as `tollgate` does, unless the scenario says not), its region link.
     pub(super) async fn start_node(
         &self,
         index: usize,
         life: u64,
-    ) -> Result<(Node, Vec<tokio::task::JoinHandle<()>>), RunError> {
+    ) -> Result<(Node, Vec<tokio::task::JoinHandle<()>>, Option<Arc<NodeCpu>>), RunError> {
         let n = &self.nodes[index];
         let region = &self.scenario.topology.regions[n.region];
         let metrics = if self.wire.is_some() {
@@ -119,7 +123,14 @@ impl World {
             node: n.name.clone(),
             reason,
         };
-        let store = Store::Linked(self.stores[n.region].clone());
+        let cpu = settings
+            .cpu
+            .map(|c| Arc::new(NodeCpu::new(c.cores, c.per_store_answer)));
+        let setup = Setup {
+            connect: region.store_setup.connect,
+            script_load: region.store_setup.script_load,
+        };
+        let store = Store::Linked(self.stores[n.region].for_node(setup, cpu.clone()));
         let node = Node::start(
             store.clone(),
             rules,
@@ -130,8 +141,11 @@ impl World {
         )
         .await
         .map_err(|e| failed(e.to_string()))?;
+        if settings.warm_up {
+            node.warm_up().await;
+        }
         let Some(wire) = &self.wire else {
-            return Ok((node, vec![]));
+            return Ok((node, vec![], cpu));
         };
         // Two regions: the node's region sync, over the simulated link to the peer region.
         let regions = &self.scenario.topology.regions;
@@ -172,7 +186,7 @@ impl World {
             let node = node.clone();
             async move { node.follow_region_view().await }
         });
-        Ok((node, vec![server, follow]))
+        Ok((node, vec![server, follow], cpu))
     }
 
     pub(super) fn now(&self) -> u64 {
@@ -237,9 +251,10 @@ pub(super) async fn apply_fault(
                 let index = node_slot(world, r, i);
                 if world.nodes[index].node.is_none() {
                     let life = world.nodes[index].life;
-                    let (n, tasks) = world.start_node(index, life).await?;
+                    let (n, tasks, cpu) = world.start_node(index, life).await?;
                     world.nodes[index].node = Some(n);
                     world.nodes[index].tasks = tasks;
+                    world.nodes[index].cpu = cpu;
                     world.nodes[index].alive = Arc::new(AtomicBool::new(true));
                 }
             }

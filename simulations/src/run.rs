@@ -39,7 +39,7 @@ use crate::scenario::{Keys, Scenario};
 use crate::wire::{Listeners, Wire};
 use invariants::{bound_invariant, first_few, ledger_invariant};
 use tally::{Fixed, Tally};
-use traffic::{Job, Stream};
+use traffic::{Caller, Job, Stream};
 use world::{SimNode, World, apply_fault, derive};
 
 pub(crate) use traffic::stream_request;
@@ -199,6 +199,14 @@ async fn simulate(
     let mut last_calls = 0u64;
     let mut last_leases = (0u64, 0u64);
     let mut in_flight = tokio::task::JoinSet::new();
+    // Closed loops: callers running per stream and node, and each stream's new keys.
+    let loops: Vec<Vec<Arc<std::sync::atomic::AtomicUsize>>> = streams
+        .iter()
+        .map(|_| (0..world.nodes.len()).map(|_| Default::default()).collect())
+        .collect();
+    let new_keys: Vec<Arc<std::sync::atomic::AtomicU64>> =
+        streams.iter().map(|_| Default::default()).collect();
+    let mut callers_started = 0u64;
 
     for n in 0..ticks {
         let t = tick * n as u32;
@@ -243,6 +251,56 @@ async fn simulate(
                     cpu: sim.cpu.clone().map(|c| (c, per_decision)),
                 };
                 in_flight.spawn(job.run());
+            }
+        }
+        // Closed loops: each node a stream reaches keeps its callers going (a caller stops with
+        // its node's life; the next tick starts callers for a restarted node).
+        for (si, stream) in streams.iter().enumerate() {
+            let Some(callers) = stream.traffic.callers else {
+                continue;
+            };
+            let from = stream.traffic.from.unwrap_or(Duration::ZERO);
+            let until = stream
+                .traffic
+                .until
+                .unwrap_or(scenario.duration)
+                .min(scenario.duration);
+            if t < from || t >= until {
+                continue;
+            }
+            for &i in &stream.nodes {
+                let sim = &world.nodes[i];
+                let Some(node) = sim.node.clone() else {
+                    continue;
+                };
+                let busy = loops[si][i].clone();
+                while busy.load(std::sync::atomic::Ordering::Relaxed) < callers {
+                    busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    callers_started += 1;
+                    let caller = Caller {
+                        traffic: stream.traffic.clone(),
+                        zipf: stream.zipf,
+                        rng: StdRng::seed_from_u64(derive(seed, "caller", callers_started)),
+                        new_keys: new_keys[si].clone(),
+                        stop: start + until,
+                        tick,
+                        busy: busy.clone(),
+                        job: Job {
+                            node: node.clone(),
+                            request: tollgate_node::Request::new(String::new()),
+                            hold: stream.traffic.hold,
+                            region: sim.region,
+                            alive: sim.alive.clone(),
+                            clock: world.clock.clone(),
+                            tally: tally.clone(),
+                            failovers: 0,
+                            budget,
+                            cpu: sim.cpu.clone().map(|c| (c, per_decision)),
+                        },
+                        store: world.stores[sim.region].clone(),
+                    };
+                    in_flight.spawn(caller.run());
+                }
             }
         }
         // Reap finished requests now and then, so the set stays small.

@@ -271,8 +271,14 @@ pub struct Traffic {
     pub name: String,
     /// The domain of its requests.
     pub domain: String,
-    /// Requests per second, all nodes together.
+    /// Requests per second, all nodes together (an open loop: requests arrive whether or not
+    /// earlier ones were answered).
+    #[serde(default)]
     pub rate: f64,
+    /// Instead of a rate, a closed loop: this many callers on each node it reaches, each
+    /// sending its next request when the last is answered (a load generator's connections).
+    #[serde(default)]
+    pub callers: Option<usize>,
     /// When given, the rate moves linearly from `rate` at `from` to this at `until` (a ramp).
     #[serde(default)]
     pub ramp_to: Option<f64>,
@@ -659,6 +665,15 @@ impl Scenario {
             }
             if t.descriptors.is_empty() {
                 return bad(format!("traffic[{i}].descriptors"), "at least one".into());
+            }
+            if t.callers.is_some() && (t.rate > 0.0 || t.ramp_to.is_some()) {
+                return bad(
+                    format!("traffic[{i}].callers"),
+                    "a stream has a rate (open loop) or callers (closed loop), not both".into(),
+                );
+            }
+            if t.callers == Some(0) {
+                return bad(format!("traffic[{i}].callers"), "must be at least 1".into());
             }
             match t.keys {
                 Keys::Zipf { n: 0, .. } | Keys::Uniform { n: 0 } => {

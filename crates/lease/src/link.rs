@@ -221,19 +221,24 @@ impl NodeCpu {
         }
     }
 
-    /// Runs `cost` of work arriving now: returns once a core has done it.
+    /// Runs `cost` of work arriving now: returns once a core has done it. tokio's timers
+    /// count whole milliseconds, so work done within the millisecond it arrived in returns at
+    /// once: the cores' books still advance, and once their queue is a millisecond long, work
+    /// waits for it (a node's capacity holds per millisecond, not per microsecond).
     pub async fn run(&self, cost: Duration) {
         if cost.is_zero() {
             return;
         }
+        let now = tokio::time::Instant::now();
         let done = {
-            let now = tokio::time::Instant::now();
             let mut cores = self.free_at.lock();
             let core = cores.iter_mut().min().expect("a CPU has at least one core");
             *core = (*core).max(now) + cost;
             *core
         };
-        tokio::time::sleep_until(done).await;
+        if done - now >= TIMER_RESOLUTION {
+            tokio::time::sleep_until(done).await;
+        }
     }
 
     /// How long work arriving now would wait for a core.
@@ -246,6 +251,9 @@ impl NodeCpu {
             .map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
     }
 }
+
+/// The finest wait tokio's timers keep.
+const TIMER_RESOLUTION: Duration = Duration::from_millis(1);
 
 /// One node's session on the link: its connection, the scripts it has loaded, its CPU.
 #[derive(Debug)]

@@ -72,6 +72,63 @@ pub(crate) fn stream_request(traffic: &Traffic, key: u64) -> Request {
     request
 }
 
+/// One caller of a closed loop: sends a request to its node, waits for the answer, sends the
+/// next, until its stream stops or its node's life ends.
+pub(super) struct Caller {
+    pub(super) traffic: Traffic,
+    pub(super) zipf: Option<Zipf<f64>>,
+    pub(super) rng: StdRng,
+    pub(super) new_keys: Arc<std::sync::atomic::AtomicU64>,
+    pub(super) stop: Instant,
+    pub(super) tick: Duration,
+    pub(super) busy: Arc<std::sync::atomic::AtomicUsize>,
+    /// The request's node and books (its request and failovers are set per request).
+    pub(super) job: Job,
+    pub(super) store: tollgate_lease::LinkedStore,
+}
+
+impl Caller {
+    pub(super) async fn run(mut self) {
+        while Instant::now() < self.stop && self.job.node_alive() {
+            let key = match &self.traffic.keys {
+                Keys::Hot => 0,
+                Keys::Uniform { n } => self.rng.random_range(0..*n),
+                Keys::Zipf { .. } => self
+                    .zipf
+                    .as_ref()
+                    .map_or(0, |z| z.sample(&mut self.rng) as u64 - 1),
+                Keys::New => {
+                    self.new_keys
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                        + 1
+                }
+            };
+            let job = Job {
+                node: self.job.node.clone(),
+                request: stream_request(&self.traffic, key),
+                hold: self.job.hold,
+                region: self.job.region,
+                alive: self.job.alive.clone(),
+                clock: self.job.clock.clone(),
+                tally: self.job.tally.clone(),
+                failovers: self.store.link().failovers(),
+                budget: self.job.budget,
+                cpu: self.job.cpu.clone(),
+            };
+            let sent = Instant::now();
+            job.run().await;
+            // Answered in no time with no CPU to fill (none modelled, a lease spent locally):
+            // the caller waits a tick, or it would send forever at one instant. With a CPU, its
+            // queue fills and makes the caller wait.
+            let cpu_fills = self.job.cpu.as_ref().is_some_and(|(_, c)| !c.is_zero());
+            if Instant::now() == sent && !cpu_fills {
+                tokio::time::sleep(self.tick).await;
+            }
+        }
+        self.busy.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 pub(super) struct Job {
     pub(super) node: Node,
     pub(super) request: Request,

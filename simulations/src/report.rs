@@ -26,6 +26,12 @@ pub struct Report {
     pub store_calls: u64,
     /// Store calls per decision.
     pub store_calls_per_decision: f64,
+    /// Store calls the nodes made, as their `tollgate_store_calls_total` counts them (calls
+    /// sent, whatever came of them; not those an open breaker refused): what a real node's
+    /// metrics are compared with. Calls that reached the store are `store_calls`.
+    pub node_store_calls: u64,
+    /// Store calls by operation (check, acquire, return, release, debit, demand, penalty).
+    pub store_calls_by_op: BTreeMap<String, u64>,
     /// Calls refused by a store that was down.
     pub store_refused: u64,
     /// Live keys the stores evicted to stay within their memory (`store_memory_mb`): each

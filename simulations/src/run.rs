@@ -420,10 +420,17 @@ async fn simulate(
         p999: pct(0.999),
         max: tally.latency.keys().next_back().copied().unwrap_or(0),
     };
+    let node_store_calls = world
+        .nodes
+        .iter()
+        .filter_map(|n| n.node.as_ref())
+        .map(|n| n.metrics().store_calls.get())
+        .sum();
     for node in world.nodes.iter().filter_map(|n| n.node.as_ref()) {
         node.crash();
     }
     Ok(Report {
+        node_store_calls,
         scenario: scenario.name.clone(),
         seed,
         seconds: per_second.len() as u64,
@@ -437,6 +444,7 @@ async fn simulate(
             store_calls as f64 / tally.decisions as f64
         },
         store_refused: refused,
+        store_calls_by_op: calls_by_op(&world),
         store_evictions: world.stores.iter().map(|s| s.memory().evictions()).sum(),
         latency_us,
         rules: tally.rules,
@@ -445,6 +453,27 @@ async fn simulate(
         invariants,
         findings,
     })
+}
+
+/// Store calls by operation, all regions together.
+fn calls_by_op(world: &World) -> BTreeMap<String, u64> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut out = BTreeMap::new();
+    for store in &world.stores {
+        let c = store.link().calls();
+        for (op, n) in [
+            ("check", &c.check),
+            ("acquire", &c.acquire),
+            ("return", &c.returns),
+            ("release", &c.release),
+            ("debit", &c.debit),
+            ("demand", &c.demand),
+            ("penalty", &c.penalty),
+        ] {
+            *out.entry(op.to_owned()).or_default() += n.load(Relaxed);
+        }
+    }
+    out
 }
 
 /// This second's figures per region, and the SPLIT check.

@@ -241,6 +241,17 @@ impl NodeCpu {
         }
     }
 
+    /// Waits until a core is free of the work queued now (at once when that is within the
+    /// millisecond), adding none.
+    pub async fn drain(&self) {
+        let queue = self.queue();
+        if queue >= TIMER_RESOLUTION {
+            tokio::time::sleep(queue).await;
+        } else {
+            tokio::task::yield_now().await;
+        }
+    }
+
     /// How long work arriving now would wait for a core.
     pub fn queue(&self) -> Duration {
         let now = tokio::time::Instant::now();
@@ -370,6 +381,19 @@ impl LinkedStore {
                 state: Mutex::new(SessionState::default()),
             })),
             ..self.clone()
+        }
+    }
+
+    /// What a task yielding to its node's runtime waits: on a node with a CPU, until the work
+    /// queued on it is done (a yield puts the task behind every runnable one); otherwise two
+    /// plain yields.
+    pub async fn yield_to_runtime(&self) {
+        match self.session.as_ref().and_then(|s| s.cpu.as_ref()) {
+            Some(cpu) => cpu.drain().await,
+            None => {
+                tokio::task::yield_now().await;
+                tokio::task::yield_now().await;
+            }
         }
     }
 

@@ -58,6 +58,20 @@ impl Store {
         }
     }
 
+    /// Lets the runtime run what is queued before the calling task, twice (a batched call's
+    /// answer takes two hops to its caller): how long it takes says how long the node's
+    /// runnable tasks queue. A linked store's node has a simulated CPU in place of a run queue
+    /// ([`LinkedStore::yield_to_runtime`]).
+    pub async fn yield_to_runtime(&self) {
+        match self {
+            Store::Linked(s) => s.yield_to_runtime().await,
+            Store::Memory(_) | Store::Redis(_) => {
+                tokio::task::yield_now().await;
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
     /// How the batching of store calls went so far (None when the store does not batch:
     /// batching off, or an in-memory store, which has no round trip to share).
     pub fn batch_counts(&self) -> Option<crate::BatchCounts> {

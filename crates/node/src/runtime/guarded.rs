@@ -283,8 +283,7 @@ impl GuardedStore {
             // batches still being handed out for a stalled store, and 3 of 5 runs decided
             // enough on last answers to admit past the exact bound; with two, 8 of 8 held.
             let woke = self.clock.now_micros();
-            tokio::task::yield_now().await;
-            tokio::task::yield_now().await;
+            self.store.yield_to_runtime().await;
             if let Some(result) = future.as_mut().now_or_never() {
                 return Waited::Answered(result);
             }

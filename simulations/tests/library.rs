@@ -173,6 +173,41 @@ fn a_key_flood_shortened() {
     );
 }
 
+/// Two fresh nodes under load from their first request: warmed up before they serve, the
+/// hot key is exact and no user of the CLOSED rule is denied. Served cold instead, the first
+/// calls (a 6 ms connection, past the 5 ms budget) are late and some requests go to the fail
+/// mode, and what they admitted is debited: still no overshoot, still no user denied.
+#[test]
+fn fresh_nodes_are_exact_from_their_first_request() {
+    let path = library().join("cold-start-two-nodes.yaml");
+    let text = std::fs::read_to_string(&path).expect("scenario");
+    for warm in ["true", "false"] {
+        let scenario = sweep::variant(&text, "cold-start-two-nodes", "runtime.warm_up", warm)
+            .expect("variant");
+        let report = run(&scenario, 1, &mut |_| {}).expect("runs");
+        assert!(report.passed(), "{}", report.table());
+        let (hot, users) = (&report.rules["hot"], &report.rules["users"]);
+        assert_eq!(hot.overshoot, 0, "warm_up {warm}: {}", report.table());
+        assert_eq!(
+            users.decided.denied,
+            0,
+            "warm_up {warm}: {}",
+            report.table()
+        );
+        assert_eq!(
+            users.decided.failed_closed,
+            0,
+            "warm_up {warm}: {}",
+            report.table()
+        );
+        if warm == "false" {
+            assert!(hot.decided.failed_open > 0, "{}", report.table());
+        } else {
+            assert_eq!(hot.decided.failed_open, 0, "{}", report.table());
+        }
+    }
+}
+
 /// A store too small for its keys evicts, and a hot fixed window evicted starts again from
 /// zero: the run shows the overshoot against the exact line, and the bound counts each
 /// eviction as a refill (without it the invariant would blame the node for the store's memory).

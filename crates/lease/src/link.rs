@@ -194,8 +194,11 @@ impl StoreLink {
 /// What a node's first calls cost on a fresh connection, beyond a call's latency.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Setup {
-    /// Connecting (TCP, the client's hello): every call waits for it, once per connection.
+    /// A fresh node's first connection (TCP, the client's hello, and the fresh process's own
+    /// first steps): every call waits for it.
     pub connect: Duration,
+    /// Connecting again after a failover dropped the connection (a warm process: much less).
+    pub reconnect: Duration,
     /// A script's first call: `EVALSHA` answered `NOSCRIPT`, then the source sent and
     /// compiled (one more round trip and the compile).
     pub script_load: Duration,
@@ -285,17 +288,30 @@ struct SessionState {
 }
 
 impl Session {
+    /// Connects if the session has no connection to the store as it is since `epoch`
+    /// failovers: the first time a fresh node's connect, after a failover a reconnect, and
+    /// no script loaded on it.
+    fn connect(&self, state: &mut SessionState, epoch: u64, now: tokio::time::Instant) {
+        if state.epoch == Some(epoch) {
+            return;
+        }
+        let cost = if state.epoch.is_none() {
+            self.setup.connect
+        } else {
+            self.setup.reconnect
+        };
+        state.epoch = Some(epoch);
+        state.ready_at = Some(now + cost);
+        state.scripts.clear();
+    }
+
     /// What a call of `script` issued now waits before it crosses the link: the connection
     /// set-up if there is none (or the store failed over since: a restart drops it and its
     /// scripts), and the script's load if this connection has not loaded it yet.
     fn delay(&self, script: &'static str, epoch: u64, drawn: Duration) -> Duration {
         let now = tokio::time::Instant::now();
         let mut state = self.state.lock();
-        if state.epoch != Some(epoch) {
-            state.epoch = Some(epoch);
-            state.ready_at = Some(now + self.setup.connect);
-            state.scripts.clear();
-        }
+        self.connect(&mut state, epoch, now);
         let ready = state.ready_at.unwrap_or(now).max(now);
         let mut wait = ready - now;
         match state.scripts.get(script) {
@@ -318,11 +334,7 @@ impl Session {
     fn warm(&self, epoch: u64, scripts: &[&'static str]) -> Duration {
         let now = tokio::time::Instant::now();
         let mut state = self.state.lock();
-        if state.epoch != Some(epoch) {
-            state.epoch = Some(epoch);
-            state.ready_at = Some(now + self.setup.connect);
-            state.scripts.clear();
-        }
+        self.connect(&mut state, epoch, now);
         let ready = state.ready_at.unwrap_or(now).max(now);
         let done = ready + self.setup.script_load * scripts.len() as u32;
         for script in scripts {

@@ -128,6 +128,7 @@ impl World {
             .map(|c| Arc::new(NodeCpu::new(c.cores, c.per_store_answer)));
         let setup = Setup {
             connect: region.store_setup.connect,
+            reconnect: region.store_setup.reconnect,
             script_load: region.store_setup.script_load,
         };
         let store = Store::Linked(self.stores[n.region].for_node(setup, cpu.clone()));

@@ -47,6 +47,9 @@ pub const HOT_CALLERS: usize = 32;
 pub const USER_CALLERS: usize = 8;
 const USERS: u64 = 200;
 
+/// Fail-mode counts this close agree whatever their ratio.
+const FEW: u64 = 10;
+
 /// What is done to Redis during a case.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Fault {
@@ -174,36 +177,50 @@ impl Comparison {
 
     /// Where the two disagree beyond the tolerances (empty: they agree). The tolerances, and
     /// why:
-    /// - hot key admitted: within 10 % of the bound of each other, and neither above its bound
-    ///   by more than the store's refill of a restart (a limiter's admissions are set by its
-    ///   limit, not by the load: both ways must land on it);
-    /// - fail modes: both zero, or both non-zero within a factor of 3 (how many requests a
-    ///   stall catches depends on how many are out when it starts and how fast callers come
-    ///   back, which the simulator models to the millisecond, not to the microsecond);
+    /// - hot key admitted on the store's word (admitted less failed open): within 10 % of the
+    ///   bound of each other (a limiter's admissions are set by its limit, not by the load:
+    ///   both ways must land on it);
+    /// - fail modes: within a factor of 3 of each other, or within [`FEW`] (how many requests
+    ///   an outage catches depends on how many are out when it starts and how fast callers
+    ///   come back, which the simulator models to the millisecond; a restart's 20 ms catches a
+    ///   handful, and a handful is noise);
     /// - store calls per decision: within a factor of 2, and within 0.01 of each other when
-    ///   both are below 0.01 (a hot key's calls are lease refills: one per lease of up to 50).
+    ///   both are below 0.01 (a hot key's calls are lease refills: one per lease of up to 50);
+    ///   not through a stall, where they hang on when the breaker opens (CLOSED callers fail
+    ///   only at the patience, 250 ms, and a few calls then decide whether the failure ratio
+    ///   crosses): that swung 2x from run to run on both sides (real 0.08-0.17; simulated
+    ///   0.04-0.19 over calibrations 10 % apart), so the table shows it and nothing is judged.
     pub fn disagreements(&self) -> Vec<String> {
         let (r, s) = (&self.real, &self.sim);
         let mut out = vec![];
+        // What the store decided: admissions less those the fail mode made (judged below).
         let slack = (r.hot_bound.max(s.hot_bound) as f64 * 0.10).max(10.0);
-        if (r.hot_admitted as f64 - s.hot_admitted as f64).abs() > slack {
+        let (a, b) = (
+            r.hot_admitted.saturating_sub(r.failed_open),
+            s.hot_admitted.saturating_sub(s.failed_open),
+        );
+        if (a as f64 - b as f64).abs() > slack {
             out.push(format!(
-                "hot key admitted: real {} and simulated {} differ by more than {slack:.0}",
-                r.hot_admitted, s.hot_admitted
+                "hot key admitted by the store: real {a} and simulated {b} differ by more than \
+                 {slack:.0}"
             ));
         }
         for (what, a, b) in [
             ("failed open", r.failed_open, s.failed_open),
             ("failed closed", r.failed_closed, s.failed_closed),
         ] {
-            let agree = (a == 0 && b == 0)
-                || (a > 0 && b > 0 && (a as f64 / b as f64).max(b as f64 / a as f64) <= 3.0);
+            let ratio = (a.max(1) as f64 / b.max(1) as f64).max(b.max(1) as f64 / a.max(1) as f64);
+            let agree = a.abs_diff(b) <= FEW || ratio <= 3.0;
             if !agree {
                 out.push(format!("{what}: real {a}, simulated {b}"));
             }
         }
         let (a, b) = (r.calls_per_decision, s.calls_per_decision);
-        let agree = if a < 0.01 && b < 0.01 {
+        // Not compared through a stall: see the docs above.
+        let stalled = matches!(self.case.fault, Fault::Stall { .. });
+        let agree = if stalled {
+            true
+        } else if a < 0.01 && b < 0.01 {
             (a - b).abs() <= 0.01
         } else {
             a > 0.0 && b > 0.0 && (a / b).max(b / a) <= 2.0

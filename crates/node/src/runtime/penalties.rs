@@ -111,6 +111,10 @@ impl Penalties {
         let mut blocks = self.blocks.lock();
         blocks.remove(key);
         self.held.store(blocks.len(), Ordering::Relaxed);
+        drop(blocks);
+        // Denials handed out before the lift, not yet counted: flushed after it, they would
+        // count towards a block that was just lifted (and start it again).
+        self.pending.lock().remove(key);
     }
 
     /// Counts one denial of `key`'s identity by `rule` (which has a penalty), and starts a

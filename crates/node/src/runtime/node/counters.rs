@@ -172,6 +172,9 @@ impl Node {
         let store = self.inner.shared.store.inner();
         let mut out = vec![];
         for (charge, key) in self.buckets_named(request, rule, |r| r.penalty.is_some())? {
+            // Forgotten here first, so that denials this node has not counted yet are not
+            // flushed into the store after the lift.
+            self.forget_block(&charge.rule.key, &charge.identity);
             let existed = store.lift_block(&key).await?;
             self.forget_block(&charge.rule.key, &charge.identity);
             out.push(Reset::of(charge, existed));

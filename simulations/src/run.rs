@@ -457,20 +457,10 @@ async fn simulate(
 
 /// Store calls by operation, all regions together.
 fn calls_by_op(world: &World) -> BTreeMap<String, u64> {
-    use std::sync::atomic::Ordering::Relaxed;
     let mut out = BTreeMap::new();
     for store in &world.stores {
-        let c = store.link().calls();
-        for (op, n) in [
-            ("check", &c.check),
-            ("acquire", &c.acquire),
-            ("return", &c.returns),
-            ("release", &c.release),
-            ("debit", &c.debit),
-            ("demand", &c.demand),
-            ("penalty", &c.penalty),
-        ] {
-            *out.entry(op.to_owned()).or_default() += n.load(Relaxed);
+        for (op, n) in store.link().calls().by_op() {
+            *out.entry(op.to_owned()).or_default() += n;
         }
     }
     out

@@ -110,20 +110,23 @@ pub struct LinkCalls {
 }
 
 impl LinkCalls {
+    /// Calls that reached the store, by operation.
+    pub fn by_op(&self) -> [(&'static str, u64); 7] {
+        [
+            ("check", &self.check),
+            ("acquire", &self.acquire),
+            ("return", &self.returns),
+            ("release", &self.release),
+            ("debit", &self.debit),
+            ("demand", &self.demand),
+            ("penalty", &self.penalty),
+        ]
+        .map(|(op, n)| (op, n.load(Ordering::Relaxed)))
+    }
+
     /// All calls that reached the store.
     pub fn total(&self) -> u64 {
-        [
-            &self.check,
-            &self.acquire,
-            &self.returns,
-            &self.release,
-            &self.debit,
-            &self.demand,
-            &self.penalty,
-        ]
-        .iter()
-        .map(|c| c.load(Ordering::Relaxed))
-        .sum()
+        self.by_op().iter().map(|(_, n)| n).sum()
     }
 }
 

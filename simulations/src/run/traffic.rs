@@ -46,19 +46,24 @@ impl Stream {
     }
 
     pub(super) fn key(&mut self, rng: &mut StdRng) -> u64 {
-        match &self.traffic.keys {
-            Keys::Hot => 0,
-            Keys::Uniform { n } => rng.random_range(0..*n),
-            Keys::Zipf { .. } => self.zipf.as_ref().map_or(0, |z| z.sample(rng) as u64 - 1),
-            Keys::New => {
-                self.next_new += 1;
-                self.next_new
-            }
-        }
+        draw_key(&self.traffic.keys, self.zipf.as_ref(), rng).unwrap_or_else(|| {
+            self.next_new += 1;
+            self.next_new
+        })
     }
 
     pub(super) fn request(&self, key: u64) -> Request {
         stream_request(&self.traffic, key)
+    }
+}
+
+/// A key drawn from `keys` (None for `new`: the caller numbers new keys itself).
+fn draw_key(keys: &Keys, zipf: Option<&Zipf<f64>>, rng: &mut StdRng) -> Option<u64> {
+    match keys {
+        Keys::Hot => Some(0),
+        Keys::Uniform { n } => Some(rng.random_range(0..*n)),
+        Keys::Zipf { .. } => Some(zipf.map_or(0, |z| z.sample(rng) as u64 - 1)),
+        Keys::New => None,
     }
 }
 
@@ -82,7 +87,7 @@ pub(super) struct Caller {
     pub(super) stop: Instant,
     pub(super) tick: Duration,
     pub(super) busy: Arc<std::sync::atomic::AtomicUsize>,
-    /// The request's node and books (its request and failovers are set per request).
+    /// Its node and books: each request is this job with its own request and failovers.
     pub(super) job: Job,
     pub(super) store: tollgate_lease::LinkedStore,
 }
@@ -90,30 +95,16 @@ pub(super) struct Caller {
 impl Caller {
     pub(super) async fn run(mut self) {
         while Instant::now() < self.stop && self.job.node_alive() {
-            let key = match &self.traffic.keys {
-                Keys::Hot => 0,
-                Keys::Uniform { n } => self.rng.random_range(0..*n),
-                Keys::Zipf { .. } => self
-                    .zipf
-                    .as_ref()
-                    .map_or(0, |z| z.sample(&mut self.rng) as u64 - 1),
-                Keys::New => {
+            let key = draw_key(&self.traffic.keys, self.zipf.as_ref(), &mut self.rng)
+                .unwrap_or_else(|| {
                     self.new_keys
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
                         + 1
-                }
-            };
+                });
             let job = Job {
-                node: self.job.node.clone(),
                 request: stream_request(&self.traffic, key),
-                hold: self.job.hold,
-                region: self.job.region,
-                alive: self.job.alive.clone(),
-                clock: self.job.clock.clone(),
-                tally: self.job.tally.clone(),
                 failovers: self.store.link().failovers(),
-                budget: self.job.budget,
-                cpu: self.job.cpu.clone(),
+                ..self.job.clone()
             };
             let sent = Instant::now();
             job.run().await;
@@ -129,6 +120,7 @@ impl Caller {
     }
 }
 
+#[derive(Clone)]
 pub(super) struct Job {
     pub(super) node: Node,
     pub(super) request: Request,

@@ -13,20 +13,20 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tollgate_proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use tollgate_proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use tollgate_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tollgate_testkit::RedisServer;
-use tollgate_testkit::process::free_port;
+
+#[path = "../support/node_process.rs"]
+mod node_process;
+use node_process::{NodeProcess, metric, request, started};
 
 /// The rules both nodes run.
 pub const RULES: &str = "domain: api\nrules:\n\
@@ -92,120 +92,11 @@ impl Report {
     }
 }
 
-/// One `tollgate` process; killed when dropped.
-struct NodeProcess {
-    child: Child,
-    grpc: u16,
-    http: u16,
-    log: PathBuf,
-}
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl NodeProcess {
-    /// Starts `binary` on `redis` with the rules in `dir`; does not wait for it.
-    fn spawn(binary: &Path, redis: &str, dir: &Path, name: &str) -> NodeProcess {
-        let rules = dir.join("rules.yaml");
-        std::fs::write(&rules, RULES).expect("rules file");
-        let (grpc, http) = (
-            free_port(false).expect("port"),
-            free_port(false).expect("port"),
-        );
-        let log = dir.join(format!("{name}.log"));
-        let child = Command::new(binary)
-            .arg("--rules")
-            .arg(&rules)
-            .args(["--redis-url", redis])
-            .args(["--grpc-listen", &format!("127.0.0.1:{grpc}")])
-            .args(["--http-listen", &format!("127.0.0.1:{http}")])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("tollgate starts");
-        NodeProcess {
-            child,
-            grpc,
-            http,
-            log,
-        }
-    }
-
-    /// Waits until the gRPC port accepts (no pause between tries: load starts the moment it
-    /// does). None if the process exited first (a port taken by another process).
-    async fn accepting(&mut self) -> Option<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.grpc))
-                .await
-                .is_ok()
-            {
-                return Some(());
-            }
-            if self.child.try_wait().ok().flatten().is_some() {
-                return None;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the node never listened: {}",
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
-
-    fn metrics(&self) -> String {
-        tollgate_testkit::http::get(self.http, "/metrics", &[])
-            .map(|r| r.body)
-            .unwrap_or_default()
-    }
-}
-
-/// The sum of every sample of `name` whose labels contain `labels`.
-fn metric(text: &str, name: &str, labels: &str) -> u64 {
-    tollgate_testkit::http::metric_sum(text, name, labels) as u64
-}
-
-fn request(kind: &str, key: &str, value: &str) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "api".into(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![
-                Entry {
-                    key: "kind".into(),
-                    value: kind.into(),
-                },
-                Entry {
-                    key: key.into(),
-                    value: value.into(),
-                },
-            ],
-            ..Default::default()
-        }],
-        hits_addend: 0,
-    }
-}
-
 #[derive(Default)]
 struct Tally {
     admitted: AtomicU64,
     closed: AtomicU64,
     closed_denied: AtomicU64,
-}
-
-/// Starts a node that listens (another port when the first was taken meanwhile).
-async fn started(binary: &Path, redis: &str, dir: &Path, name: &str) -> NodeProcess {
-    for _ in 0..5 {
-        let mut node = NodeProcess::spawn(binary, redis, dir, name);
-        if node.accepting().await.is_some() {
-            return node;
-        }
-    }
-    panic!("the node did not start: its ports were taken five times");
 }
 
 /// Drives one node from the moment it accepts until `end`.
@@ -264,12 +155,12 @@ pub async fn run(binary: &Path, duration: Duration, run: usize) -> Report {
     let tally = Arc::new(Tally::default());
     let (a, b) = tokio::join!(
         async {
-            let node = started(binary, &redis.url(), dir.path(), "a").await;
+            let node = started(binary, &redis.url(), dir.path(), "a", RULES).await;
             load(&node, tally.clone(), end, run).await;
             node
         },
         async {
-            let node = started(binary, &redis.url(), dir.path(), "b").await;
+            let node = started(binary, &redis.url(), dir.path(), "b", RULES).await;
             load(&node, tally.clone(), end, run).await;
             node
         },

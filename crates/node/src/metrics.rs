@@ -60,7 +60,7 @@ pub struct Metrics {
     decisions: Family<DecisionLabels, Counter>,
     /// Store call latency, seconds, by operation: looked up once, indexed by [`StoreOp`]
     /// (no label hashing per call).
-    store_latency: [Histogram; 6],
+    store_latency: [Histogram; StoreOp::ALL.len()],
     store_failures: Family<FailureLabels, Counter>,
     /// Store calls made (whatever their outcome; not those the open breaker refused).
     pub store_calls: Counter,
@@ -229,14 +229,7 @@ impl Metrics {
             store_failures.clone(),
         );
         // Every failure series exists from the start, at zero (alerts and rates need them).
-        for op in [
-            StoreOp::Check,
-            StoreOp::LeaseAcquire,
-            StoreOp::LeaseReturn,
-            StoreOp::SlotRelease,
-            StoreOp::SlotRenew,
-            StoreOp::Debit,
-        ] {
+        for op in StoreOp::ALL {
             for failure in [
                 StoreFailure::Timeout,
                 StoreFailure::Unavailable,
@@ -248,14 +241,7 @@ impl Metrics {
             }
         }
         let by_op = |op| store_latency.get_or_create(&OpLabels { op }).clone();
-        let store_latency = [
-            by_op(StoreOp::Check),
-            by_op(StoreOp::LeaseAcquire),
-            by_op(StoreOp::LeaseReturn),
-            by_op(StoreOp::SlotRelease),
-            by_op(StoreOp::SlotRenew),
-            by_op(StoreOp::Debit),
-        ];
+        let store_latency = StoreOp::ALL.map(by_op);
         let results = Family::<ApiResultLabels, Counter>::default();
         registry.register(
             "requests",
@@ -593,15 +579,7 @@ impl Metrics {
     }
 
     pub fn observe_store(&self, op: StoreOp, seconds: f64) {
-        let index = match op {
-            StoreOp::Check => 0,
-            StoreOp::LeaseAcquire => 1,
-            StoreOp::LeaseReturn => 2,
-            StoreOp::SlotRelease => 3,
-            StoreOp::Debit => 4,
-            StoreOp::SlotRenew => 5,
-        };
-        self.store_latency[index].observe(seconds);
+        self.store_latency[op.index()].observe(seconds);
     }
 
     /// Counts a failed store call.
@@ -624,16 +602,27 @@ impl Metrics {
 
     /// Store calls that failed with `failure`, all operations together.
     pub fn failures(&self, failure: StoreFailure) -> u64 {
+        StoreOp::ALL
+            .into_iter()
+            .map(|op| {
+                self.store_failures
+                    .get(&FailureLabels { op, failure })
+                    .map_or(0, |c| c.get())
+            })
+            .sum()
+    }
+
+    /// Store calls of `op` that failed, whatever the cause.
+    pub fn store_failures_of(&self, op: StoreOp) -> u64 {
         [
-            StoreOp::Check,
-            StoreOp::LeaseAcquire,
-            StoreOp::LeaseReturn,
-            StoreOp::SlotRelease,
-            StoreOp::SlotRenew,
-            StoreOp::Debit,
+            StoreFailure::Timeout,
+            StoreFailure::Unavailable,
+            StoreFailure::BreakerOpen,
+            StoreFailure::Full,
+            StoreFailure::Other,
         ]
         .into_iter()
-        .map(|op| {
+        .map(|failure| {
             self.store_failures
                 .get(&FailureLabels { op, failure })
                 .map_or(0, |c| c.get())

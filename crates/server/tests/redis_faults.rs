@@ -183,3 +183,61 @@ async fn redis_paused_mid_run() {
     assert!(back < Duration::from_secs(5), "took {back:?} to recover");
     node.shutdown().await;
 }
+
+/// Sends a CLOSED request every 10 ms for `span` (a gateway's traffic keeps coming while the
+/// store is away; each may be the breaker's probe).
+async fn traffic_for(node: &Node, round: &str, span: Duration) {
+    let start = tokio::time::Instant::now();
+    let mut i = 0;
+    while start.elapsed() < span {
+        i += 1;
+        check(node, &request("closed", &format!("{round}-{i}"))).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A stall long enough for the breaker's cooldown to reach its longest (1 s): once Redis
+/// answers again, decisions are the store's within a few milliseconds, not a cooldown later.
+/// The breaker keeps one probe out while the store does not answer (a probe that ran out of
+/// time, or whose caller stopped waiting, is followed by another at once), and the store
+/// answers it the moment it runs again. Before, a probe whose caller stopped waiting left the
+/// breaker half-open for its longest cooldown, and a timed-out probe doubled it: decisions
+/// came back up to a second after Redis did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_decides_again_as_soon_as_it_answers() {
+    let mut server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let node = node(&server).await;
+    store_backed_from_the_start(&node).await;
+    let mut backs = vec![];
+    for round in 0..3 {
+        server.pause().expect("SIGSTOP");
+        fail_modes_hold(&node, &format!("paused-{round}")).await;
+        traffic_for(
+            &node,
+            &format!("stalled-{round}"),
+            Duration::from_millis(2500),
+        )
+        .await;
+        server.resume().expect("SIGCONT");
+        backs.push(recovery(&node, &format!("resumed-{round}")).await);
+    }
+    eprintln!("store-backed again after SIGCONT: {backs:?}");
+    let probes = node
+        .metrics()
+        .store_failures_of(tollgate_node::metrics::StoreOp::Probe);
+    assert!(
+        probes > 0,
+        "the breaker probed on its own while Redis was paused"
+    );
+    for back in backs {
+        assert!(
+            back <= Duration::from_millis(100),
+            "decisions came back to the store {back:?} after Redis answered again: {:?}",
+            node.breaker_state()
+        );
+    }
+    node.shutdown().await;
+}

@@ -87,6 +87,8 @@ pub enum StoreOp {
     SlotRenew,
     /// `debit` (what was admitted while the store was late).
     Debit,
+    /// `probe`: the breaker's own call that asks whether a stalled store answers again.
+    Probe,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,6 +104,30 @@ impl EncodeLabelValue for StoreOp {
 }
 
 impl StoreOp {
+    /// Every operation, in the order of [`StoreOp::index`].
+    pub const ALL: [StoreOp; 7] = [
+        StoreOp::Check,
+        StoreOp::LeaseAcquire,
+        StoreOp::LeaseReturn,
+        StoreOp::SlotRelease,
+        StoreOp::SlotRenew,
+        StoreOp::Debit,
+        StoreOp::Probe,
+    ];
+
+    /// Its place in [`StoreOp::ALL`].
+    pub fn index(self) -> usize {
+        match self {
+            StoreOp::Check => 0,
+            StoreOp::LeaseAcquire => 1,
+            StoreOp::LeaseReturn => 2,
+            StoreOp::SlotRelease => 3,
+            StoreOp::SlotRenew => 4,
+            StoreOp::Debit => 5,
+            StoreOp::Probe => 6,
+        }
+    }
+
     /// Its name in labels and spans.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -111,6 +137,7 @@ impl StoreOp {
             StoreOp::SlotRelease => "slot_release",
             StoreOp::SlotRenew => "slot_renew",
             StoreOp::Debit => "debit",
+            StoreOp::Probe => "probe",
         }
     }
 }

@@ -5,8 +5,11 @@
 //! least `failure_ratio` of them failed: a few timeouts on a loaded node are not an outage, and
 //! a store that fails most calls is one. Open: calls fail at once, so nodes stop waiting on a
 //! store that cannot answer. After a cooldown (jittered, so nodes do not all probe at once) one
-//! probe goes through: success closes the breaker, failure opens it again with a doubled
-//! cooldown, up to a maximum.
+//! probe goes through: success closes the breaker, a refusal opens it again with a doubled
+//! cooldown, up to a maximum. A probe the store took and did not answer (it ran out of time,
+//! or its caller stopped waiting) keeps the breaker half-open while the guard keeps one probe
+//! of its own out (`runtime/guarded.rs`): a stalled store is asked again the moment the last
+//! question times out, so that the breaker closes as soon as it answers, not a cooldown later.
 
 use std::time::Duration;
 
@@ -129,6 +132,19 @@ impl Breaker {
             }
             BreakerState::HalfOpen { .. } | BreakerState::Open { .. } => false,
         }
+    }
+
+    /// Whether a probe is out (or was, and never reported).
+    pub fn half_open(&self) -> bool {
+        matches!(self.state, BreakerState::HalfOpen { .. })
+    }
+
+    /// Keeps the breaker half-open from `now` for the longest cooldown: a probe is out, and
+    /// no other call goes meanwhile.
+    pub fn hold_half_open(&mut self, now: Micros) {
+        self.state = BreakerState::HalfOpen {
+            until: now + self.config.max_cooldown.as_micros() as u64,
+        };
     }
 
     /// A call succeeded (the store answered).

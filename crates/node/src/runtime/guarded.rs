@@ -41,6 +41,8 @@ struct Shard {
     in_flight: Arc<AtomicU64>,
     /// When it last answered a call (node clock, µs; 0: never).
     last_answer: Micros,
+    /// A [`Prober`] is out.
+    probing: bool,
 }
 
 /// The store behind per-shard circuit breakers, with metrics.
@@ -50,6 +52,12 @@ pub struct GuardedStore {
     store: Store,
     budget: Duration,
     patience: Duration,
+    breakers: Arc<Breakers>,
+}
+
+/// Every shard's breaker and pulse (shared with the probes that run on their own).
+#[derive(Debug)]
+struct Breakers {
     shards: DashMap<u16, Shard>,
     config: BreakerConfig,
     clock: SharedClock,
@@ -72,12 +80,102 @@ pub(crate) struct Call {
     ahead: u64,
     /// Its shard's calls out, which it leaves when dropped.
     in_flight: Arc<AtomicU64>,
+    /// When the call is its shard's probe: what asks again if it does not report.
+    probe: Option<Box<Prober>>,
     span: tracing::Span,
 }
 
 impl Drop for Call {
     fn drop(&mut self) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        // A probe dropped unanswered (its caller stopped waiting) said nothing of the store:
+        // another is sent in its place, or the breaker would wait its longest cooldown.
+        if let Some(prober) = self.probe.take() {
+            prober.start();
+        }
+    }
+}
+
+/// What keeps one probe out to a shard whose probe ran out of time or was dropped
+/// unanswered, until the store answers one (the breaker closes) or refuses it (the breaker
+/// opens again, for a doubled cooldown). Meanwhile the breaker stays half-open.
+#[derive(Debug)]
+struct Prober {
+    breakers: Arc<Breakers>,
+    store: Store,
+    key: BucketKey,
+    shard: u16,
+}
+
+impl Prober {
+    /// Starts probing on a task of its own, unless a probe of the shard's is out already.
+    fn start(self: Box<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        {
+            let mut s = self.breakers.shard(self.shard);
+            if s.probing || !s.breaker.half_open() {
+                return;
+            }
+            s.probing = true;
+        }
+        runtime.spawn(self.probe());
+    }
+
+    async fn probe(self: Box<Self>) {
+        let breakers = &self.breakers;
+        loop {
+            let started = breakers.clock.now_micros();
+            {
+                let mut s = breakers.shard(self.shard);
+                if !s.breaker.half_open() {
+                    s.probing = false;
+                    return;
+                }
+                s.breaker.hold_half_open(started);
+            }
+            breakers.metrics.store_calls.inc();
+            // A read of the key whose call was the probe: on its shard, and cheap.
+            let result = self.store.held_leases(&self.key).await;
+            let now = breakers.clock.now_micros();
+            breakers
+                .metrics
+                .observe_store(StoreOp::Probe, now.saturating_sub(started) as f64 / 1e6);
+            let mut s = breakers.shard(self.shard);
+            if !s.breaker.half_open() {
+                // Another call's answer decided meanwhile.
+                s.probing = false;
+                return;
+            }
+            match result {
+                Err(StoreError::Timeout { .. }) => {
+                    drop(s);
+                    breakers
+                        .metrics
+                        .count_failure(StoreOp::Probe, StoreFailure::Timeout);
+                }
+                Err(e) if e.is_transient() && !matches!(e, StoreError::Full(_)) => {
+                    s.breaker.on_failure(now, breakers.jitter.lock().random());
+                    s.probing = false;
+                    drop(s);
+                    breakers
+                        .metrics
+                        .count_failure(StoreOp::Probe, StoreFailure::Unavailable);
+                    breakers.publish_state();
+                    return;
+                }
+                _ => {
+                    s.last_answer = s.last_answer.max(now);
+                    s.breaker.on_success(now);
+                    s.probing = false;
+                    drop(s);
+                    tracing::info!(shard = self.shard, "store circuit breaker closed");
+                    breakers.publish_state();
+                    return;
+                }
+            }
+        }
     }
 }
 
@@ -108,13 +206,15 @@ impl GuardedStore {
             store: store.with_budget(patience),
             budget,
             patience,
-            shards: DashMap::new(),
-            config: breaker,
-            clock,
-            metrics,
-            jitter: parking_lot::Mutex::new(match seed {
-                Some(seed) => StdRng::seed_from_u64(seed),
-                None => StdRng::from_os_rng(),
+            breakers: Arc::new(Breakers {
+                shards: DashMap::new(),
+                config: breaker,
+                clock,
+                metrics,
+                jitter: parking_lot::Mutex::new(match seed {
+                    Some(seed) => StdRng::seed_from_u64(seed),
+                    None => StdRng::from_os_rng(),
+                }),
             }),
         }
     }
@@ -136,7 +236,8 @@ impl GuardedStore {
 
     /// Where the breaker of `key`'s shard stands.
     pub fn breaker_state_of(&self, key: &BucketKey) -> BreakerState {
-        self.shards
+        self.breakers
+            .shards
             .get(&self.store.shard_of(key))
             .map_or(BreakerState::Closed, |s| s.breaker.state())
     }
@@ -144,6 +245,7 @@ impl GuardedStore {
     /// Every shard's breaker that has seen a call, by shard.
     pub fn breaker_states(&self) -> Vec<(u16, BreakerState)> {
         let mut states: Vec<_> = self
+            .breakers
             .shards
             .iter()
             .map(|s| (*s.key(), s.breaker.state()))
@@ -154,48 +256,43 @@ impl GuardedStore {
 
     /// The worst breaker state over every shard (open, else half-open, else closed).
     pub fn breaker_state(&self) -> BreakerState {
-        self.shards
+        self.breakers
+            .shards
             .iter()
             .map(|s| s.breaker.state())
             .max_by_key(|s| s.code())
             .unwrap_or(BreakerState::Closed)
     }
 
-    fn publish_state(&self) {
-        let (worst, open) = self.shards.iter().fold((0, 0), |(worst, open), s| {
-            let code = s.breaker.state().code();
-            (worst.max(code), open + i64::from(code > 0))
-        });
-        self.metrics.breaker_state.set(worst);
-        self.metrics.breakers_open.set(open);
-    }
-
-    fn shard(&self, shard: u16) -> dashmap::mapref::one::RefMut<'_, u16, Shard> {
-        self.shards.entry(shard).or_insert_with(|| Shard {
-            breaker: Breaker::new(self.config.clone()),
-            in_flight: Arc::new(AtomicU64::new(0)),
-            last_answer: 0,
-        })
-    }
-
     /// Starts a call to `key`'s shard, if its breaker lets it through.
     pub(crate) fn begin(&self, op: StoreOp, key: &BucketKey) -> Result<Call, StoreError> {
         let shard = self.store.shard_of(key);
-        let now = self.clock.now_micros();
+        let now = self.breakers.clock.now_micros();
         let (allowed, changed, in_flight) = {
-            let mut s = self.shard(shard);
+            let mut s = self.breakers.shard(shard);
             let before = s.breaker.state();
             let allowed = s.breaker.allow(now);
             (allowed, before != s.breaker.state(), s.in_flight.clone())
         };
+        // A call let through a breaker that was not closed is its probe.
+        let probe = (allowed && changed).then(|| {
+            Box::new(Prober {
+                breakers: self.breakers.clone(),
+                store: self.store.clone(),
+                key: key.clone(),
+                shard,
+            })
+        });
         if changed {
-            self.publish_state();
+            self.breakers.publish_state();
         }
         if !allowed {
-            self.metrics.count_failure(op, StoreFailure::BreakerOpen);
+            self.breakers
+                .metrics
+                .count_failure(op, StoreFailure::BreakerOpen);
             return Err(StoreError::Unavailable("circuit breaker open".into()));
         }
-        self.metrics.store_calls.inc();
+        self.breakers.metrics.store_calls.inc();
         let ahead = in_flight.fetch_add(1, Ordering::AcqRel);
         Ok(Call {
             op,
@@ -205,6 +302,7 @@ impl GuardedStore {
             stalled: false,
             ahead,
             in_flight,
+            probe,
             span: crate::telemetry::child_of_current(|| {
                 tracing::debug_span!("store", op = op.as_str(), shard)
             }),
@@ -212,10 +310,13 @@ impl GuardedStore {
     }
 
     fn pulse(&self, shard: u16) -> Pulse {
-        self.shards.get(&shard).map_or(Pulse::default(), |s| Pulse {
-            last_answer: s.last_answer,
-            breaker_open: matches!(s.breaker.state(), BreakerState::Open { .. }),
-        })
+        self.breakers
+            .shards
+            .get(&shard)
+            .map_or(Pulse::default(), |s| Pulse {
+                last_answer: s.last_answer,
+                breaker_open: matches!(s.breaker.state(), BreakerState::Open { .. }),
+            })
     }
 
     /// Counts a failure of `call` at its shard's breaker (once per call).
@@ -224,24 +325,34 @@ impl GuardedStore {
             return;
         }
         call.counted = true;
-        let now = self.clock.now_micros();
+        let now = self.breakers.clock.now_micros();
         let failure = match error {
             StoreError::Timeout { .. } => StoreFailure::Timeout,
             _ => StoreFailure::Unavailable,
         };
-        self.metrics.count_failure(call.op, failure);
+        self.breakers.metrics.count_failure(call.op, failure);
+        if let Some(prober) = call.probe.take() {
+            if failure == StoreFailure::Timeout {
+                // The store took the probe and did not answer: ask again at once (the breaker
+                // stays half-open), so that it closes as soon as the store answers.
+                prober.start();
+                return;
+            }
+        }
         let (opened, changed) = {
-            let mut s = self.shard(call.shard);
+            let mut s = self.breakers.shard(call.shard);
             let before = s.breaker.state();
-            let opened = s.breaker.on_failure(now, self.jitter.lock().random());
+            let opened = s
+                .breaker
+                .on_failure(now, self.breakers.jitter.lock().random());
             (opened, s.breaker.state() != before)
         };
         if opened {
-            self.metrics.breaker_opened.inc();
+            self.breakers.metrics.breaker_opened.inc();
             tracing::warn!(shard = call.shard, error = %error, "store circuit breaker opened");
         }
         if changed {
-            self.publish_state();
+            self.breakers.publish_state();
         }
     }
 
@@ -268,7 +379,7 @@ impl GuardedStore {
         let (mut stalled, mut down) = (false, false);
         let mut due = call.started + limits.budget;
         loop {
-            let wait = Duration::from_micros(due.saturating_sub(self.clock.now_micros()));
+            let wait = Duration::from_micros(due.saturating_sub(self.breakers.clock.now_micros()));
             let span = call.span.clone();
             tokio::select! {
                 biased;
@@ -282,12 +393,12 @@ impl GuardedStore {
             // this caller), hence two yields: with one, the cold-start test's fresh nodes took
             // batches still being handed out for a stalled store, and 3 of 5 runs decided
             // enough on last answers to admit past the exact bound; with two, 8 of 8 held.
-            let woke = self.clock.now_micros();
+            let woke = self.breakers.clock.now_micros();
             self.store.yield_to_runtime().await;
             if let Some(result) = future.as_mut().now_or_never() {
                 return Waited::Answered(result);
             }
-            let now = self.clock.now_micros();
+            let now = self.breakers.clock.now_micros();
             let times = CallTimes {
                 started: call.started,
                 due,
@@ -307,7 +418,7 @@ impl GuardedStore {
                 Judgement::Stalled if !stalled => {
                     stalled = true;
                     call.stalled = true;
-                    self.metrics.store_stalls.inc();
+                    self.breakers.metrics.store_stalls.inc();
                     let pulse = self.pulse(call.shard);
                     tracing::debug!(
                         op = call.op.as_str(),
@@ -340,7 +451,7 @@ impl GuardedStore {
 
     /// Records how `call` ended (when it answered late, after its caller stopped waiting, too).
     pub(crate) fn end<T>(&self, mut call: Call, result: &Result<T, StoreError>) {
-        let now = self.clock.now_micros();
+        let now = self.breakers.clock.now_micros();
         if call.stalled {
             tracing::debug!(
                 op = call.op.as_str(),
@@ -349,27 +460,33 @@ impl GuardedStore {
                 "a stalled call ended"
             );
         }
-        self.metrics
+        self.breakers
+            .metrics
             .observe_store(call.op, now.saturating_sub(call.started) as f64 / 1e6);
         match result {
             Err(e) if e.is_transient() && !matches!(e, StoreError::Full(_)) => {
                 self.count_failure(&mut call, e);
             }
             _ => {
+                call.probe = None;
                 // The store answered: it is up (a full store refused a new key; a rejected
                 // call was wrong, not the store).
                 match result {
                     Err(StoreError::Full(_)) => {
-                        self.metrics.count_failure(call.op, StoreFailure::Full);
+                        self.breakers
+                            .metrics
+                            .count_failure(call.op, StoreFailure::Full);
                     }
                     Err(e) => {
-                        self.metrics.count_failure(call.op, StoreFailure::Other);
+                        self.breakers
+                            .metrics
+                            .count_failure(call.op, StoreFailure::Other);
                         tracing::warn!(error = %e, "store rejected a call");
                     }
                     Ok(_) => {}
                 }
                 let changed = {
-                    let mut s = self.shard(call.shard);
+                    let mut s = self.breakers.shard(call.shard);
                     s.last_answer = s.last_answer.max(now);
                     let before = s.breaker.state();
                     if before != BreakerState::Closed {
@@ -379,7 +496,7 @@ impl GuardedStore {
                     s.breaker.state() != before
                 };
                 if changed {
-                    self.publish_state();
+                    self.breakers.publish_state();
                 }
             }
         }
@@ -436,7 +553,7 @@ impl GuardedStore {
         match waited {
             Waited::Answered(result) => {
                 if late && result.is_ok() {
-                    self.metrics.late_leases.inc();
+                    self.breakers.metrics.late_leases.inc();
                 }
                 self.end(call, &result);
                 result
@@ -499,9 +616,9 @@ impl GuardedStore {
             let attempt = self.store.warm_up(left.max(Duration::from_millis(1))).await;
             match attempt {
                 Ok(()) => {
-                    let now = self.clock.now_micros();
+                    let now = self.breakers.clock.now_micros();
                     for shard in self.store.shards() {
-                        let mut s = self.shard(shard);
+                        let mut s = self.breakers.shard(shard);
                         s.last_answer = s.last_answer.max(now);
                     }
                     return Ok(());
@@ -518,5 +635,25 @@ impl GuardedStore {
                 }
             }
         }
+    }
+}
+
+impl Breakers {
+    fn shard(&self, shard: u16) -> dashmap::mapref::one::RefMut<'_, u16, Shard> {
+        self.shards.entry(shard).or_insert_with(|| Shard {
+            breaker: Breaker::new(self.config.clone()),
+            in_flight: Arc::new(AtomicU64::new(0)),
+            last_answer: 0,
+            probing: false,
+        })
+    }
+
+    fn publish_state(&self) {
+        let (worst, open) = self.shards.iter().fold((0, 0), |(worst, open), s| {
+            let code = s.breaker.state().code();
+            (worst.max(code), open + i64::from(code > 0))
+        });
+        self.metrics.breaker_state.set(worst);
+        self.metrics.breakers_open.set(open);
     }
 }

@@ -18,7 +18,7 @@
 //!   bounded by the store's budget, at most 64 are out at once, and a failed one drops its
 //!   counts.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -49,6 +49,10 @@ pub struct Penalties {
     pending: Mutex<HashMap<BucketKey, Pending>>,
     /// Whether a flush is out.
     flushing: AtomicBool,
+    /// Buckets whose denials a flush has sent and the store has not answered for yet.
+    noting: Mutex<HashSet<BucketKey>>,
+    /// Told each time the store answers (or fails) a flush's call.
+    noted: tokio::sync::Notify,
 }
 
 #[derive(Debug)]
@@ -117,6 +121,21 @@ impl Penalties {
         self.pending.lock().remove(key);
     }
 
+    /// Waits until no denials of `key` this node has sent are on their way to the store: a
+    /// lift that lands after them is not undone by them (they count towards the block being
+    /// lifted, not a fresh one). Each call is bounded by the store's budget.
+    pub async fn settled(&self, key: &BucketKey) {
+        loop {
+            let notified = std::pin::pin!(self.noted.notified());
+            let mut notified = notified;
+            notified.as_mut().enable();
+            if !self.noting.lock().contains(key) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
     /// Counts one denial of `key`'s identity by `rule` (which has a penalty), and starts a
     /// flush to the store unless one is out.
     pub(crate) fn count(
@@ -162,6 +181,7 @@ async fn flush(shared: Arc<Shared>) {
             }
             continue;
         }
+        penalties.noting.lock().extend(batch.keys().cloned());
         futures::stream::iter(batch)
             .for_each_concurrent(FLUSH_CONCURRENCY, |(key, pending)| {
                 note(&shared, key, pending)
@@ -171,6 +191,13 @@ async fn flush(shared: Arc<Shared>) {
 }
 
 async fn note(shared: &Shared, key: BucketKey, pending: Pending) {
+    let noting = key.clone();
+    note_one(shared, key, pending).await;
+    shared.penalties.noting.lock().remove(&noting);
+    shared.penalties.noted.notify_waiters();
+}
+
+async fn note_one(shared: &Shared, key: BucketKey, pending: Pending) {
     let Some(penalty) = pending.rule.penalty else {
         return;
     };

@@ -251,10 +251,18 @@ pub async fn compare(binary: &Path, case: Case, run: usize) -> Comparison {
 struct Tally {
     decisions: AtomicU64,
     hot_admitted: AtomicU64,
+    /// Hot-key admissions per 250 ms from the start, shown with `FIDELITY_DEBUG`.
+    hot_by_quarter: [AtomicU64; 32],
 }
 
 /// Drives one node with the case's callers from the moment it accepts until `end`.
-async fn load(node: &NodeProcess, tally: Arc<Tally>, end: Instant, callers: (usize, usize)) {
+async fn load(
+    node: &NodeProcess,
+    tally: Arc<Tally>,
+    start: Instant,
+    end: Instant,
+    callers: (usize, usize),
+) {
     let channel =
         tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", node.grpc))
             .expect("endpoint")
@@ -262,6 +270,35 @@ async fn load(node: &NodeProcess, tally: Arc<Tally>, end: Instant, callers: (usi
             .await
             .expect("connect");
     let mut tasks = vec![];
+    if std::env::var_os("FIDELITY_DEBUG").is_some() {
+        // What the node says of itself every 250 ms: hot-key fail-open decisions so far, and
+        // its breaker's state (0 closed, 1 half-open, 2 open).
+        let http = node.http;
+        tasks.push(tokio::spawn(async move {
+            let mut seen = vec![];
+            let mut at = start;
+            while at < end {
+                at += Duration::from_millis(250);
+                tokio::time::sleep_until(at).await;
+                let text = tokio::task::spawn_blocking(move || {
+                    tollgate_testkit::http::get(http, "/metrics", &[])
+                        .map(|r| r.body)
+                        .unwrap_or_default()
+                })
+                .await
+                .expect("join");
+                seen.push((
+                    metric(
+                        &text,
+                        "tollgate_decisions_total",
+                        "rule=\"hot\",outcome=\"failed_open\"",
+                    ),
+                    metric(&text, "tollgate_breaker_state", ""),
+                ));
+            }
+            eprintln!("real node {http}: (failed open so far, breaker) per 250 ms {seen:?}");
+        }));
+    }
     for caller in 0..callers.0 + callers.1 {
         let hot = caller < callers.0;
         let (mut client, tally) = (RateLimitServiceClient::new(channel.clone()), tally.clone());
@@ -279,6 +316,10 @@ async fn load(node: &NodeProcess, tally: Arc<Tally>, end: Instant, callers: (usi
                 tally.decisions.fetch_add(1, Ordering::Relaxed);
                 if hot && r.into_inner().overall_code == Code::Ok as i32 {
                     tally.hot_admitted.fetch_add(1, Ordering::Relaxed);
+                    let quarter = (start.elapsed().as_millis() / 250) as usize;
+                    if let Some(q) = tally.hot_by_quarter.get(quarter) {
+                        q.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }));
@@ -340,17 +381,18 @@ async fn real(binary: &Path, case: Case, _run: usize) -> (Figures, Duration) {
     let (a, b) = tokio::join!(
         async {
             let node = started(binary, &url, dir.path(), "a", RULES).await;
-            load(&node, tally.clone(), end, callers).await;
+            load(&node, tally.clone(), start, end, callers).await;
             node
         },
         async {
             let node = started(binary, &url, dir.path(), "b", RULES).await;
-            load(&node, tally.clone(), end, callers).await;
+            load(&node, tally.clone(), start, end, callers).await;
             node
         },
     );
     let elapsed = start.elapsed();
     let down = fault.await.expect("fault");
+
     let text = a.metrics() + &b.metrics();
     if std::env::var_os("FIDELITY_DEBUG").is_some() {
         for line in text
@@ -359,6 +401,13 @@ async fn real(binary: &Path, case: Case, _run: usize) -> (Figures, Duration) {
         {
             eprintln!("real {line}");
         }
+        let quarters: Vec<u64> = tally
+            .hot_by_quarter
+            .iter()
+            .map(|q| q.load(Ordering::Relaxed))
+            .take(case.duration.as_millis().div_ceil(250) as usize)
+            .collect();
+        eprintln!("real hot admitted per 250 ms {quarters:?}");
     }
     let decisions = tally.decisions.load(Ordering::Relaxed);
     let calls = metric(&text, "tollgate_store_calls_total", "");
@@ -379,6 +428,10 @@ async fn real(binary: &Path, case: Case, _run: usize) -> (Figures, Duration) {
         ),
         calls_per_decision: calls as f64 / decisions.max(1) as f64,
     };
+    if std::env::var_os("FIDELITY_DEBUG").is_some() {
+        drop((a, b));
+        eprintln!("real nodes' logs kept in {}", dir.keep().display());
+    }
     (figures, down)
 }
 
@@ -436,6 +489,15 @@ fn simulated(case: Case, real: &Figures, down: Duration) -> Figures {
         .expect("the simulation started");
     if std::env::var_os("FIDELITY_DEBUG").is_some() {
         eprintln!("simulated calls by op {:?}", report.store_calls_by_op);
+        let seconds: Vec<(u64, u64)> = report
+            .per_second
+            .iter()
+            .map(|s| {
+                let hot = &s.rules["hot"].decided;
+                (hot.admitted, hot.failed_open)
+            })
+            .collect();
+        eprintln!("simulated hot (admitted, failed open) per second {seconds:?}");
     }
     let hot = &report.rules["hot"];
     let users = &report.rules["users"];

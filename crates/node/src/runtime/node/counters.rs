@@ -173,8 +173,10 @@ impl Node {
         let mut out = vec![];
         for (charge, key) in self.buckets_named(request, rule, |r| r.penalty.is_some())? {
             // Forgotten here first, so that denials this node has not counted yet are not
-            // flushed into the store after the lift.
+            // flushed into the store after the lift; and those already on their way land
+            // before it (both would count towards a fresh block and start it again).
             self.forget_block(&charge.rule.key, &charge.identity);
+            self.inner.shared.penalties.settled(&key).await;
             let existed = store.lift_block(&key).await?;
             self.forget_block(&charge.rule.key, &charge.identity);
             out.push(Reset::of(charge, existed));

@@ -170,7 +170,14 @@ impl Penalties {
 async fn flush(shared: Arc<Shared>) {
     let penalties = &shared.penalties;
     loop {
-        let batch = std::mem::take(&mut *penalties.pending.lock());
+        // Taken and marked on their way under one lock: a lift that finds them in neither
+        // (between the two) would not wait for them.
+        let batch = {
+            let mut pending = penalties.pending.lock();
+            let batch = std::mem::take(&mut *pending);
+            penalties.noting.lock().extend(batch.keys().cloned());
+            batch
+        };
         if batch.is_empty() {
             penalties.flushing.store(false, Ordering::Release);
             // A denial counted between the take and the store above found a flush out.
@@ -181,7 +188,6 @@ async fn flush(shared: Arc<Shared>) {
             }
             continue;
         }
-        penalties.noting.lock().extend(batch.keys().cloned());
         futures::stream::iter(batch)
             .for_each_concurrent(FLUSH_CONCURRENCY, |(key, pending)| {
                 note(&shared, key, pending)

@@ -105,6 +105,9 @@ struct Prober {
     store: Store,
     key: BucketKey,
     shard: u16,
+    /// The least time between two probes (a store that times out at once is not asked in a
+    /// busy loop): the patience, which is also how long one probe is waited for.
+    every: Duration,
 }
 
 impl Prober {
@@ -154,6 +157,10 @@ impl Prober {
                     breakers
                         .metrics
                         .count_failure(StoreOp::Probe, StoreFailure::Timeout);
+                    let next = started + self.every.as_micros() as u64;
+                    if now < next {
+                        tokio::time::sleep(Duration::from_micros(next - now)).await;
+                    }
                 }
                 Err(e) if e.is_transient() && !matches!(e, StoreError::Full(_)) => {
                     s.breaker.on_failure(now, breakers.jitter.lock().random());
@@ -281,6 +288,7 @@ impl GuardedStore {
                 store: self.store.clone(),
                 key: key.clone(),
                 shard,
+                every: self.patience,
             })
         });
         if changed {

@@ -551,10 +551,11 @@ fn simulated(case: Case, real: &Figures, down: Duration, seed: u64) -> Figures {
     let scenario = tollgate_simulations::Scenario::parse(&yaml, "fidelity.yaml")
         .unwrap_or_else(|e| panic!("{e}\n{yaml}"));
     // The simulator runs on its own paused runtime, on a thread of its own.
-    let report = std::thread::spawn(move || tollgate_simulations::run(&scenario, seed, &mut |_| {}))
-        .join()
-        .expect("the simulation ran")
-        .expect("the simulation started");
+    let report =
+        std::thread::spawn(move || tollgate_simulations::run(&scenario, seed, &mut |_| {}))
+            .join()
+            .expect("the simulation ran")
+            .expect("the simulation started");
     if std::env::var_os("FIDELITY_DEBUG").is_some() {
         eprintln!("simulated calls by op {:?}", report.store_calls_by_op);
         let seconds: Vec<(u64, u64)> = report

@@ -339,13 +339,14 @@ impl GuardedStore {
             _ => StoreFailure::Unavailable,
         };
         self.breakers.metrics.count_failure(call.op, failure);
-        if let Some(prober) = call.probe.take() {
-            if failure == StoreFailure::Timeout {
-                // The store took the probe and did not answer: ask again at once (the breaker
-                // stays half-open), so that it closes as soon as the store answers.
-                prober.start();
-                return;
-            }
+        // A probe that failed is taken either way: refused, it reopens the breaker below.
+        if let Some(prober) = call.probe.take()
+            && failure == StoreFailure::Timeout
+        {
+            // The store took the probe and did not answer: ask again at once (the breaker
+            // stays half-open), so that it closes as soon as the store answers.
+            prober.start();
+            return;
         }
         let (opened, changed) = {
             let mut s = self.breakers.shard(call.shard);

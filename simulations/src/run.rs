@@ -187,10 +187,14 @@ async fn simulate(
 
     let tally = Arc::new(Mutex::new(Tally::default()));
     let budget = decision_budget(scenario);
-    let per_decision = scenario
-        .runtime
-        .cpu
-        .map_or(Duration::ZERO, |c| c.per_decision);
+    let books = Books {
+        tally: tally.clone(),
+        budget,
+        per_decision: scenario
+            .runtime
+            .cpu
+            .map_or(Duration::ZERO, |c| c.per_decision),
+    };
     let start = Instant::now();
     let tick = scenario.tick;
     let ticks = (scenario.duration.as_micros() / tick.as_micros()) as u64;
@@ -234,21 +238,8 @@ async fn simulate(
                 let target = live[rng.random_range(0..live.len())];
                 let key = stream.key(&mut rng);
                 let request = stream.request(key);
-                let sim = &world.nodes[target];
-                let Some(node) = sim.node.clone() else {
+                let Some(job) = job_on(&world, target, request, &stream.traffic, &books) else {
                     continue;
-                };
-                let job = Job {
-                    node,
-                    request,
-                    hold: stream.traffic.hold,
-                    region: sim.region,
-                    alive: sim.alive.clone(),
-                    clock: world.clock.clone(),
-                    tally: tally.clone(),
-                    failovers: world.stores[sim.region].link().failovers(),
-                    budget,
-                    cpu: sim.cpu.clone().map(|c| (c, per_decision)),
                 };
                 in_flight.spawn(job.run());
             }
@@ -269,8 +260,9 @@ async fn simulate(
                 continue;
             }
             for &i in &stream.nodes {
-                let sim = &world.nodes[i];
-                let Some(node) = sim.node.clone() else {
+                // Each request of a caller is this job with its own request and failovers.
+                let placeholder = tollgate_node::Request::new(String::new());
+                let Some(job) = job_on(&world, i, placeholder, &stream.traffic, &books) else {
                     continue;
                 };
                 let busy = loops[si][i].clone();
@@ -285,19 +277,8 @@ async fn simulate(
                         stop: start + until,
                         tick,
                         busy: busy.clone(),
-                        job: Job {
-                            node: node.clone(),
-                            request: tollgate_node::Request::new(String::new()),
-                            hold: stream.traffic.hold,
-                            region: sim.region,
-                            alive: sim.alive.clone(),
-                            clock: world.clock.clone(),
-                            tally: tally.clone(),
-                            failovers: 0,
-                            budget,
-                            cpu: sim.cpu.clone().map(|c| (c, per_decision)),
-                        },
-                        store: world.stores[sim.region].clone(),
+                        store: world.stores[job.region].clone(),
+                        job: job.clone(),
                     };
                     in_flight.spawn(caller.run());
                 }
@@ -452,6 +433,36 @@ async fn simulate(
         faults: windows,
         invariants,
         findings,
+    })
+}
+
+/// What every job of a run shares: the tally, the decision budget, a decision's CPU cost.
+struct Books {
+    tally: Arc<Mutex<Tally>>,
+    budget: Duration,
+    per_decision: Duration,
+}
+
+/// `request` of a stream with `traffic` on node `i`, if it is up.
+fn job_on(
+    world: &World,
+    i: usize,
+    request: tollgate_node::Request,
+    traffic: &crate::scenario::Traffic,
+    books: &Books,
+) -> Option<Job> {
+    let sim = &world.nodes[i];
+    Some(Job {
+        node: sim.node.clone()?,
+        request,
+        hold: traffic.hold,
+        region: sim.region,
+        alive: sim.alive.clone(),
+        clock: world.clock.clone(),
+        tally: books.tally.clone(),
+        failovers: world.stores[sim.region].link().failovers(),
+        budget: books.budget,
+        cpu: sim.cpu.clone().map(|c| (c, books.per_decision)),
     })
 }
 

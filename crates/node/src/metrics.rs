@@ -230,13 +230,7 @@ impl Metrics {
         );
         // Every failure series exists from the start, at zero (alerts and rates need them).
         for op in StoreOp::ALL {
-            for failure in [
-                StoreFailure::Timeout,
-                StoreFailure::Unavailable,
-                StoreFailure::BreakerOpen,
-                StoreFailure::Full,
-                StoreFailure::Other,
-            ] {
+            for failure in StoreFailure::ALL {
                 let _ = store_failures.get_or_create(&FailureLabels { op, failure });
             }
         }
@@ -604,30 +598,22 @@ impl Metrics {
     pub fn failures(&self, failure: StoreFailure) -> u64 {
         StoreOp::ALL
             .into_iter()
-            .map(|op| {
-                self.store_failures
-                    .get(&FailureLabels { op, failure })
-                    .map_or(0, |c| c.get())
-            })
+            .map(|op| self.store_failures_counted(op, failure))
             .sum()
     }
 
     /// Store calls of `op` that failed, whatever the cause.
     pub fn store_failures_of(&self, op: StoreOp) -> u64 {
-        [
-            StoreFailure::Timeout,
-            StoreFailure::Unavailable,
-            StoreFailure::BreakerOpen,
-            StoreFailure::Full,
-            StoreFailure::Other,
-        ]
-        .into_iter()
-        .map(|failure| {
-            self.store_failures
-                .get(&FailureLabels { op, failure })
-                .map_or(0, |c| c.get())
-        })
-        .sum()
+        StoreFailure::ALL
+            .into_iter()
+            .map(|failure| self.store_failures_counted(op, failure))
+            .sum()
+    }
+
+    fn store_failures_counted(&self, op: StoreOp, failure: StoreFailure) -> u64 {
+        self.store_failures
+            .get(&FailureLabels { op, failure })
+            .map_or(0, |c| c.get())
     }
 
     /// The OpenMetrics text exposition.

@@ -25,9 +25,9 @@ fn main() {
         .expect("runtime");
     let binary = Path::new(env!("CARGO_BIN_EXE_tollgate"));
     let mut compared = vec![];
-    for run in 0..runs {
+    for _ in 0..runs {
         for case in cases::cases(seconds) {
-            let c = runtime.block_on(cases::compare(binary, case, run));
+            let c = runtime.block_on(cases::compare(binary, case));
             eprintln!("{}", c.rows());
             compared.push(c);
         }

@@ -122,6 +122,17 @@ async fn store_backed_from_the_start(node: &Node) {
     );
 }
 
+/// A fresh Redis and a node on it, whose first decision was the store's.
+async fn serving() -> (RedisServer, Node) {
+    let server = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let node = node(&server).await;
+    store_backed_from_the_start(&node).await;
+    (server, node)
+}
+
 /// Waits until decisions are backed by the store again; returns how long that took.
 async fn recovery(node: &Node, round: &str) -> Duration {
     let start = tokio::time::Instant::now();
@@ -142,12 +153,7 @@ async fn recovery(node: &Node, round: &str) -> Duration {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_killed_mid_run() {
-    let mut server = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .expect("join")
-        .expect("redis");
-    let node = node(&server).await;
-    store_backed_from_the_start(&node).await;
+    let (mut server, node) = serving().await;
     server.kill();
     let slowest = fail_modes_hold(&node, "killed").await;
     let server = tokio::task::spawn_blocking(move || {
@@ -167,12 +173,7 @@ async fn redis_killed_mid_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_paused_mid_run() {
-    let mut server = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .expect("join")
-        .expect("redis");
-    let node = node(&server).await;
-    store_backed_from_the_start(&node).await;
+    let (mut server, node) = serving().await;
     server.pause().expect("SIGSTOP");
     let slowest = fail_modes_hold(&node, "paused").await;
     server.resume().expect("SIGCONT");
@@ -205,12 +206,7 @@ async fn traffic_for(node: &Node, round: &str, span: Duration) {
 /// came back up to a second after Redis did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_redis_decides_again_as_soon_as_it_answers() {
-    let mut server = tokio::task::spawn_blocking(RedisServer::start)
-        .await
-        .expect("join")
-        .expect("redis");
-    let node = node(&server).await;
-    store_backed_from_the_start(&node).await;
+    let (mut server, node) = serving().await;
     let mut backs = vec![];
     for round in 0..3 {
         server.pause().expect("SIGSTOP");

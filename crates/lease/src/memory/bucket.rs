@@ -77,8 +77,6 @@ pub(crate) struct Keys {
     bytes: usize,
 }
 
-/// The rule a key belongs to: `rl:{tag}:<rule>[:<suffix>]` (tags and rules are escaped, so
-/// neither holds `}` or `:`); "" for anything else.
 /// The bucket a stored key belongs to: `rl:{tag}:rule` of `rl:{tag}:rule[:suffix]`.
 pub(crate) fn bucket_of(key: &str) -> &str {
     let Some(at) = key.find("}:") else {
@@ -88,6 +86,8 @@ pub(crate) fn bucket_of(key: &str) -> &str {
     &key[..at + 2 + rule.len()]
 }
 
+/// The rule a key belongs to: `rl:{tag}:<rule>[:<suffix>]` (tags and rules are escaped, so
+/// neither holds `}` or `:`); "" for anything else.
 pub(crate) fn rule_of(key: &str) -> &str {
     key.find("}:")
         .map(|at| &key[at + 2..])

@@ -157,6 +157,17 @@ pub enum StoreFailure {
     Other,
 }
 
+impl StoreFailure {
+    /// Every cause.
+    pub const ALL: [StoreFailure; 5] = [
+        StoreFailure::Timeout,
+        StoreFailure::Unavailable,
+        StoreFailure::BreakerOpen,
+        StoreFailure::Full,
+        StoreFailure::Other,
+    ];
+}
+
 snake_label!(StoreFailure {
     Timeout => "timeout",
     Unavailable => "unavailable",

@@ -138,15 +138,17 @@ pub struct Figures {
     pub calls_per_decision: f64,
 }
 
+/// The middle of `v` (the lower middle of an even count).
+fn median<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("a number"));
+    v[(v.len() - 1) / 2]
+}
+
 impl Figures {
-    /// Each figure's median over `runs` (the middle one, or the lower middle of an even count).
+    /// Each figure's median over `runs`.
     fn median(runs: &[Figures]) -> Figures {
-        fn mid<T: Copy + PartialOrd>(mut v: Vec<T>) -> T {
-            v.sort_by(|a, b| a.partial_cmp(b).expect("a number"));
-            v[(v.len() - 1) / 2]
-        }
-        let of = |f: fn(&Figures) -> f64| mid(runs.iter().map(f).collect());
-        let of_u = |f: fn(&Figures) -> u64| mid(runs.iter().map(f).collect());
+        let of = |f: fn(&Figures) -> f64| median(runs.iter().map(f).collect());
+        let of_u = |f: fn(&Figures) -> u64| median(runs.iter().map(f).collect());
         Figures {
             decisions_per_s: of(|f| f.decisions_per_s),
             hot_admitted: of_u(|f| f.hot_admitted),
@@ -155,6 +157,11 @@ impl Figures {
             failed_closed: of_u(|f| f.failed_closed),
             calls_per_decision: of(|f| f.calls_per_decision),
         }
+    }
+
+    /// Admitted on the hot key on the store's word: admitted less failed open.
+    fn store_backed(&self) -> u64 {
+        self.hot_admitted.saturating_sub(self.failed_open)
     }
 
     fn cells(&self) -> String {
@@ -235,19 +242,10 @@ impl Comparison {
         let slack = (r.hot_bound.max(s.hot_bound) as f64 * 0.10).max(10.0);
         // Per run, then the median (the medians of admitted and of failed open may come from
         // different runs).
-        let store_backed = |way: fn(&(Figures, Figures)) -> &Figures| {
-            let mut v: Vec<u64> = self
-                .runs
-                .iter()
-                .map(|run| {
-                    let f = way(run);
-                    f.hot_admitted.saturating_sub(f.failed_open)
-                })
-                .collect();
-            v.sort();
-            v[(v.len() - 1) / 2]
-        };
-        let (a, b) = (store_backed(|(r, _)| r), store_backed(|(_, s)| s));
+        let (a, b) = (
+            median(self.runs.iter().map(|(r, _)| r.store_backed()).collect()),
+            median(self.runs.iter().map(|(_, s)| s.store_backed()).collect()),
+        );
         if (a as f64 - b as f64).abs() > slack {
             out.push(format!(
                 "hot key admitted by the store: real {a} and simulated {b} differ by more than \
@@ -279,13 +277,13 @@ impl Comparison {
     }
 }
 
-/// Runs `case` on real processes, then in the simulator calibrated from that run (seeded by
-/// the run's number), [`Case::runs`] times.
-pub async fn compare(binary: &Path, case: Case, run: usize) -> Comparison {
+/// Runs `case` on real processes, then in the simulator calibrated from that run (the n-th
+/// run with seed n), [`Case::runs`] times.
+pub async fn compare(binary: &Path, case: Case) -> Comparison {
     let mut runs = vec![];
     let mut downs = vec![];
     for i in 0..case.runs {
-        let (real, down) = real(binary, case, run).await;
+        let (real, down) = real(binary, case).await;
         let sim = simulated(case, &real, down, 1 + i as u64);
         if case.runs > 1 {
             eprintln!(
@@ -299,7 +297,6 @@ pub async fn compare(binary: &Path, case: Case, run: usize) -> Comparison {
         runs.push((real, sim));
         downs.push(down);
     }
-    downs.sort();
     let reals: Vec<Figures> = runs.iter().map(|(r, _)| *r).collect();
     let sims: Vec<Figures> = runs.iter().map(|(_, s)| *s).collect();
     Comparison {
@@ -307,7 +304,7 @@ pub async fn compare(binary: &Path, case: Case, run: usize) -> Comparison {
         real: Figures::median(&reals),
         sim: Figures::median(&sims),
         runs,
-        down: downs[(downs.len() - 1) / 2],
+        down: median(downs),
     }
 }
 
@@ -396,7 +393,7 @@ async fn load(
 }
 
 /// The case on real processes; also how long a restart left Redis unreachable.
-async fn real(binary: &Path, case: Case, _run: usize) -> (Figures, Duration) {
+async fn real(binary: &Path, case: Case) -> (Figures, Duration) {
     let redis = tokio::task::spawn_blocking(RedisServer::start)
         .await
         .expect("join")

@@ -101,7 +101,7 @@ pub struct LinkCalls {
     pub debit: AtomicU64,
     /// Demand reports (regional allowances' shares).
     pub demand: AtomicU64,
-    /// Counter reads and resets (support's calls).
+    /// Counter reads and resets (support's calls, and the breaker's probes).
     pub counter: AtomicU64,
     /// Denials noted towards penalties.
     pub penalty: AtomicU64,
@@ -111,7 +111,7 @@ pub struct LinkCalls {
 
 impl LinkCalls {
     /// Calls that reached the store, by operation.
-    pub fn by_op(&self) -> [(&'static str, u64); 7] {
+    pub fn by_op(&self) -> [(&'static str, u64); 8] {
         [
             ("check", &self.check),
             ("acquire", &self.acquire),
@@ -119,6 +119,7 @@ impl LinkCalls {
             ("release", &self.release),
             ("debit", &self.debit),
             ("demand", &self.demand),
+            ("counter", &self.counter),
             ("penalty", &self.penalty),
         ]
         .map(|(op, n)| (op, n.load(Ordering::Relaxed)))

@@ -69,7 +69,7 @@ pub struct Case {
     /// Callers on each node, hot key and users, as a multiple of the defaults.
     pub load: usize,
     /// Times it runs both ways; the medians are compared. A restart's fail-mode counts swing
-    /// with where the outage falls among the hot key's refills: in 24 single runs the real
+    /// with where the outage falls among the hot key's refills: in 22 single runs the real
     /// nodes failed open 32-100 times in all but one, which caught no refill and failed open
     /// twice (the simulator: 70-81 over 16 seeds of one calibration).
     pub runs: usize,

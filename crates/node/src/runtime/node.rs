@@ -282,11 +282,14 @@ impl Node {
             return Err(RequestError::OverrideRefused { index });
         }
         let rules = self.inner.rules.load();
-        let hits = matching::hits(&rules, request, &self.inner.overrides, self.now())?;
+        // One clock read for matching and deciding: the decision is made at the instant
+        // its rules were matched.
+        let now = self.now();
+        let hits = matching::hits(&rules, request, &self.inner.overrides, now)?;
         if hits.is_empty() {
             self.inner.shared.metrics.requests_unmatched.inc();
         }
-        Ok(self.decide(hits, Route::Fastest).await)
+        Ok(self.decide_at(hits, Route::Fastest, now).await)
     }
 
     /// What `request` would be charged, without deciding it: each matched rule with the
@@ -456,7 +459,11 @@ impl Node {
     }
 
     async fn decide(&self, hits: Vec<Hit>, route: Route<'_>) -> Verdict {
-        let now = self.now();
+        self.decide_at(hits, route, self.now()).await
+    }
+
+    /// [`Self::decide`], at `now` (a clock read the caller already made).
+    async fn decide_at(&self, hits: Vec<Hit>, route: Route<'_>, now: u64) -> Verdict {
         let mut attempt = Attempt::new(hits.len());
         let (mut enforce, mut shadow) = (vec![], vec![]);
         let mut blocked = false;

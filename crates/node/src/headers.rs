@@ -214,17 +214,36 @@ struct Shown<'a> {
     known: bool,
 }
 
+/// Whether an answer carries `X-RateLimit-Limit`, `-Remaining` and `-Reset` (Envoy's
+/// `DRAFT_VERSION_03` form) beside `RateLimit` and `RateLimit-Policy`. An Envoy that builds
+/// them itself from the descriptor statuses (`enable_x_ratelimit_headers`) would otherwise
+/// send each twice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XRateLimitHeaders {
+    /// Sent (the default).
+    #[default]
+    Send,
+    /// Left out.
+    Omit,
+}
+
 /// The headers for a decision. Only ENFORCE rules appear: SHADOW rules show in metrics and
 /// logs, never to clients. What depends on the rule alone is written once per rule.
 pub fn headers(verdict: &Verdict) -> Vec<(&'static str, String)> {
     let mut out = Vec::with_capacity(7);
-    write_headers(verdict, |name, value| out.push((name, value)));
+    write_headers(verdict, XRateLimitHeaders::Send, |name, value| {
+        out.push((name, value))
+    });
     out
 }
 
 /// [`headers`], handed to `add` one by one (the gRPC answer builds its own header values from
-/// them without an intermediate list).
-pub fn write_headers(verdict: &Verdict, mut add: impl FnMut(&'static str, String)) {
+/// them without an intermediate list), with or without the X-RateLimit trio.
+pub fn write_headers(
+    verdict: &Verdict,
+    x_ratelimit: XRateLimitHeaders,
+    mut add: impl FnMut(&'static str, String),
+) {
     // A request rarely matches more than a few rules: those stay off the heap.
     let mut shown: SmallVec<[Shown<'_>; 4]> = SmallVec::new();
     for s in verdict.statuses.iter().filter(|s| s.shown()) {
@@ -287,6 +306,10 @@ pub fn write_headers(verdict: &Verdict, mut add: impl FnMut(&'static str, String
         if l.t > 0 {
             let _ = write!(limits, ";t={}", l.t);
         }
+    }
+    if x_ratelimit == XRateLimitHeaders::Omit {
+        add("ratelimit", limits);
+        return;
     }
     // The X- trio describes the one limit that decides: a denying one, else the closest.
     let decisive = shown

@@ -19,6 +19,8 @@
 //!   node once for its answer to the bench's request, and a bare server sends those very bytes
 //!   back to every request (`--answer`, on Tollgate's coalesced connections): what the stack
 //!   alone spends serving that answer. What is left between it and Tollgate is Tollgate's own.
+//! - **Without the X- trio.** One more one-core row: Tollgate run with `--x-ratelimit-headers
+//!   false` (for an Envoy that builds X-RateLimit-* itself), its answer two headers shorter.
 //!
 //! Every Tollgate figure is a ratio to the best bare figure of its section (of any build, and of
 //! the shipped profile, both answering a bare OK) and to the best bare server sending
@@ -96,6 +98,9 @@ enum Kind {
     Tollgate {
         redis: Option<String>,
         threads: Option<usize>,
+        /// Its answers carry the X-RateLimit trio (the default; else `--x-ratelimit-headers
+        /// false`).
+        x_trio: bool,
     },
 }
 
@@ -160,6 +165,7 @@ fn capture_tollgate_answer(files: &Files) {
         kind: Kind::Tollgate {
             redis: None,
             threads: None,
+            x_trio: true,
         },
     };
     let server = start(&setup, false, files);
@@ -214,7 +220,11 @@ fn start(setup: &Setup, pin: bool, files: &Files) -> Server {
             }
             None
         }
-        Kind::Tollgate { redis, threads } => {
+        Kind::Tollgate {
+            redis,
+            threads,
+            x_trio,
+        } => {
             let http = free_port(false).expect("port");
             cmd.arg(env!("CARGO_BIN_EXE_tollgate"))
                 .arg("--rules")
@@ -230,6 +240,9 @@ fn start(setup: &Setup, pin: bool, files: &Files) -> Server {
             }
             if let Some(n) = threads {
                 cmd.args(["--worker-threads", &n.to_string()]);
+            }
+            if !x_trio {
+                cmd.args(["--x-ratelimit-headers", "false"]);
             }
             Some(http)
         }
@@ -440,6 +453,15 @@ fn main() {
         kind: Kind::Tollgate {
             redis: redis.map(str::to_owned),
             threads,
+            x_trio: true,
+        },
+    };
+    let tollgate_without_x_trio = Setup {
+        name: "Tollgate, in-memory store (runtime for 1 CPU), --x-ratelimit-headers false",
+        kind: Kind::Tollgate {
+            redis: None,
+            threads: None,
+            x_trio: false,
         },
     };
     pin_redis("1");
@@ -465,6 +487,7 @@ fn main() {
                 Some(&redis_url),
                 None,
             ),
+            tollgate_without_x_trio,
         ],
         rounds,
         &files,

@@ -365,6 +365,7 @@ impl App {
         let grpc = tokio::spawn(crate::grpc::server::serve(
             self.node.clone(),
             self.config.rlqs.clone(),
+            self.config.x_ratelimit_headers,
             self.grpc,
             self.tls.as_ref().map(|t| t.grpc.clone()),
             stopped(stop_rx.clone()),
@@ -378,7 +379,8 @@ impl App {
         });
         let json_check = self.config.json_check.then(|| {
             crate::json_check::JsonCheck::new(
-                crate::grpc::rls::Rls::new(self.node.clone()),
+                crate::grpc::rls::Rls::new(self.node.clone())
+                    .with_x_ratelimit_headers(self.config.x_ratelimit_headers),
                 self.config.json_check_token.clone(),
             )
         });

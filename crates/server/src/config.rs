@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use tollgate_lease::RedisConfig;
+use tollgate_node::headers::XRateLimitHeaders;
 use tollgate_node::rules::EnvoyFailModes;
 use tollgate_node::runtime::RuntimeConfig;
 
@@ -152,6 +153,8 @@ pub struct Config {
     pub json_check: bool,
     /// The bearer token `POST /json` requires (None: anyone who reaches the port).
     pub json_check_token: Option<String>,
+    /// Whether Envoy's answers carry the X-RateLimit trio beside the IETF headers.
+    pub x_ratelimit_headers: XRateLimitHeaders,
     /// How RLQS quotas are shared.
     pub rlqs: crate::rlqs::RlqsConfig,
 }
@@ -234,6 +237,14 @@ impl TryFrom<Settings> for Config {
             top_denied_token: access.top_denied_token,
             json_check: access.json_check,
             json_check_token: access.json_check_token,
+            x_ratelimit_headers: if s
+                .x_ratelimit_headers
+                .unwrap_or(defaults::X_RATELIMIT_HEADERS)
+            {
+                XRateLimitHeaders::Send
+            } else {
+                XRateLimitHeaders::Omit
+            },
             rlqs: crate::rlqs::RlqsConfig {
                 max_buckets: rlqs_max_buckets,
                 max_buckets_per_stream: rlqs_max_buckets,
@@ -469,6 +480,10 @@ mod tests {
                 defaults::DESCRIPTOR_OVERRIDES.to_owned(),
             ),
             ("json-check", defaults::JSON_CHECK.to_string()),
+            (
+                "x-ratelimit-headers",
+                defaults::X_RATELIMIT_HEADERS.to_string(),
+            ),
             ("rlqs-max-buckets", defaults::RLQS_MAX_BUCKETS.to_string()),
             ("admin-listen", defaults::ADMIN_LISTEN.to_string()),
             (

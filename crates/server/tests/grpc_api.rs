@@ -96,6 +96,78 @@ async fn rls_answers_each_descriptor_and_denies_over_the_limit_with_headers() {
     served.stop().await;
 }
 
+/// `x_ratelimit_headers: false` (for an Envoy that builds the X- trio itself) leaves out
+/// X-RateLimit-Limit, -Remaining and -Reset, over gRPC and on POST /json, and nothing else:
+/// the IETF pair and Retry-After stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_answers_leave_out_the_x_trio_when_told() {
+    let settings = Settings {
+        x_ratelimit_headers: Some(false),
+        ..Settings::default()
+    };
+    let mut served = Served::start(ENVOY_RULES, settings).await;
+    let mut rls = served.rls().await;
+    let request = rls_request("rl", &[&[("remote_address", "10.0.0.9")]]);
+    let keys = |r: &RateLimitResponse| {
+        r.response_headers_to_add
+            .iter()
+            .map(|h| h.key.clone())
+            .collect::<Vec<_>>()
+    };
+    for _ in 0..3 {
+        let r = rls
+            .should_rate_limit(request.clone())
+            .await
+            .expect("ok")
+            .into_inner();
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(keys(&r), ["ratelimit-policy", "ratelimit"]);
+        let remaining = r.statuses[0].limit_remaining;
+        let ratelimit = header(&r, "ratelimit").expect("ratelimit");
+        assert!(
+            ratelimit.starts_with(&format!("\"rl.remote_address\";r={remaining};t=")),
+            "the remaining the status says: {ratelimit}"
+        );
+    }
+    let denied = rls
+        .should_rate_limit(request)
+        .await
+        .expect("ok")
+        .into_inner();
+    assert_eq!(denied.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        keys(&denied),
+        [
+            "tollgate-reason",
+            "retry-after",
+            "ratelimit-policy",
+            "ratelimit"
+        ]
+    );
+    use support::admin::{call, json_of};
+    let body = r#"{"domain":"rl","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.9"}]}]}"#;
+    let over = call(served.http.port(), "POST", "/json", &[], Some(body)).await;
+    assert_eq!(over.status, 429, "{over:?}");
+    let json = json_of(&over);
+    let names: Vec<&str> = json["responseHeadersToAdd"]
+        .as_array()
+        .expect("headers")
+        .iter()
+        .filter_map(|h| h["key"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "tollgate-reason",
+            "retry-after",
+            "ratelimit-policy",
+            "ratelimit"
+        ],
+        "{json}"
+    );
+    served.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rls_hits_addend_and_limit_overrides() {
     let mut served = Served::start(ENVOY_RULES, Settings::default()).await;

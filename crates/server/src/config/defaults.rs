@@ -97,6 +97,8 @@ pub const RULES_POLL: Duration = Duration::from_millis(2000);
 pub const RULES_LISTEN: bool = true;
 /// `json_check`.
 pub const JSON_CHECK: bool = true;
+/// `x_ratelimit_headers`.
+pub const X_RATELIMIT_HEADERS: bool = true;
 /// `rules_snapshot`.
 pub const RULES_SNAPSHOT: &str = "tollgate-rules-snapshot.json";
 /// `tollgate rules import --actor`.

@@ -147,6 +147,11 @@ pub struct Settings {
     /// A bearer token POST /json requires; unset, anyone who reaches the HTTP port may call it
     #[arg(long, env = "TOLLGATE_JSON_CHECK_TOKEN")]
     pub json_check_token: Option<String>,
+    /// Send X-RateLimit-Limit, -Remaining and -Reset in Envoy's answers (gRPC and POST /json)
+    /// beside RateLimit and RateLimit-Policy; false where Envoy builds them itself
+    /// (enable_x_ratelimit_headers: DRAFT_VERSION_03), which would send them twice
+    #[arg(long, env = "TOLLGATE_X_RATELIMIT_HEADERS", num_args = 0..=1, default_missing_value = "true", shown_default = defaults::X_RATELIMIT_HEADERS)]
+    pub x_ratelimit_headers: Option<bool>,
     /// Most RLQS buckets (a domain and an Envoy bucket id) the node shares quotas for, over
     /// all Envoy streams; reports of further buckets get no assignment (the Envoy keeps its
     /// no-assignment behaviour) and are counted in tollgate_rlqs_buckets_refused_total
@@ -282,6 +287,7 @@ impl Settings {
             top_denied_token,
             json_check,
             json_check_token,
+            x_ratelimit_headers,
             rlqs_max_buckets,
             descriptor_overrides,
             otlp_endpoint,

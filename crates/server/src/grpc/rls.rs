@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use crate::grpc::rls_reservations::{self, Marker};
 use crate::grpc::{invalid, reserve_status};
-use tollgate_node::headers::{Policy, status_policy, write_headers};
+use tollgate_node::headers::{Policy, XRateLimitHeaders, status_policy, write_headers};
 use tollgate_node::metrics::{Api, ApiResult};
 use tollgate_node::rules::RuleKind;
 use tollgate_node::runtime::{Descriptor, LimitOverride, Matching, Node, RuleStatus, Verdict};
@@ -38,12 +38,22 @@ pub const DECIDED_WITHOUT_STORE: &str = "tollgate-decided-without-store";
 #[derive(Debug, Clone)]
 pub struct Rls {
     node: Node,
+    x_ratelimit: XRateLimitHeaders,
 }
 
 impl Rls {
-    /// Serves `node`.
+    /// Serves `node`, its answers with every rate-limit header.
     pub fn new(node: Node) -> Self {
-        Self { node }
+        Self {
+            node,
+            x_ratelimit: XRateLimitHeaders::Send,
+        }
+    }
+
+    /// With or without the X-RateLimit trio in its answers.
+    pub fn with_x_ratelimit_headers(mut self, x_ratelimit: XRateLimitHeaders) -> Self {
+        self.x_ratelimit = x_ratelimit;
+        self
     }
 }
 
@@ -129,7 +139,11 @@ fn duration(d: Duration) -> prost_types::Duration {
 }
 
 /// The response for a decision over `descriptors` request descriptors.
-pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
+pub fn to_response(
+    verdict: &Verdict,
+    descriptors: usize,
+    x_ratelimit: XRateLimitHeaders,
+) -> RateLimitResponse {
     // SHADOW rules never show: they are counted in metrics and logged, nothing else.
     let shown: SmallVec<[(&RuleStatus, Option<Policy<'_>>); 4]> = verdict
         .statuses
@@ -185,7 +199,7 @@ pub fn to_response(verdict: &Verdict, descriptors: usize) -> RateLimitResponse {
         statuses.push(status);
     }
     let mut response_headers_to_add = Vec::with_capacity(7);
-    write_headers(verdict, |key, value| {
+    write_headers(verdict, x_ratelimit, |key, value| {
         response_headers_to_add.push(HeaderValue {
             key: key.into(),
             value,
@@ -255,7 +269,7 @@ impl Rls {
                     .0
             }
         };
-        let mut response = to_response(&verdict, descriptors);
+        let mut response = to_response(&verdict, descriptors, self.x_ratelimit);
         if let Some((at, _, _)) = reserve {
             // The reserve descriptor's own status, where Envoy sent it.
             response.statuses.insert(at, ok_status());

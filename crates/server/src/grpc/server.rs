@@ -15,6 +15,7 @@ use crate::grpc::check::Check;
 use crate::grpc::connection::CoalescedConnection;
 use crate::grpc::rls::Rls;
 use crate::rlqs::{Broker, Rlqs, RlqsConfig};
+use tollgate_node::headers::XRateLimitHeaders;
 use tollgate_node::runtime::Node;
 
 /// Tollgate's compiled protos without the region link's (served on another port).
@@ -30,11 +31,12 @@ fn public_descriptors() -> prost_types::FileDescriptorSet {
 /// The largest request message accepted (Envoy's are a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
 
-/// Serves Envoy's RLS and RLQS, Tollgate's API, health and reflection on `listener` until
-/// `shutdown`.
+/// Serves Envoy's RLS (its answers with or without the X-RateLimit trio) and RLQS, Tollgate's
+/// API, health and reflection on `listener` until `shutdown`.
 pub async fn serve(
     node: Node,
     rlqs: RlqsConfig,
+    x_ratelimit: XRateLimitHeaders,
     listener: TcpListener,
     tls: Option<crate::tls::Acceptor>,
     shutdown: impl Future<Output = ()> + Send,
@@ -77,8 +79,10 @@ pub async fn serve(
     let router = Server::builder()
         .tcp_nodelay(true)
         .add_service(
-            RateLimitServiceServer::new(Rls::new(node.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES),
+            RateLimitServiceServer::new(
+                Rls::new(node.clone()).with_x_ratelimit_headers(x_ratelimit),
+            )
+            .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(
             RateLimiterServer::new(Check::new(node)).max_decoding_message_size(MAX_MESSAGE_BYTES),

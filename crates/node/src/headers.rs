@@ -307,8 +307,8 @@ pub fn write_headers(
             let _ = write!(limits, ";t={}", l.t);
         }
     }
+    add("ratelimit", limits);
     if x_ratelimit == XRateLimitHeaders::Omit {
-        add("ratelimit", limits);
         return;
     }
     // The X- trio describes the one limit that decides: a denying one, else the closest.
@@ -324,7 +324,6 @@ pub fn write_headers(
     for l in &shown {
         limit_header.push_str(&l.text.x_limit);
     }
-    add("ratelimit", limits);
     add("x-ratelimit-limit", limit_header);
     add("x-ratelimit-remaining", decisive.remaining.to_string());
     add("x-ratelimit-reset", decisive.t.to_string());

@@ -101,6 +101,12 @@ async fn rls_answers_each_descriptor_and_denies_over_the_limit_with_headers() {
 /// the IETF pair and Retry-After stay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rls_answers_leave_out_the_x_trio_when_told() {
+    const DENIED: [&str; 4] = [
+        "tollgate-reason",
+        "retry-after",
+        "ratelimit-policy",
+        "ratelimit",
+    ];
     let settings = Settings {
         x_ratelimit_headers: Some(false),
         ..Settings::default()
@@ -135,15 +141,7 @@ async fn rls_answers_leave_out_the_x_trio_when_told() {
         .expect("ok")
         .into_inner();
     assert_eq!(denied.overall_code, Code::OverLimit as i32);
-    assert_eq!(
-        keys(&denied),
-        [
-            "tollgate-reason",
-            "retry-after",
-            "ratelimit-policy",
-            "ratelimit"
-        ]
-    );
+    assert_eq!(keys(&denied), DENIED);
     use support::admin::{call, json_of};
     let body = r#"{"domain":"rl","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.9"}]}]}"#;
     let over = call(served.http.port(), "POST", "/json", &[], Some(body)).await;
@@ -155,16 +153,7 @@ async fn rls_answers_leave_out_the_x_trio_when_told() {
         .iter()
         .filter_map(|h| h["key"].as_str())
         .collect();
-    assert_eq!(
-        names,
-        [
-            "tollgate-reason",
-            "retry-after",
-            "ratelimit-policy",
-            "ratelimit"
-        ],
-        "{json}"
-    );
+    assert_eq!(names, DENIED, "{json}");
     served.stop().await;
 }
 

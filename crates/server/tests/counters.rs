@@ -424,12 +424,14 @@ async fn support_sees_a_penalty_block_and_lifts_it_on_every_node() {
     );
 
     // Node a lifted it itself; node b is told over PostgreSQL, within a second.
+    // Its bucket is as the hammering left it: empty until its next token (10 ms at 100/s)
+    // when the lift came sooner, and no longer blocked.
+    let v = a.node.check(&ip("203.0.113.7")).await.expect("valid");
     assert!(
-        a.node
-            .check(&ip("203.0.113.7"))
-            .await
-            .expect("valid")
-            .allowed
+        v.allowed
+            || (v.denial() == Some(tollgate_node::runtime::verdict::Denial::OverLimit)
+                && v.retry_after <= Duration::from_millis(10)),
+        "node a still blocks after its own lift: {v:?}"
     );
     let told = Instant::now();
     loop {

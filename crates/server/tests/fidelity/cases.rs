@@ -46,6 +46,16 @@ pub const HOT_CALLERS: usize = 32;
 pub const USER_CALLERS: usize = 8;
 const USERS: u64 = 200;
 
+/// How long a restart keeps Redis down before starting it again. Started again at once, it
+/// was down 18-36 ms: about the time between the hot key's refills on a node, so whether an
+/// outage caught one was a coin toss on each node, and a restart failed open 2 to 127 times
+/// on the real nodes (in steps of the 32 callers waiting on a refill) against a simulated
+/// 58-131, which failed CI once. Held down 200 ms, the breaker's first probe (160-240 ms
+/// after it opened) raced the server's return: the second toss. Held down 100 ms, every
+/// refill of the outage fails, the breaker opens within milliseconds (the users' calls fail
+/// too) and its first probe finds the server back: one outcome, whatever the timing.
+const RESTART_HELD: Duration = Duration::from_millis(100);
+
 /// Fail-mode counts this close agree whatever their ratio.
 const FEW: u64 = 10;
 
@@ -56,8 +66,8 @@ pub enum Fault {
     None,
     /// SIGSTOP at `at`, SIGCONT `lasting` later.
     Stall { at: Duration, lasting: Duration },
-    /// Killed at `at` and started again on its port at once, empty.
-    Restart { at: Duration },
+    /// Killed at `at`, kept down for `held`, then started again on its port, empty.
+    Restart { at: Duration, held: Duration },
 }
 
 /// One case.
@@ -68,10 +78,8 @@ pub struct Case {
     pub fault: Fault,
     /// Callers on each node, hot key and users, as a multiple of the defaults.
     pub load: usize,
-    /// Times it runs both ways; the medians are compared. A restart's fail-mode counts swing
-    /// with where the outage falls among the hot key's refills: in 22 single runs the real
-    /// nodes failed open 32-100 times in all but one, which caught no refill and failed open
-    /// twice (the simulator: 70-81 over 16 seeds of one calibration).
+    /// Times it runs both ways; the medians are compared. A restart's fail-mode counts move
+    /// in steps of the hot key's waiting callers (see [`RESTART_HELD`]).
     pub runs: usize,
 }
 
@@ -109,6 +117,7 @@ pub fn cases(seconds: u64) -> Vec<Case> {
             duration: s,
             fault: Fault::Restart {
                 at: Duration::from_millis(1500),
+                held: RESTART_HELD,
             },
             load: 1,
             runs: 3,
@@ -417,17 +426,25 @@ async fn real(binary: &Path, case: Case) -> (Figures, Duration) {
                     redis.lock().resume().expect("SIGCONT");
                     Duration::ZERO
                 }
-                Fault::Restart { at } => {
+                Fault::Restart { at, held } => {
                     tokio::time::sleep_until(start + at).await;
-                    let redis = redis.clone();
+                    let killed = {
+                        let redis = redis.clone();
+                        tokio::task::spawn_blocking(move || {
+                            let killed = Instant::now();
+                            redis.lock().kill();
+                            killed
+                        })
+                        .await
+                        .expect("join")
+                    };
+                    tokio::time::sleep(held).await;
                     // Down as a client sees it: from the kill to the first connection the new
                     // server accepts, watched from a thread of its own (a task on this
                     // runtime, which the callers keep busy, saw it milliseconds late).
                     tokio::task::spawn_blocking(move || {
                         let mut redis = redis.lock();
                         let port = redis.port();
-                        let killed = Instant::now();
-                        redis.kill();
                         let accepting = std::thread::spawn(move || {
                             while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
                                 std::thread::yield_now();
@@ -518,7 +535,7 @@ pub fn scenario_yaml(case: Case, real: &Figures, down: Duration) -> String {
             at.as_millis(),
             lasting.as_millis()
         ),
-        Fault::Restart { at } => format!(
+        Fault::Restart { at, .. } => format!(
             "faults:\n  - {{ at: {}ms, for: {}ms, store_down: {{ region: local }} }}\n  - {{ at: {}ms, store_failover: {{ region: local }} }}\n",
             at.as_millis(),
             down.as_millis().max(1),

@@ -450,12 +450,18 @@ async fn an_over_limit_answer_is_problem_json_through_the_shipped_envoy_config()
     let envoy = std::sync::Arc::new(envoy);
     let e = envoy.clone();
     let answers = tokio::task::spawn_blocking(move || {
-        (0..3)
-            .map(|_| e.send("GET", "/orders", &[]))
+        let long = format!("/orders?q={}", long_value(3000, "q"));
+        (0..4)
+            .map(|i| e.send("GET", if i < 3 { "/orders" } else { &long }, &[]))
             .collect::<Vec<_>>()
     })
     .await
     .expect("join");
+    assert_eq!(
+        answers[3].status, 429,
+        "a 3,000-byte query string is counted against its address like any other request: {:?}",
+        answers[3]
+    );
     assert_eq!(
         answers[0].status,
         200,
@@ -773,6 +779,222 @@ async fn envoy_settles_the_cost_a_response_states_through_the_shipped_config() {
     assert!(
         (8..=13).contains(&retry),
         "retry when the debt and the next estimate are refilled: {retry} s"
+    );
+    node.stop().await;
+}
+
+/// A node on a fresh Redis with `rules` (under deploy/), and the shipped `deploy/envoy/{file}`
+/// in front of it, forwarding to `upstream`.
+async fn shipped_on_redis(
+    rules: &str,
+    file: &'static str,
+    upstream: u16,
+) -> (
+    tollgate_testkit::RedisServer,
+    tollgate_server::app::Serving,
+    std::sync::Arc<Shipped>,
+) {
+    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let node = node_on_redis(&redis, vec![deploy(rules)]).await;
+    let grpc = node.grpc_addr.port();
+    let envoy = tokio::task::spawn_blocking(move || Shipped::start(file, upstream, grpc))
+        .await
+        .expect("join");
+    (redis, node, std::sync::Arc::new(envoy))
+}
+
+/// Distinct wall-clock windows of `window` seconds from `from` to now (a fixed window's limit
+/// applies per window: a run that crosses a boundary may be admitted the limit twice).
+fn windows_spanned(from: std::time::SystemTime, window: u64) -> u64 {
+    let secs = |t: std::time::SystemTime| {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .expect("after the epoch")
+            .as_secs()
+    };
+    secs(std::time::SystemTime::now()) / window - secs(from) / window + 1
+}
+
+/// A value of `len` bytes a client might send: printable, different for each `seed`.
+fn long_value(len: usize, seed: &str) -> String {
+    let mut v = format!("{seed}-");
+    while v.len() < len {
+        v.push('x');
+    }
+    v
+}
+
+/// The shipped deploy/envoy/envoy.yaml (Envoy's default failure_mode_deny: false) with the
+/// rules it names (deploy/rules/envoy/config.yaml: 10 a second per client address): what a
+/// client controls buys nothing. A 3,000-byte query string is still counted against its
+/// address (and its path keyed by a digest), and an X-Forwarded-For of the client's choosing
+/// is not its address: Envoy keys on the connection's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_client_sends_buys_nothing_through_the_shipped_envoy_yaml() {
+    let (_redis, mut node, envoy) =
+        shipped_on_redis("rules/envoy/config.yaml", "envoy.yaml", upstream().await).await;
+    let e = envoy.clone();
+    let (long_query, spoofed, seconds) = tokio::task::spawn_blocking(move || {
+        let started = std::time::SystemTime::now();
+        let path = format!("/hello?q={}", long_value(3000, "q"));
+        let long_query: Vec<Response> = (0..60).map(|_| e.send("GET", &path, &[])).collect();
+        // 60 requests each naming another address.
+        let spoofed: Vec<Response> = (0..60)
+            .map(|i| {
+                e.send(
+                    "GET",
+                    "/hello",
+                    &[("x-forwarded-for", &format!("198.51.100.{i}"))],
+                )
+            })
+            .collect();
+        (long_query, spoofed, windows_spanned(started, 1))
+    })
+    .await
+    .expect("join");
+    let admitted = |rs: &[Response]| rs.iter().filter(|r| r.status == 200).count() as u64;
+    for r in long_query.iter().chain(&spoofed) {
+        assert!(
+            r.status == 200 || r.status == 429,
+            "decided, not failed: {r:?}\n{}",
+            envoy.envoy.log()
+        );
+    }
+    let (long, spoof) = (admitted(&long_query), admitted(&spoofed));
+    assert!(
+        long >= 1 && long + spoof <= 10 * seconds,
+        "10 a second for the one address, over {seconds} one-second windows: {long} of 60 \
+         with a 3,000-byte query, then {spoof} of 60 with forged X-Forwarded-For"
+    );
+    assert_eq!(
+        metric(
+            node.http_addr.port(),
+            "tollgate_requests_total",
+            &["result=\"invalid\""]
+        ),
+        0.0,
+        "no request was refused"
+    );
+    node.stop().await;
+}
+
+/// The shipped deploy/envoy/envoy-public-api.yaml in front of deploy/rules/example.yaml: a
+/// 3,000-byte API key and one that is not UTF-8 are limited like any other (each is a request
+/// Envoy copies as it came), and login attempts, CLOSED, stay closed: counted while Redis
+/// answers, denied once it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_and_odd_api_keys_stay_limited_through_the_shipped_public_api_config() {
+    let (mut redis, mut node, envoy) = shipped_on_redis(
+        "rules/example.yaml",
+        "envoy-public-api.yaml",
+        upstream().await,
+    )
+    .await;
+    let e = envoy.clone();
+    let port = envoy.port;
+    let (logins, minutes, odd, odd_seconds) = tokio::task::spawn_blocking(move || {
+        let started = std::time::SystemTime::now();
+        let key = long_value(3000, "login");
+        let logins: Vec<Response> = (0..30)
+            .map(|_| e.send("POST", "/login", &[("x-api-key", &key)]))
+            .collect();
+        let minutes = windows_spanned(started, 60);
+        // An API key with bytes that are not UTF-8 (api-key-default: 50, then 5 a second).
+        let began = tokio::time::Instant::now();
+        let odd: Vec<Response> = (0..70)
+            .map(|_| {
+                tollgate_testkit::http::request_with_raw_headers(
+                    port,
+                    "GET",
+                    "/catalog",
+                    &[("x-api-key", b"k-\xff\xfe-odd")],
+                    None,
+                )
+                .expect("request through envoy")
+            })
+            .collect();
+        (logins, minutes, odd, began.elapsed().as_secs_f64())
+    })
+    .await
+    .expect("join");
+    let admitted = |rs: &[Response]| rs.iter().filter(|r| r.status == 200).count() as u64;
+    assert!(
+        (1..=5 * minutes).contains(&admitted(&logins)),
+        "login-attempts: 5 a minute per address, with a 3,000-byte API key: {} of 30\n{}",
+        admitted(&logins),
+        envoy.envoy.log()
+    );
+    let bound = 50 + (5.0 * odd_seconds).ceil() as u64;
+    assert!(
+        (50..=bound).contains(&admitted(&odd)),
+        "api-key-default: 50 and 5 a second for a key that is not UTF-8: {} of 70 (at most {bound})",
+        admitted(&odd)
+    );
+    assert!(odd.iter().all(|r| r.status == 200 || r.status == 429));
+    redis.kill();
+    let e = envoy.clone();
+    let closed = tokio::task::spawn_blocking(move || {
+        let key = long_value(3000, "closed");
+        (0..5)
+            .map(|_| e.send("POST", "/login", &[("x-api-key", &key)]))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .expect("join");
+    for r in &closed {
+        assert_eq!(r.status, 429, "CLOSED stays closed: {r:?}");
+        // This address was just denied over its limit (25 times: login-attempts' penalty box
+        // holds it), which the node may still remember.
+        assert!(
+            matches!(
+                r.header("tollgate-reason"),
+                Some("store-unavailable" | "over-limit" | "penalized")
+            ),
+            "{r:?}"
+        );
+    }
+    assert_eq!(
+        metric(
+            node.http_addr.port(),
+            "tollgate_requests_total",
+            &["result=\"invalid\""]
+        ),
+        0.0,
+        "no request was refused"
+    );
+    node.stop().await;
+}
+
+/// The shipped deploy/envoy/envoy-reserve.yaml in front of deploy/rules/reserve.yaml: a
+/// 2,107-byte API key reserves its estimate like any other, so 40 requests whose responses
+/// state no cost get the 20 estimates the bucket holds (and what refills meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_api_key_reserves_like_any_other_through_the_shipped_reserve_config() {
+    let (_redis, mut node, envoy) = shipped_on_redis(
+        "rules/reserve.yaml",
+        "envoy-reserve.yaml",
+        costing_upstream().await,
+    )
+    .await;
+    let e = envoy.clone();
+    let (answers, seconds) = tokio::task::spawn_blocking(move || {
+        let key = long_value(2107, "reserve");
+        let began = tokio::time::Instant::now();
+        let answers: Vec<Response> = (0..40)
+            .map(|_| e.send("POST", "/v1/completions", &[("x-api-key", &key)]))
+            .collect();
+        (answers, began.elapsed().as_secs_f64())
+    })
+    .await
+    .expect("join");
+    let admitted = answers.iter().filter(|r| r.status == 200).count();
+    let refilled = (seconds * 500.0 / 1000.0).ceil() as usize;
+    assert!(
+        (20..=20 + refilled).contains(&admitted),
+        "20 estimates of 1,000 fit in 20,000 (and {refilled} refilled): {admitted} of 40\n{}",
+        envoy.envoy.log()
     );
     node.stop().await;
 }

@@ -57,6 +57,8 @@ struct Tally {
     admitted: AtomicU64,
     denied: AtomicU64,
     other: AtomicU64,
+    /// When its Envoy first admitted a request, ms after the load started (0: never).
+    first_admitted_ms: AtomicU64,
 }
 
 /// Sends `per_second` requests a second for `key` through `port` until `stop`, from four
@@ -67,6 +69,7 @@ fn load(port: u16, key: &'static str, per_second: f64, stop: Arc<AtomicBool>) ->
     for lane in 0..LOOPS {
         let (t, stop) = (tally.clone(), stop.clone());
         let each = per_second / f64::from(LOOPS);
+        let began = Instant::now();
         tokio::spawn(async move {
             let start = Instant::now() + Duration::from_secs_f64(f64::from(lane) / per_second);
             let mut sent = 0u64;
@@ -79,7 +82,16 @@ fn load(port: u16, key: &'static str, per_second: f64, stop: Arc<AtomicBool>) ->
                 .await
                 .expect("join");
                 match answer {
-                    Ok(r) if r.status == 200 => t.admitted.fetch_add(1, Ordering::Relaxed),
+                    Ok(r) if r.status == 200 => {
+                        let at = began.elapsed().as_millis() as u64;
+                        let _ = t.first_admitted_ms.compare_exchange(
+                            0,
+                            at.max(1),
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                        t.admitted.fetch_add(1, Ordering::Relaxed)
+                    }
                     Ok(r) if r.status == 429 => t.denied.fetch_add(1, Ordering::Relaxed),
                     _ => t.other.fetch_add(1, Ordering::Relaxed),
                 };
@@ -152,13 +164,17 @@ async fn three_envoys_share_one_key(nodes: usize) {
             .join("\n---\n")
     };
     eprintln!(
-        "{nodes} node(s): admitted {total} of bound {bound:.0} ({:.3}) over {:.1} s, denied {}",
+        "{nodes} node(s): admitted {total} of bound {bound:.0} ({:.3}) over {:.1} s, denied {}; first admitted at {:?} ms",
         total / bound,
         run.as_secs_f64(),
         tallies
             .iter()
             .map(|t| t.denied.load(Ordering::Relaxed))
-            .sum::<u64>()
+            .sum::<u64>(),
+        tallies
+            .iter()
+            .map(|t| t.first_admitted_ms.load(Ordering::Relaxed))
+            .collect::<Vec<_>>()
     );
     assert_eq!(other, 0, "every answer is 200 or 429\n{}", logs());
     assert!(
@@ -169,9 +185,36 @@ async fn three_envoys_share_one_key(nodes: usize) {
     // Not stranded: at least 80 % of what could be admitted, the bound or what the clients
     // asked for if a busy machine kept them below it.
     let asked = offered(&tallies);
+    let each: Vec<String> = tallies
+        .iter()
+        .map(|t| {
+            format!(
+                "{}/{} (first admitted at {} ms)",
+                t.admitted.load(Ordering::Relaxed),
+                t.denied.load(Ordering::Relaxed),
+                t.first_admitted_ms.load(Ordering::Relaxed)
+            )
+        })
+        .collect();
+    let rlqs_metrics = || {
+        served
+            .iter()
+            .map(|s| {
+                s.node
+                    .metrics()
+                    .render()
+                    .lines()
+                    .filter(|l| l.starts_with("tollgate_rlqs") && !l.starts_with('#'))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
     assert!(
         total >= bound.min(asked) * 0.80,
-        "{nodes} node(s): admitted {total} of {asked} asked, exact bound {bound:.0}: the quota was stranded"
+        "{nodes} node(s): admitted {total} of {asked} asked, exact bound {bound:.0}: the quota was stranded; each Envoy admitted/denied {each:?}\n{}",
+        rlqs_metrics()
     );
     drop(edges);
     for mut s in served {

@@ -299,6 +299,14 @@ async fn the_link_reports_the_truth_and_serves_only_what_is_the_peers() {
     assert_eq!(ack.skipped, 1, "an epoch past the window");
     assert_eq!(spent(&store, "synced", "k2").await, 0);
     assert_eq!(spent(&store, "synced", "k3").await, 4);
+    // What the peer sends and this region refuses is said at WARN, whatever the log level.
+    let text = log.text();
+    assert!(
+        text.contains("WARN")
+            && text.contains("refused what the peer sent")
+            && text.contains("past the rule's window"),
+        "eu warns of the entry it skipped: {text}"
+    );
 
     let wrong = PeerClient::new(&url, "us", "not-the-shared-secret").expect("client");
     let ping = tollgate_regionsync::messages::Ping {

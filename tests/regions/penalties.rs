@@ -70,3 +70,60 @@ async fn a_block_started_in_one_region_holds_in_the_other() {
     assert!(eu.check(&client("192.0.2.6")).await.expect("valid").allowed);
     regions.stop().await;
 }
+
+/// The peer region's word on how long to block is never longer than this region's rule: a
+/// block sent for 7 days under a rule that blocks for 6 s is held here for 6 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_cannot_block_for_longer_than_the_rule_here() {
+    use tollgate_regionsync::link::PeerClient;
+    use tollgate_regionsync::messages::{Origin, PenaltyBatch, PenaltyBlock};
+    let redis =
+        tokio::task::spawn_blocking(|| tollgate_testkit::RedisServer::start().expect("redis"))
+            .await
+            .expect("join");
+    let mut eu = crate::support::Running::start(
+        tollgate_server::config::Settings {
+            redis_url: Some(vec![redis.url()]),
+            region: Some("eu".into()),
+            peer_region: Some("us".into()),
+            peer_url: Some("http://127.0.0.1:9".into()),
+            region_secret: Some(crate::support::SECRET.into()),
+            ..Default::default()
+        },
+        RULES,
+    )
+    .await;
+    let us = PeerClient::new(
+        &format!("http://{}", eu.region_addr),
+        "us",
+        crate::support::SECRET,
+    )
+    .expect("client");
+    let week = Duration::from_secs(7 * 24 * 3600);
+    let ack = us
+        .penalty(
+            &PenaltyBatch {
+                origin: Origin {
+                    region: "us".into(),
+                    incarnation: 1,
+                },
+                blocks: vec![PenaltyBlock {
+                    rule: "login".into(),
+                    identity: b"192.0.2.9".to_vec(),
+                    left_us: week.as_micros() as u64,
+                }],
+            },
+            Duration::from_secs(5),
+        )
+        .await
+        .expect("the block is taken");
+    assert_eq!(ack.imposed, 1);
+    let v = eu.node.check(&client("192.0.2.9")).await.expect("valid");
+    assert_eq!(v.denial(), Some(Denial::Penalized), "{v:?}");
+    assert!(
+        v.retry_after <= Duration::from_secs(6),
+        "held for the rule's 6 s, not the peer's week: {:?}",
+        v.retry_after
+    );
+    eu.stop().await;
+}

@@ -25,20 +25,47 @@ pub struct Tokens {
     tokens: Vec<Token>,
 }
 
+/// The shortest secret a token takes (as the region link's secret): a token is all that
+/// stands between a network and every rule.
+pub const MIN_SECRET: usize = 16;
+
+/// Whether `name` can name a token (`name:secret`): letters, digits, `_`, `.` and `-`. Text
+/// before a `:` that is not one (`Xk9#2:pQ`) is part of the secret, not a name.
+fn is_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
 impl Tokens {
-    /// Tokens written `name:secret` (or just `secret`, named by position). An empty secret is
-    /// refused (an empty `--admin-tokens ""` must never read as "no authentication"); the
-    /// error names the setting and the position.
+    /// Tokens written `name:secret` (or just `secret`, named by position; the text before the
+    /// first `:` names the token only when it is a name, [`is_name`]). Every secret must be
+    /// at least [`MIN_SECRET`] characters: a secret pasted with a `,` in it, which the
+    /// command line and the environment split at, ends up as pieces too short to pass, and is
+    /// refused rather than read as several weak tokens. An empty secret is refused too (an
+    /// empty `--admin-tokens ""` must never read as "no authentication"). Errors name the
+    /// setting and the position, never the secret.
     pub fn parse(write: &[String], read: &[String]) -> Result<Self, String> {
         let parse = |(i, text): (usize, &String), access, setting: &str, prefix: &str| {
             let (name, secret) = match text.split_once(':') {
-                Some((name, secret)) if !name.is_empty() => (name.to_owned(), secret),
+                Some((name, secret)) if is_name(name) => (name.to_owned(), secret),
                 _ => (format!("{prefix}-{}", i + 1), text.as_str()),
             };
             if secret.is_empty() {
                 return Err(format!(
                     "{setting}[{i}] ({name:?}) has an empty secret; give every token a secret, \
                      or none at all (the admin API then listens on loopback only)"
+                ));
+            }
+            let length = secret.chars().count();
+            if length < MIN_SECRET {
+                return Err(format!(
+                    "{setting}[{i}] ({name:?}) has a secret of {length} characters; a token \
+                     needs at least {MIN_SECRET}. A list is split at ',' (flags and \
+                     environment): a secret that contains one can be given whole only as \
+                     an item of admin_tokens in --config's YAML"
                 ));
             }
             Ok(Token {
@@ -95,24 +122,27 @@ mod tests {
     #[test]
     fn tokens_are_named_and_scoped() {
         let tokens = Tokens::parse(
-            &["alice:s3cret".into(), "plain".into()],
-            &["dash:r3ad".into()],
+            &[
+                "alice:s3cret-s3cret-s3cret".into(),
+                "plain-secret-of-length".into(),
+            ],
+            &["dash:r3ad-r3ad-r3ad-r3ad".into()],
         )
         .expect("tokens");
         assert_eq!(
-            tokens.check(Some("Bearer s3cret")),
+            tokens.check(Some("Bearer s3cret-s3cret-s3cret")),
             Some(("alice".into(), Access::Write))
         );
         assert_eq!(
-            tokens.check(Some("Bearer plain")),
+            tokens.check(Some("Bearer plain-secret-of-length")),
             Some(("write-token-2".into(), Access::Write))
         );
         assert_eq!(
-            tokens.check(Some("Bearer r3ad")),
+            tokens.check(Some("Bearer r3ad-r3ad-r3ad-r3ad")),
             Some(("dash".into(), Access::Read))
         );
         assert_eq!(tokens.check(Some("Bearer nope")), None);
-        assert_eq!(tokens.check(Some("Basic s3cret")), None);
+        assert_eq!(tokens.check(Some("Basic s3cret-s3cret-s3cret")), None);
         assert_eq!(tokens.check(Some("Bearer ")), None);
         assert_eq!(tokens.check(None), None);
         assert!(!Tokens::parse(&[], &[]).expect("none").any());
@@ -120,8 +150,12 @@ mod tests {
 
     #[test]
     fn the_bearer_scheme_is_case_insensitive() {
-        let tokens = Tokens::parse(&["alice:s3cret".into()], &[]).expect("tokens");
-        for header in ["bearer s3cret", "BEARER s3cret", "BeArEr  s3cret"] {
+        let tokens = Tokens::parse(&["alice:s3cret-s3cret-s3cret".into()], &[]).expect("tokens");
+        for header in [
+            "bearer s3cret-s3cret-s3cret",
+            "BEARER s3cret-s3cret-s3cret",
+            "BeArEr  s3cret-s3cret-s3cret",
+        ] {
             assert!(tokens.check(Some(header)).is_some(), "{header}");
         }
     }
@@ -131,10 +165,37 @@ mod tests {
         for (write, read) in [
             (vec![String::new()], vec![]),
             (vec!["admin:".into()], vec![]),
-            (vec!["ok:secret".into()], vec![String::new()]),
+            (vec!["ok:a-secret-long-enough".into()], vec![String::new()]),
         ] {
             let err = Tokens::parse(&write, &read).expect_err("empty secret");
             assert!(err.contains("empty secret"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_pasted_secret_is_taken_whole_or_refused_never_read_as_weak_tokens() {
+        // As `--admin-tokens 'Xk9#2:pQ,z'` reaches the parser: split at the comma. Neither
+        // piece names a token ('#' is no name's), and both are far too short.
+        let err = Tokens::parse(&["Xk9#2:pQ".into(), "z".into()], &[]).expect_err("refused");
+        assert!(
+            err.contains("admin_tokens[0]") && err.contains("8 characters"),
+            "{err}"
+        );
+        assert!(!err.contains("pQ"), "the error never shows a secret: {err}");
+        // Whole, it is one token of its own, the '#' and ':' part of its secret.
+        let whole = Tokens::parse(&["Xk9#2:pQ,z-and-then-some".into()], &[]).expect("one token");
+        assert_eq!(
+            whole.check(Some("Bearer Xk9#2:pQ,z-and-then-some")),
+            Some(("write-token-1".into(), Access::Write))
+        );
+        assert_eq!(whole.check(Some("Bearer pQ,z-and-then-some")), None);
+        // A name is still a name.
+        let named = Tokens::parse(&["ops:0123456789abcdef".into()], &[]).expect("named");
+        assert_eq!(
+            named.check(Some("Bearer 0123456789abcdef")),
+            Some(("ops".into(), Access::Write))
+        );
+        let short = Tokens::parse(&["ops:0123456789abcde".into()], &[]).expect_err("15");
+        assert!(short.contains("at least 16"), "{short}");
     }
 }

@@ -137,6 +137,10 @@ pub enum StoreError {
     /// The store cannot be reached, is failing over, or is loading.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// Nothing accepts connections at the store's address (the connection was refused): the
+    /// store is down, not slow, and a circuit breaker need not count to be sure of it.
+    #[error("store refused the connection: {0}")]
+    Refused(String),
     /// The store has no room for new state: the in-memory store holds its maximum number of
     /// keys and none has expired, or Redis is at its `maxmemory` and refuses writes (OOM).
     /// The store itself is up and answering.
@@ -151,13 +155,16 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    /// Whether the same call may succeed later: timeouts, lost connections, failovers and a
-    /// full in-memory store are transient; invalid input, bad replies and rejected commands
+    /// Whether the same call may succeed later: timeouts, lost or refused connections,
+    /// failovers and a full in-memory store are transient; invalid input, bad replies and rejected commands
     /// are not.
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            StoreError::Timeout { .. } | StoreError::Unavailable(_) | StoreError::Full(_)
+            StoreError::Timeout { .. }
+                | StoreError::Unavailable(_)
+                | StoreError::Refused(_)
+                | StoreError::Full(_)
         )
     }
 }

@@ -140,6 +140,12 @@ impl BucketKey {
         format!("{}:penalty:shadow", self.key)
     }
 
+    /// The key of the lift epoch of the bucket's penalty records (same slot): the store time
+    /// of their latest lift or reset.
+    pub(crate) fn penalty_epoch_key(&self) -> String {
+        format!("{}:penalty:epoch", self.key)
+    }
+
     /// The penalty record `penalty` counts in.
     pub(crate) fn penalty_key_of(&self, penalty: &crate::ops::penalty::Penalty) -> String {
         if penalty.is_shadow() {

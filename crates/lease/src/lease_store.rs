@@ -11,7 +11,7 @@ use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
-use crate::ops::penalty::{Penalty, PenaltyState};
+use crate::ops::penalty::{Lift, Penalty, PenaltyState};
 use crate::ops::reservation::{SettleRequest, Settlement};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 
@@ -79,12 +79,15 @@ pub trait LeaseStore: Send + Sync {
 
     /// Adds `denials` to the count of `key`'s identity under `penalty` (0: reads its standing),
     /// starting a block when the count reaches the penalty's `after` (see
-    /// [`crate::ops::penalty`]).
+    /// [`crate::ops::penalty`]). `epoch` is the lift epoch the denials were handed out under:
+    /// under another than the store's they count nothing (None: counted whatever it is). The
+    /// answer carries the store's epoch.
     fn note_denials(
         &self,
         key: &BucketKey,
         penalty: &Penalty,
         denials: u64,
+        epoch: Option<u64>,
     ) -> impl Future<Output = Result<PenaltyState, StoreError>> + Send;
 
     /// Settles a reservation made by a reserving check, one bucket per item, exactly once per
@@ -95,8 +98,8 @@ pub trait LeaseStore: Send + Sync {
     ) -> impl Future<Output = Result<Vec<Settlement>, StoreError>> + Send;
 
     /// Lifts `key`'s identity's penalty block and forgets its denial counts (a SHADOW rule's
-    /// too); the bucket is untouched. Returns whether an enforced block was lifted.
-    fn lift_block(&self, key: &BucketKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// too), starting a new lift epoch; the bucket is untouched.
+    fn lift_block(&self, key: &BucketKey) -> impl Future<Output = Result<Lift, StoreError>> + Send;
 }
 
 /// Every key [`LeaseStore::reset`] forgets for `key`'s bucket.

@@ -59,7 +59,7 @@ pub use ops::check::{BucketStatus, CheckItem, CheckOutcome, CheckRequest, Decisi
 pub use ops::counter::HeldLeases;
 pub use ops::debit::{DebitItem, DebitOnce, DebitRequest, MAX_ORIGIN_BYTES};
 pub use ops::lease::{LeaseAsk, LeaseGrant, LeaseId, LeaseRequest, LeaseReturn, ReturnRequest};
-pub use ops::penalty::{Penalty, PenaltyState};
+pub use ops::penalty::{Lift, Penalty, PenaltyState};
 pub use ops::reservation::{
     MAX_RESERVATION_TTL, Reserve, SETTLED_KEPT, SettleItem, SettleRequest, Settlement,
 };

@@ -38,7 +38,7 @@ use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
-use crate::ops::penalty::{Penalty, PenaltyState};
+use crate::ops::penalty::{Lift, Penalty, PenaltyState};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 
 /// How long one store call takes on the link: a log-normal distribution given by its median
@@ -78,7 +78,7 @@ impl Latency {
 pub enum LinkCondition {
     /// Calls take their drawn latency.
     Up,
-    /// Calls fail at once with [`StoreError::Unavailable`] (connection refused).
+    /// Calls fail at once with [`StoreError::Refused`] (connection refused).
     Down,
     /// Calls hang until the link is up or down again.
     Stalled,
@@ -428,7 +428,7 @@ impl LinkedStore {
                 let condition = *self.link.inner.condition.lock();
                 match condition {
                     LinkCondition::Down => {
-                        return Err(StoreError::Unavailable(
+                        return Err(StoreError::Refused(
                             "connection refused (the simulated link is down)".into(),
                         ));
                     }
@@ -499,7 +499,7 @@ impl LinkedStore {
         let inner = &self.link.inner;
         if *inner.condition.lock() == LinkCondition::Down {
             inner.calls.refused.fetch_add(1, Ordering::Relaxed);
-            return Err(StoreError::Unavailable(
+            return Err(StoreError::Refused(
                 "connection refused (the simulated link is down)".into(),
             ));
         }
@@ -701,17 +701,18 @@ impl LeaseStore for LinkedStore {
         key: &BucketKey,
         penalty: &Penalty,
         denials: u64,
+        epoch: Option<u64>,
     ) -> Result<PenaltyState, StoreError> {
         let (key, penalty) = (key.clone(), *penalty);
         self.call(
             "penalty",
             |c| &c.penalty,
-            move |s| async move { s.note_denials(&key, &penalty, denials).await },
+            move |s| async move { s.note_denials(&key, &penalty, denials, epoch).await },
         )
         .await
     }
 
-    async fn lift_block(&self, key: &BucketKey) -> Result<bool, StoreError> {
+    async fn lift_block(&self, key: &BucketKey) -> Result<Lift, StoreError> {
         let key = key.clone();
         self.call(
             "penalty",

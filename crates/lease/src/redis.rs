@@ -32,7 +32,7 @@ use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
 use crate::ops::nonce;
-use crate::ops::penalty::{Penalty, PenaltyState};
+use crate::ops::penalty::{Lift, Penalty, PenaltyState};
 use crate::ops::reservation::{SettleRequest, Settlement};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 use batch::{Answer, BatchCounts, Batcher, Entered};
@@ -58,6 +58,51 @@ pub struct RedisStore {
 struct ShardMap {
     /// Slot → first slot of its range; empty until the cluster has answered once.
     first_slot: ArcSwap<Vec<u16>>,
+    /// How the cluster fails, as one of its nodes said last (None: not asked yet).
+    settings: ArcSwap<Option<ClusterSettings>>,
+}
+
+/// How a Redis Cluster fails, read from one of its nodes (`CONFIG GET`), at start and after
+/// each change of its slot ranges.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClusterSettings {
+    /// What the node said.
+    Read {
+        /// `cluster-require-full-coverage`. With `yes` (Redis's default) every node refuses
+        /// every key while any slot is uncovered: one failed primary stops every shard until
+        /// its replica is promoted, and every rule falls to its fail mode on all of them.
+        require_full_coverage: bool,
+        /// `cluster-node-timeout`, ms: how long a failed primary goes unnoticed before its
+        /// replica is promoted.
+        node_timeout_ms: Option<u64>,
+    },
+    /// The node would not say (a managed Redis that renames or forbids `CONFIG`): why.
+    Unreadable(String),
+}
+
+impl ClusterSettings {
+    /// What an operator should know, when it is a danger (None otherwise).
+    pub fn warning(&self) -> Option<String> {
+        match self {
+            ClusterSettings::Read {
+                require_full_coverage: true,
+                node_timeout_ms,
+            } => Some(format!(
+                "the Redis Cluster has cluster-require-full-coverage yes (Redis's default): when \
+                 one primary fails, every node refuses every key until its replica is promoted \
+                 (cluster-node-timeout {}), so every rule on every shard falls to its fail mode; \
+                 set cluster-require-full-coverage no on every node (docs/operations.md, \
+                 \"Redis Cluster\")",
+                node_timeout_ms.map_or("unknown".to_owned(), |ms| format!("{ms} ms"))
+            )),
+            ClusterSettings::Read { .. } => None,
+            ClusterSettings::Unreadable(why) => Some(format!(
+                "could not read the Redis Cluster's cluster-require-full-coverage ({why}): if it \
+                 is yes (Redis's default), one failed primary stops every shard; check it \
+                 (docs/operations.md, \"Redis Cluster\")"
+            )),
+        }
+    }
 }
 
 /// Redis Cluster's slot count.
@@ -150,6 +195,7 @@ impl RedisStore {
                 if let Some(table) = slot_table(&reply) {
                     shards.first_slot.store(Arc::new(table));
                 }
+                read_settings(shards, &self.conn).await;
             }
             Ok(())
         };
@@ -157,6 +203,14 @@ impl RedisStore {
             Ok(result) => result.map_err(|e| classify(e, timeout)),
             Err(_) => Err(StoreError::Timeout { budget: timeout }),
         }
+    }
+
+    /// How the cluster fails, as one of its nodes said last (None: a single Redis, or not
+    /// asked yet).
+    pub fn cluster_settings(&self) -> Option<ClusterSettings> {
+        self.shards
+            .as_ref()
+            .and_then(|s| (**s.settings.load()).clone())
     }
 
     /// Every shard as [`RedisStore::shard_of`] names them (what the cluster told last; `[0]`
@@ -321,13 +375,69 @@ async fn refresh_shards(map: std::sync::Weak<ShardMap>, conn: Connection) {
         match conn.run(&cmd).await {
             Ok(reply) => {
                 if let Some(table) = slot_table(&reply) {
+                    let changed = **shards.first_slot.load() != table;
                     shards.first_slot.store(Arc::new(table));
+                    // The topology moved (or the settings were never read): read them again.
+                    if changed || shards.settings.load().is_none() {
+                        read_settings(&shards, &conn).await;
+                    }
                 }
             }
             Err(e) => tracing::debug!(error = %e, "CLUSTER SLOTS failed; keeping the last ranges"),
         }
         drop(shards);
         tokio::time::sleep(SHARD_REFRESH).await;
+    }
+}
+
+/// Reads how the cluster fails from one of its nodes and keeps it; says it in the log when it
+/// is a danger, once each time it changes.
+async fn read_settings(shards: &ShardMap, conn: &Connection) {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("cluster-*");
+    let read = match conn.run(&cmd).await {
+        Ok(reply) => {
+            let pairs = config_pairs(&reply);
+            match pairs.get("cluster-require-full-coverage") {
+                Some(v) => ClusterSettings::Read {
+                    require_full_coverage: v.eq_ignore_ascii_case("yes"),
+                    node_timeout_ms: pairs
+                        .get("cluster-node-timeout")
+                        .and_then(|v| v.parse().ok()),
+                },
+                None => ClusterSettings::Unreadable(
+                    "CONFIG GET did not answer cluster-require-full-coverage".into(),
+                ),
+            }
+        }
+        Err(e) => ClusterSettings::Unreadable(e.to_string()),
+    };
+    let before = shards.settings.swap(Arc::new(Some(read.clone())));
+    if before.as_ref().as_ref() != Some(&read) {
+        match read.warning() {
+            Some(warning) => tracing::warn!("{warning}"),
+            None => tracing::info!(?read, "the Redis Cluster fails one shard at a time"),
+        }
+    }
+}
+
+/// A `CONFIG GET` reply (a flat array or a map of name, value) as name → value.
+fn config_pairs(reply: &Value) -> std::collections::HashMap<String, String> {
+    let text = |v: &Value| match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    };
+    match reply {
+        Value::Array(items) => items
+            .chunks(2)
+            .filter_map(|pair| Some((text(pair.first()?)?, text(pair.get(1)?)?)))
+            .collect(),
+        Value::Map(entries) => entries
+            .iter()
+            .filter_map(|(k, v)| Some((text(k)?, text(v)?)))
+            .collect(),
+        _ => Default::default(),
     }
 }
 
@@ -358,11 +468,10 @@ fn classify(e: RedisError, budget: Duration) -> StoreError {
     if e.is_timeout() {
         return StoreError::Timeout { budget };
     }
-    if e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_cluster_error()
-    {
+    if e.is_connection_refusal() {
+        return StoreError::Refused(e.to_string());
+    }
+    if e.is_io_error() || e.is_connection_dropped() || e.is_cluster_error() {
         return StoreError::Unavailable(e.to_string());
     }
     match e.kind() {
@@ -573,7 +682,8 @@ impl LeaseStore for RedisStore {
     }
 
     async fn reset(&self, key: &BucketKey) -> Result<bool, StoreError> {
-        let keys = counter_keys(key);
+        let mut keys = counter_keys(key).to_vec();
+        keys.push(key.penalty_epoch_key());
         let reply = eval(&self.conn, &SCRIPTS.reset, &keys, &[], self.budget).await?;
         Ok(reply::counts(reply, 1, "reset reply")?[0] > 0)
     }
@@ -599,27 +709,38 @@ impl LeaseStore for RedisStore {
         key: &BucketKey,
         penalty: &Penalty,
         denials: u64,
+        epoch: Option<u64>,
     ) -> Result<PenaltyState, StoreError> {
-        let keys = [key.penalty_key_of(penalty)];
+        let keys = [key.penalty_key_of(penalty), key.penalty_epoch_key()];
         let args = [
             denials.to_string(),
             penalty.after().to_string(),
             penalty.within().as_micros().to_string(),
             penalty.block().as_micros().to_string(),
+            epoch.map(|e| e.to_string()).unwrap_or_default(),
         ];
         let reply = eval(&self.conn, &SCRIPTS.note_denials, &keys, &args, self.budget).await?;
-        let counts = reply::counts(reply, 3, "note denials reply")?;
+        let counts = reply::counts(reply, 4, "note denials reply")?;
         Ok(PenaltyState {
             blocked_for: Duration::from_micros(counts[0]),
             denials: counts[1],
             started: counts[2] == 1,
+            epoch: counts[3],
         })
     }
 
-    async fn lift_block(&self, key: &BucketKey) -> Result<bool, StoreError> {
-        let keys = [key.penalty_key(), key.shadow_penalty_key()];
+    async fn lift_block(&self, key: &BucketKey) -> Result<Lift, StoreError> {
+        let keys = [
+            key.penalty_key(),
+            key.shadow_penalty_key(),
+            key.penalty_epoch_key(),
+        ];
         let reply = eval(&self.conn, &SCRIPTS.penalty_lift, &keys, &[], self.budget).await?;
-        Ok(reply::counts(reply, 1, "penalty lift reply")?[0] == 1)
+        let counts = reply::counts(reply, 2, "penalty lift reply")?;
+        Ok(Lift {
+            was_blocked: counts[0] == 1,
+            epoch: counts[1],
+        })
     }
 
     async fn debit(&self, req: &DebitRequest) -> Result<Vec<u64>, StoreError> {

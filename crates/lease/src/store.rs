@@ -9,7 +9,7 @@ use crate::ops::check::{CheckOutcome, CheckRequest};
 use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseRequest, ReturnRequest};
-use crate::ops::penalty::{Penalty, PenaltyState};
+use crate::ops::penalty::{Lift, Penalty, PenaltyState};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 use crate::redis::RedisStore;
 
@@ -77,6 +77,14 @@ impl Store {
     pub fn batch_counts(&self) -> Option<crate::BatchCounts> {
         match self {
             Store::Redis(s) => s.batch_counts(),
+            Store::Memory(_) | Store::Linked(_) => None,
+        }
+    }
+
+    /// How a Redis Cluster fails, as one of its nodes said last (None otherwise).
+    pub fn cluster_settings(&self) -> Option<crate::redis::ClusterSettings> {
+        match self {
+            Store::Redis(s) => s.cluster_settings(),
             Store::Memory(_) | Store::Linked(_) => None,
         }
     }
@@ -177,11 +185,12 @@ impl LeaseStore for Store {
         key: &BucketKey,
         penalty: &Penalty,
         denials: u64,
+        epoch: Option<u64>,
     ) -> Result<PenaltyState, StoreError> {
         match self {
-            Store::Memory(s) => s.note_denials(key, penalty, denials).await,
-            Store::Redis(s) => s.note_denials(key, penalty, denials).await,
-            Store::Linked(s) => s.note_denials(key, penalty, denials).await,
+            Store::Memory(s) => s.note_denials(key, penalty, denials, epoch).await,
+            Store::Redis(s) => s.note_denials(key, penalty, denials, epoch).await,
+            Store::Linked(s) => s.note_denials(key, penalty, denials, epoch).await,
         }
     }
 
@@ -196,7 +205,7 @@ impl LeaseStore for Store {
         }
     }
 
-    async fn lift_block(&self, key: &BucketKey) -> Result<bool, StoreError> {
+    async fn lift_block(&self, key: &BucketKey) -> Result<Lift, StoreError> {
         match self {
             Store::Memory(s) => s.lift_block(key).await,
             Store::Redis(s) => s.lift_block(key).await,

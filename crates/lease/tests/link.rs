@@ -59,7 +59,7 @@ async fn a_link_that_is_down_refuses_at_once() {
         .check(&one(Limit::token_bucket(10, 1.0).expect("limit")))
         .await
         .expect_err("refused");
-    assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+    assert!(matches!(e, StoreError::Refused(_)), "{e}");
     assert_eq!(t.elapsed(), Duration::ZERO);
     assert_eq!(
         s.link()

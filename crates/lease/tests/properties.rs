@@ -535,7 +535,7 @@ fn reserve_step() -> impl Strategy<Value = Step> {
     prop_oneof![
         3 => (0u64..=12, prop_oneof![Just(50u64), Just(1_000), Just(600_000)])
             .prop_map(|(estimate, ttl_ms)| Step::Reserve { estimate, ttl_ms }),
-        3 => (0usize..32, 0u64..=20).prop_map(|(which, actual)| Step::Settle { which, actual }),
+        3 => (0usize..32, prop_oneof![0u64..=20, 0u64..=400]).prop_map(|(which, actual)| Step::Settle { which, actual }),
         1 => prop_oneof![Just(10u64), Just(100), Just(2_000)].prop_map(Step::Wait),
         1 => Just(Step::Check),
     ]
@@ -553,8 +553,8 @@ struct Booked {
 /// Runs `steps` against a token bucket that never refills (capacity 60) on the in-memory store,
 /// and an exact ledger kept by the contract: an admitted reservation spends its estimate; a
 /// settle while live gives back what the estimate exceeded the actual by, never above
-/// capacity; any settle charges the excess, the debt floored at one bucket; a reservation is
-/// settled once; a denied one is unknown. After every step the store's remaining must be the
+/// capacity (and says what the bucket kept); any settle charges the excess whole, however deep
+/// the debt; a reservation is settled once; a denied one is unknown. After every step the store's remaining must be the
 /// ledger's.
 fn reserve_and_settle(steps: &[Step]) -> Result<(), TestCaseError> {
     const CAPACITY: f64 = 60.0;
@@ -627,8 +627,12 @@ fn reserve_and_settle(steps: &[Step]) -> Result<(), TestCaseError> {
                     } else {
                         0
                     };
-                    tokens = (tokens + refunded as f64).min(CAPACITY);
-                    tokens = (tokens - charged as f64).max(-CAPACITY);
+                    // What the bucket kept of the refund is what `refunded` says: a full
+                    // bucket keeps none of it.
+                    let refunded = refunded.min((CAPACITY - tokens).max(0.0) as u64);
+                    tokens += refunded as f64;
+                    // The excess is owed whole: no floor, however deep the debt.
+                    tokens -= charged as f64;
                     if live {
                         Settlement::Settled { refunded, charged }
                     } else {
@@ -665,4 +669,128 @@ proptest! {
     ) {
         reserve_and_settle(&steps)?;
     }
+}
+
+/// One request of a client that may underestimate: it reserves `estimate` (trying again at
+/// every Retry-After until admitted), settles at `actual`, then waits `pause_ms`.
+#[derive(Debug, Clone)]
+struct Priced {
+    estimate: u64,
+    actual: u64,
+    pause_ms: u64,
+}
+
+fn priced() -> impl Strategy<Value = Priced> {
+    (
+        0u64..=20,
+        prop_oneof![0u64..=30, 0u64..=2_000],
+        0u64..=1_500,
+    )
+        .prop_map(|(estimate, actual, pause_ms)| Priced {
+            estimate,
+            actual,
+            pause_ms,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// However often a client underestimates, and by how much, what it uses (its actuals) and
+    /// what it is charged for (each admitted estimate, less what the bucket kept of a refund,
+    /// plus each excess) stay within capacity + rate × time + its largest single excess: the excess is owed whole,
+    /// and a client honouring Retry-After waits it out. A token bucket of 20 and 10 a second,
+    /// on the in-memory store (the Redis scripts agree with it: differential.rs).
+    #[test]
+    fn an_underestimating_client_is_charged_within_capacity_rate_and_one_excess(
+        requests in proptest::collection::vec(priced(), 1..40),
+    ) {
+        // A token bucket of 20 and 10 a second: within capacity + rate × time + one excess.
+        underestimated(&requests, Limit::token_bucket(20, 10.0).expect("l"), |start, end| {
+            20.0 + 10.0 * (end - start) as f64 / 1e6
+        })?;
+        // A fixed window of 20 each 2 s: within 20 for every window the run touched + one
+        // excess (a count past the limit is a debt, carried into the windows after it).
+        underestimated(
+            &requests,
+            Limit::fixed_window(20, Duration::from_secs(2)).expect("l"),
+            |start, end| {
+                let w = 2_000_000;
+                20.0 * (end / w - start / w + 1) as f64
+            },
+        )?;
+    }
+}
+
+/// Runs `requests` against `limit` (the in-memory store; the Redis scripts agree with it:
+/// differential.rs): what the client used and was charged for (each admitted estimate, less
+/// what the bucket kept of a refund, plus each excess) stays within `bound(start, end)` plus
+/// its largest single excess, the excess owed whole and every Retry-After honoured.
+fn underestimated(
+    requests: &[Priced],
+    limit: Limit,
+    bound: impl Fn(u64, u64) -> f64,
+) -> Result<(), TestCaseError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    let clock = ManualClock::new(START);
+    let store = MemoryStore::with_clock(Arc::new(clock.clone()), MemoryConfig::default());
+    let key = BucketKey::new(b"greedy", "rule").expect("k");
+    // What the client used (its actuals), and what the store charged it for.
+    let (mut used, mut charged, mut largest_excess) = (0u64, 0u64, 0u64);
+    for (i, r) in requests.iter().enumerate() {
+        let nonce = format!("r{i}");
+        let req = CheckRequest::single(key.clone(), limit, r.estimate)
+            .expect("r")
+            .reserve(&nonce, Duration::from_secs(3600))
+            .expect("r");
+        // Honours every Retry-After it is given until admitted.
+        let mut tries = 0;
+        loop {
+            let out = rt.block_on(store.check(&req)).expect("reserve");
+            if out.allowed() {
+                break;
+            }
+            tries += 1;
+            prop_assert!(tries < 10, "request {} never admitted", i);
+            let wait = out.buckets[0].retry_after;
+            prop_assert!(wait > Duration::ZERO, "denied with no Retry-After");
+            clock.advance(wait);
+        }
+        charged += r.estimate;
+        used += r.actual;
+        let settle = SettleRequest::new(vec![SettleItem {
+            key: key.clone(),
+            limit,
+            nonce,
+            actual: r.actual,
+        }])
+        .expect("r");
+        match rt.block_on(store.settle(&settle)).expect("settle")[0] {
+            Settlement::Settled {
+                refunded,
+                charged: excess,
+            } => {
+                prop_assert_eq!(excess, r.actual.saturating_sub(r.estimate), "owed whole");
+                prop_assert!(refunded <= r.estimate.saturating_sub(r.actual));
+                charged = charged - refunded + excess;
+                largest_excess = largest_excess.max(excess);
+            }
+            other => prop_assert!(false, "request {}: {:?}", i, other),
+        }
+        clock.advance(Duration::from_millis(r.pause_ms));
+    }
+    let (start, end) = (START, clock.now_micros());
+    let bound = bound(start, end) + largest_excess as f64;
+    prop_assert!(
+        used.max(charged) as f64 <= bound + 1e-6,
+        "{:?}: used {}, charged {} in {:.3} s; the bound and one excess is {:.3}",
+        limit.algorithm(),
+        used,
+        charged,
+        (end - start) as f64 / 1e6,
+        bound
+    );
+    Ok(())
 }

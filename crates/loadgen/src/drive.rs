@@ -83,7 +83,7 @@ fn request(run: &Run, key: String) -> RateLimitRequest {
     descriptors.push(RateLimitDescriptor {
         entries: vec![Entry {
             key: run.key.clone(),
-            value: key.clone(),
+            value: key.clone().into_bytes(),
         }],
         ..Default::default()
     });
@@ -92,11 +92,11 @@ fn request(run: &Run, key: String) -> RateLimitRequest {
             entries: vec![
                 Entry {
                     key: run.key.clone(),
-                    value: key.clone(),
+                    value: key.clone().into_bytes(),
                 },
                 Entry {
                     key: "d".into(),
-                    value: d.to_string(),
+                    value: d.to_string().into_bytes(),
                 },
             ],
             ..Default::default()

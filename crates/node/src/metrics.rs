@@ -13,12 +13,14 @@ use prometheus_client::registry::Registry;
 
 use crate::runtime::outcome::Outcome;
 
+pub mod client_input;
+pub mod connections;
 mod labels;
 pub mod rlqs;
 
 pub use labels::{
     Api, ApiResult, PenaltyLabels, RuleLabels, SettledUnitsLabels, SettlementLabels, StoreFailure,
-    StoreOp,
+    StoreOp, UncountedDenialsLabels,
 };
 use labels::{ApiLabels, ApiResultLabels, DecisionLabels, FailureLabels, OpLabels};
 
@@ -74,6 +76,15 @@ pub struct Metrics {
     pub breaker_opened: Counter,
     /// Shards whose breaker is not closed.
     pub breakers_open: Gauge,
+    /// 1 while every store shard answers (no call failed since its last answer, breaker
+    /// closed), 0 otherwise.
+    pub store_answering: Gauge,
+    /// Seconds since the store last answered (the shard that answered longest ago), as of the
+    /// last scrape; at most about the heartbeat (1 s) while it answers, whatever the traffic.
+    pub store_last_answer_age_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// A Redis Cluster's `cluster-require-full-coverage`: 1 yes (one failed primary stops
+    /// every shard), 0 no, -1 could not be read; absent (0) elsewhere.
+    pub store_cluster_full_coverage_required: Gauge,
     /// Lease acquisitions answered after the store had stalled (their grants were used, not
     /// lost).
     pub late_leases: Counter,
@@ -93,6 +104,8 @@ pub struct Metrics {
     pub penalties: Family<PenaltyLabels, Counter>,
     /// Requests denied because their identity was in a rule's penalty box, per rule.
     pub penalized_requests: Family<RuleLabels, Counter>,
+    /// Denials a rule's penalty did not count, per rule and reason.
+    pub penalty_denials_uncounted: Family<UncountedDenialsLabels, Counter>,
     /// Reservations settled, per rule and what the store did.
     pub settlements: Family<SettlementLabels, Counter>,
     /// Units settlements gave back or charged, per rule.
@@ -170,6 +183,10 @@ pub struct Metrics {
     pub api: [ApiMetrics; 2],
     /// Envoy's rate limit quota service.
     pub rlqs: rlqs::RlqsMetrics,
+    /// Request content decided on other terms than as sent.
+    pub client_input: client_input::ClientInputMetrics,
+    /// Each listener's connections.
+    pub connections: connections::ConnectionMetrics,
 }
 
 /// One API's request counters and latency histogram.
@@ -270,12 +287,16 @@ impl Metrics {
             breaker_state: Gauge::default(),
             breaker_opened: Counter::default(),
             breakers_open: Gauge::default(),
+            store_answering: Gauge::default(),
+            store_last_answer_age_seconds: Gauge::default(),
+            store_cluster_full_coverage_required: Gauge::default(),
             late_leases: Counter::default(),
             owed_units: Counter::default(),
             owed_units_debited: Counter::default(),
             owed_units_paid_by_grant: Counter::default(),
             penalties: Family::default(),
             penalized_requests: Family::default(),
+            penalty_denials_uncounted: Family::default(),
             settlements: Family::default(),
             settled_units: Family::default(),
             store_stalls: Counter::default(),
@@ -309,12 +330,16 @@ impl Metrics {
             tls_handshakes_refused: Counter::default(),
             region: Default::default(),
             rlqs: Default::default(),
+            client_input: Default::default(),
+            connections: Default::default(),
             registry: Registry::default(),
         };
         if regions {
             m.region.register(&mut registry);
         }
         m.rlqs.register(&mut registry);
+        m.client_input.register(&mut registry);
+        m.connections.register(&mut registry);
         registry.register(
             "requests_unmatched",
             "Requests that matched no rule (nothing limited them)",
@@ -347,6 +372,21 @@ impl Metrics {
             m.breakers_open.clone(),
         );
         registry.register(
+            "store_answering",
+            "1 while every store shard answers (no call failed since its last answer, breaker closed)",
+            m.store_answering.clone(),
+        );
+        registry.register(
+            "store_last_answer_age_seconds",
+            "Seconds since the store last answered (the shard that answered longest ago)",
+            m.store_last_answer_age_seconds.clone(),
+        );
+        registry.register(
+            "store_cluster_full_coverage_required",
+            "A Redis Cluster's cluster-require-full-coverage: 1 yes (one failed primary stops every shard), 0 no, -1 unreadable",
+            m.store_cluster_full_coverage_required.clone(),
+        );
+        registry.register(
             "leases_late",
             "Lease acquisitions answered after the store stalled (their units were still used)",
             m.late_leases.clone(),
@@ -375,6 +415,11 @@ impl Metrics {
             "penalized_requests",
             "Requests denied because their identity was in a rule's penalty box",
             m.penalized_requests.clone(),
+        );
+        registry.register(
+            "penalty_denials_uncounted",
+            "Denials a rule's penalty box did not count (lifted: handed out before a lift or reset and refused by the store; store_failed; pending_full)",
+            m.penalty_denials_uncounted.clone(),
         );
         registry.register(
             "settlements",

@@ -8,10 +8,12 @@
 //! - [`source`]: loading files, with errors that name the file, line and field.
 //! - [`overrides`]: mode overrides, the kill switch for rules from any source.
 //! - [`compiled`]: one compiled rule; [`set`]: the compiled, indexed rule set.
+//! - [`identity`]: a bucket's identity, bounded in bytes (a long one kept as its digest).
 //! - [`watch`]: reloading when files change; an invalid file is rejected whole.
 
 pub mod compiled;
 pub mod envoy;
+pub mod identity;
 pub mod model;
 pub mod native;
 pub mod overrides;

@@ -329,7 +329,10 @@ impl LinkService {
 
     fn decode<T: DeserializeOwned>(&self, frame: Frame) -> Result<T, Status> {
         codec::decode(&frame.body).map_err(|e| {
-            self.receiver.reject("malformed");
+            self.receiver.refuse(
+                "malformed",
+                format_args!("a message that does not decode: {e}"),
+            );
             Status::invalid_argument(e.to_string())
         })
     }

@@ -66,6 +66,8 @@ pub struct Receiver {
     interval_us: u64,
     /// When the newest applied batch was sent (peer's clock), for the lag metric.
     newest_applied: AtomicU64,
+    /// Paces the warning for what the peer sent and this region refused.
+    refusals: crate::throttle::Throttled,
 }
 
 impl std::fmt::Debug for Receiver {
@@ -98,6 +100,7 @@ impl Receiver {
             clock,
             interval_us: (interval.as_micros() as u64).max(1),
             newest_applied: AtomicU64::new(0),
+            refusals: crate::throttle::Throttled::default(),
         }
     }
 
@@ -116,8 +119,24 @@ impl Receiver {
         self.newest_applied.load(Ordering::Relaxed)
     }
 
+    /// Counts a refused call or entry, and warns of it (at most once every few seconds, with
+    /// how many were held back): what the peer sends and this region cannot take is a sign of
+    /// a link that is wrong (two versions of a rule during a rollout, a peer in trouble, or a
+    /// peer that is not what it says), which an operator must hear of.
+    pub(crate) fn refuse(&self, reason: &str, detail: std::fmt::Arguments<'_>) {
+        self.reject(reason);
+        if let Some(held_back) = self.refusals.ready() {
+            tracing::warn!(
+                peer = %self.peer_region,
+                reason,
+                held_back,
+                "region link: refused what the peer sent: {detail}"
+            );
+        }
+    }
+
     fn invalid(&self, message: String) -> Status {
-        self.reject("invalid");
+        self.refuse("invalid", format_args!("{message}"));
         Status::invalid_argument(message)
     }
 
@@ -131,11 +150,12 @@ impl Receiver {
         items: &str,
     ) -> Result<(), Status> {
         if origin.region != self.peer_region {
-            self.reject("unknown peer");
-            return Err(Status::permission_denied(format!(
+            let message = format!(
                 "{what} from region {:?}, not this region's peer",
                 origin.region
-            )));
+            );
+            self.refuse("unknown peer", format_args!("{message}"));
+            return Err(Status::permission_denied(message));
         }
         if count > MAX_ENTRIES_PER_BATCH {
             return Err(self.invalid(format!(
@@ -198,13 +218,13 @@ impl Receiver {
                 .most_over(Duration::from_micros(epoch_length(&limit)))
                 .saturating_mul(2);
             if entry.total > most {
-                self.reject("total beyond the limit");
-                tracing::debug!(
-                    entry = i,
-                    rule = %entry.rule,
-                    total = entry.total,
-                    most,
-                    "skipped an entry whose total is more than its rule admits in an epoch"
+                self.refuse(
+                    "total beyond the limit",
+                    format_args!(
+                        "entry {i} of rule {:?} says {} were consumed in an epoch, where its \
+                         rule admits at most {most} (skipped)",
+                        entry.rule, entry.total
+                    ),
                 );
                 skipped += 1;
                 continue;
@@ -212,13 +232,13 @@ impl Receiver {
             if entry.until > latest || entry.at > skewed_now {
                 // This entry only (the regions may hold the rule differently during a
                 // rollout): refusing the batch would stop every other total from landing.
-                self.reject("epoch beyond the window");
-                tracing::debug!(
-                    entry = i,
-                    rule = %entry.rule,
-                    until = entry.until,
-                    latest,
-                    "skipped an entry whose epoch ends past the rule's window"
+                self.refuse(
+                    "epoch beyond the window",
+                    format_args!(
+                        "entry {i} of rule {:?} has an epoch ending at {} µs, past the rule's \
+                         window here ({latest} µs; skipped)",
+                        entry.rule, entry.until
+                    ),
                 );
                 skipped += 1;
                 continue;
@@ -276,7 +296,10 @@ impl Receiver {
     /// Answers a heartbeat.
     pub fn pong(&self, ping: &Ping) -> Result<Pong, Status> {
         if ping.origin.region != self.peer_region {
-            self.reject("unknown peer");
+            self.refuse(
+                "unknown peer",
+                format_args!("a heartbeat from region {:?}", ping.origin.region),
+            );
             return Err(Status::permission_denied("not this region's peer"));
         }
         Ok(Pong {

@@ -345,6 +345,7 @@ impl App {
                     state,
                     admin,
                     self.tls.as_ref().map(|t| t.admin.clone()),
+                    self.node.metrics().clone(),
                     stopped(stop_rx.clone()),
                 ));
                 let follow = tokio::spawn(
@@ -397,14 +398,28 @@ impl App {
                 let region = region.clone();
                 let stop = stopped(stop_rx.clone());
                 let tls = self.tls.as_ref().map(|t| t.region.clone());
+                use crate::listener::{Bounds, OpeningRule, Protocol};
+                let metrics = self.node.metrics();
+                let connections = crate::listener::accept(listener, Bounds::REGION_LINK, metrics);
+                let opening = OpeningRule::new(Protocol::Http2, &Bounds::REGION_LINK, metrics);
                 async move {
+                    // The link's own service on a gRPC server with every gRPC port's bounds.
+                    let server =
+                        crate::listener::grpc_server().add_service(region.service().into_server());
                     let served = match tls {
-                        None => region.serve(listener, stop).await,
+                        None => {
+                            server
+                                .serve_with_incoming_shutdown(opening.open_all(connections), stop)
+                                .await
+                        }
                         Some(acceptor) => {
-                            region
-                                .service()
-                                .serve_incoming(
-                                    crate::tls::incoming(listener, acceptor, "region link"),
+                            server
+                                .serve_with_incoming_shutdown(
+                                    opening.open_all(crate::tls::incoming(
+                                        connections,
+                                        acceptor,
+                                        Bounds::REGION_LINK.name,
+                                    )),
                                     stop,
                                 )
                                 .await

@@ -151,7 +151,7 @@ pub struct Config {
     pub top_denied_token: Option<String>,
     /// Whether the HTTP port serves `POST /json`.
     pub json_check: bool,
-    /// The bearer token `POST /json` requires (None: anyone who reaches the port).
+    /// The bearer token `POST /json` requires (None: loopback callers only).
     pub json_check_token: Option<String>,
     /// Whether Envoy's answers carry the X-RateLimit trio beside the IETF headers.
     pub x_ratelimit_headers: XRateLimitHeaders,
@@ -159,9 +159,11 @@ pub struct Config {
     pub rlqs: crate::rlqs::RlqsConfig,
 }
 
-/// The most RLQS buckets `rlqs_max_buckets` may allow (each holds a little state and a task
-/// that ticks four times a second).
-pub const MAX_RLQS_BUCKETS: usize = 1_000_000;
+/// The most memory `rlqs_max_state_mb` may give RLQS buckets, MB (each holds a little state and
+/// a task that ticks four times a second).
+pub const MAX_RLQS_STATE_MB: usize = 4096;
+/// The largest report `rlqs_max_report_mb` may allow, MB.
+pub const MAX_RLQS_REPORT_MB: usize = 64;
 
 /// The CPUs this process may use: its CPU affinity and its cgroup's CPU quota (a Kubernetes
 /// CPU limit) both count; at least 1.
@@ -188,11 +190,18 @@ impl TryFrom<Settings> for Config {
                 .unwrap_or(defaults::ENVOY_FAIL_MODE),
         )
         .map_err(|reason| settings::bad("envoy_fail_mode", reason))?;
-        let rlqs_max_buckets = s.rlqs_max_buckets.unwrap_or(defaults::RLQS_MAX_BUCKETS);
-        if !(1..=MAX_RLQS_BUCKETS).contains(&rlqs_max_buckets) {
+        let rlqs_max_state_mb = s.rlqs_max_state_mb.unwrap_or(defaults::RLQS_MAX_STATE_MB);
+        if !(1..=MAX_RLQS_STATE_MB).contains(&rlqs_max_state_mb) {
             return Err(settings::bad(
-                "rlqs_max_buckets",
-                format!("must be between 1 and {MAX_RLQS_BUCKETS}"),
+                "rlqs_max_state_mb",
+                format!("must be between 1 and {MAX_RLQS_STATE_MB}"),
+            ));
+        }
+        let rlqs_max_report_mb = s.rlqs_max_report_mb.unwrap_or(defaults::RLQS_MAX_REPORT_MB);
+        if !(1..=MAX_RLQS_REPORT_MB).contains(&rlqs_max_report_mb) {
+            return Err(settings::bad(
+                "rlqs_max_report_mb",
+                format!("must be between 1 and {MAX_RLQS_REPORT_MB}"),
             ));
         }
         let worker_threads = match s.worker_threads {
@@ -221,6 +230,7 @@ impl TryFrom<Settings> for Config {
                 breaker: breaker.config,
                 store_patience: breaker.patience,
                 startup_patience: breaker.startup_patience,
+                store_heartbeat: RuntimeConfig::default().store_heartbeat,
                 cluster_nodes: lease.cluster_nodes,
                 max_key_state_bytes: lease.max_key_state_bytes,
                 idle_timeout: lease.idle_timeout,
@@ -246,8 +256,8 @@ impl TryFrom<Settings> for Config {
                 XRateLimitHeaders::Omit
             },
             rlqs: crate::rlqs::RlqsConfig {
-                max_buckets: rlqs_max_buckets,
-                max_buckets_per_stream: rlqs_max_buckets,
+                max_state_bytes: rlqs_max_state_mb << 20,
+                max_report_bytes: rlqs_max_report_mb << 20,
                 ..crate::rlqs::RlqsConfig::default()
             },
         })
@@ -370,7 +380,8 @@ mod tests {
         assert_eq!(err(&["--store-timeout-ms", "0"]), "store_timeout_ms");
         assert_eq!(err(&["--redis-batch-max", "0"]), "redis_batch_max");
         assert_eq!(err(&["--redis-batch-max", "5000"]), "redis_batch_max");
-        assert_eq!(err(&["--rlqs-max-buckets", "0"]), "rlqs_max_buckets");
+        assert_eq!(err(&["--rlqs-max-state-mb", "0"]), "rlqs_max_state_mb");
+        assert_eq!(err(&["--rlqs-max-report-mb", "65"]), "rlqs_max_report_mb");
         assert_eq!(err(&["--log-format", "xml"]), "log_format");
         assert_eq!(err(&["--prelimit-factor=-1"]), "prelimit_factor");
         assert_eq!(err(&["--region", "us"]), "peer_region");
@@ -484,7 +495,11 @@ mod tests {
                 "x-ratelimit-headers",
                 defaults::X_RATELIMIT_HEADERS.to_string(),
             ),
-            ("rlqs-max-buckets", defaults::RLQS_MAX_BUCKETS.to_string()),
+            ("rlqs-max-state-mb", defaults::RLQS_MAX_STATE_MB.to_string()),
+            (
+                "rlqs-max-report-mb",
+                defaults::RLQS_MAX_REPORT_MB.to_string(),
+            ),
             ("admin-listen", defaults::ADMIN_LISTEN.to_string()),
             (
                 "admin-client-timeout-ms",

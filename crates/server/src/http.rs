@@ -10,8 +10,8 @@
 use std::future::Future;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, State};
 use axum::http::HeaderMap;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
@@ -25,6 +25,7 @@ use tollgate_node::runtime::breaker::BreakerState;
 use subtle::ConstantTimeEq;
 
 use crate::json_check::JsonCheck;
+use crate::listener::{Bounds, http1_connections, serve_http1};
 use tollgate_control::problem::Problem;
 use tollgate_node::runtime::{Node, WarmUp};
 
@@ -39,12 +40,7 @@ async fn healthz() -> &'static str {
 async fn readyz(State(node): State<Node>) -> impl IntoResponse {
     let rules = node.rules();
     let ready = rules.is_loaded();
-    let breakers = node.breaker_states();
-    let open: Vec<u16> = breakers
-        .iter()
-        .filter(|(_, s)| *s != BreakerState::Closed)
-        .map(|(shard, _)| *shard)
-        .collect();
+    let store = store_health(&node);
     let mut body = serde_json::json!({
         "ready": ready,
         "rulesLoaded": ready,
@@ -52,18 +48,14 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
         "rulesCount": rules.load().rules().len(),
         "rulesSource": rules.source(),
         "rulesStalenessSeconds": node.metrics().rules_staleness_seconds.get(),
-        "store": {
-            "answering": open.is_empty(),
-            "breaker": node.breaker_state().as_str(),
-            "shardsOpen": open,
-            "startup": startup(&node),
-        },
+        "store": store,
         "breaker": node.breaker_state().as_str(),
     });
     let rlqs = &node.metrics().rlqs;
     body["rlqs"] = serde_json::json!({
         "streams": rlqs.streams.get(),
         "buckets": rlqs.buckets.get(),
+        "stateBytes": rlqs.state_bytes.get(),
     });
     // Why the rules are not what their source holds: why the node is not ready, or what it
     // rejected while staying ready on its previous set.
@@ -92,6 +84,65 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "application/json")],
         body.to_string(),
     )
+}
+
+/// The store as the node last saw it: whether it answers (no call failed since its last
+/// answer, and no breaker open), since when it has not, how long ago it last answered, the
+/// last error, and each shard that does not answer. Read from the calls the node made, and the
+/// heartbeat it sends a quiet store every second: true at any traffic.
+fn store_health(node: &Node) -> serde_json::Value {
+    let now = node.now_micros();
+    let shards = node.store_health();
+    let ms = |us: u64| us / 1000;
+    let not_answering: Vec<serde_json::Value> = shards
+        .iter()
+        .filter(|s| !s.answering())
+        .map(|s| {
+            serde_json::json!({
+                "shard": s.shard,
+                "breaker": s.breaker.as_str(),
+                "notAnsweringForMs": s.health.failing_since.map(|since| ms(now.saturating_sub(since))),
+                "failedCalls": s.health.failed,
+                "lastError": s.health.last_error,
+                "lastAnswerAgeMs": (s.last_answer > 0).then(|| ms(now.saturating_sub(s.last_answer))),
+            })
+        })
+        .collect();
+    let last_answer_age_ms = node
+        .store_last_answer_age()
+        .map(|age| age.as_millis() as u64);
+    let open: Vec<u16> = shards
+        .iter()
+        .filter(|s| s.breaker != BreakerState::Closed)
+        .map(|s| s.shard)
+        .collect();
+    let cluster = node.store().cluster_settings().map(|settings| {
+        use tollgate_lease::redis::ClusterSettings;
+        let warning = settings.warning();
+        match settings {
+            ClusterSettings::Read {
+                require_full_coverage,
+                node_timeout_ms,
+            } => serde_json::json!({
+                "requireFullCoverage": require_full_coverage,
+                "nodeTimeoutMs": node_timeout_ms,
+                "warning": warning,
+            }),
+            ClusterSettings::Unreadable(_) => serde_json::json!({
+                "requireFullCoverage": null,
+                "warning": warning,
+            }),
+        }
+    });
+    serde_json::json!({
+        "cluster": cluster,
+        "answering": not_answering.is_empty(),
+        "lastAnswerAgeMs": last_answer_age_ms,
+        "breaker": node.breaker_state().as_str(),
+        "shardsOpen": open,
+        "shardsNotAnswering": not_answering,
+        "startup": startup(node),
+    })
 }
 
 /// How the store answered when the node started: `{"answered": true, "tookMs": 12}`, or
@@ -232,9 +283,13 @@ pub fn router(
     let router = match json_check {
         Some(check) => Router::new().route(
             "/json",
-            post(move |headers: HeaderMap, body: Bytes| async move {
-                check.answer(&headers, body).await
-            }),
+            post(
+                move |ConnectInfo(caller): ConnectInfo<std::net::SocketAddr>,
+                      headers: HeaderMap,
+                      body: Body| async move {
+                    check.answer(&headers, caller, body, CLIENT_TIMEOUT).await
+                },
+            ),
         ),
         None => Router::new(),
     };
@@ -266,18 +321,21 @@ pub fn probe_router(node: Node) -> Router {
         .with_state(node)
 }
 
-/// Serves the probes on `listener` until `shutdown`.
+/// Serves the probes on `listener` until `shutdown` (bounded: [`Bounds::PROBES`]).
 pub async fn serve_probes(
     node: Node,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, probe_router(node))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let connections = http1_connections(listener, Bounds::PROBES, None, node.metrics());
+    serve_http1(probe_router(node), connections, CLIENT_TIMEOUT, shutdown).await
 }
 
-/// Serves the router on `listener` until `shutdown`.
+/// How long a client of the HTTP and probe ports may take to send a request's headers (and
+/// then `POST /json`'s body).
+pub const CLIENT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Serves the router on `listener` until `shutdown` (bounded: [`Bounds::HTTP`]).
 pub async fn serve(
     node: Node,
     top_denied_token: Option<String>,
@@ -286,20 +344,7 @@ pub async fn serve(
     tls: Option<crate::tls::Acceptor>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let connections = http1_connections(listener, Bounds::HTTP, tls, node.metrics());
     let router = router(node, top_denied_token, json_check);
-    match tls {
-        None => {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-        Some(acceptor) => {
-            axum::serve(
-                crate::tls::TlsListener::new(listener, acceptor, "http")?,
-                router,
-            )
-            .with_graceful_shutdown(shutdown)
-            .await
-        }
-    }
+    serve_http1(router, connections, CLIENT_TIMEOUT, shutdown).await
 }

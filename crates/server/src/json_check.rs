@@ -9,11 +9,15 @@
 //!
 //! It counts against the limits like any request. 200 when admitted, 429 when over a limit
 //! (the body says which), 400 for a request it cannot read (problem+json). With
-//! `--json-check-token` it wants that bearer token; `--json-check false` turns it off.
+//! `--json-check-token` it wants that bearer token, checked before the body is read; without
+//! one it answers callers on this machine only (403 to others): a call names any identity it
+//! likes, spends that identity's limit, and can put it in a penalty box.
+//! `--json-check false` turns it off. The body is at most [`MAX_BODY_BYTES`] (413 past it)
+//! and must arrive within the port's client timeout (408 past it).
 
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
@@ -66,7 +70,7 @@ impl From<JsonRequest> for RateLimitRequest {
                         .into_iter()
                         .map(|e| Entry {
                             key: e.key,
-                            value: e.value,
+                            value: e.value.into_bytes(),
                         })
                         .collect(),
                     ..Default::default()
@@ -77,7 +81,10 @@ impl From<JsonRequest> for RateLimitRequest {
     }
 }
 
-/// Who may call: anyone who reaches the port, or a bearer token's holders.
+/// The largest body `POST /json` reads (an Envoy request of many descriptors is a few KiB).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Who may call: callers on this machine, or a bearer token's holders.
 #[derive(Debug, Clone)]
 pub struct JsonCheck {
     rls: Rls,
@@ -93,8 +100,28 @@ impl JsonCheck {
         }
     }
 
-    /// `POST /json`.
-    pub async fn answer(&self, headers: &HeaderMap, body: Bytes) -> Response {
+    /// Whether `caller` may call at all: anyone with a token configured (it is checked next),
+    /// else only a caller on this machine.
+    fn may_call(&self, caller: std::net::SocketAddr) -> bool {
+        self.token.is_some() || caller.ip().to_canonical().is_loopback()
+    }
+
+    /// `POST /json`: the token first, then the body, read within `timeout`.
+    pub async fn answer(
+        &self,
+        headers: &HeaderMap,
+        caller: std::net::SocketAddr,
+        body: Body,
+        timeout: std::time::Duration,
+    ) -> Response {
+        if !self.may_call(caller) {
+            return Problem::forbidden(
+                "POST /json answers callers on the node's own machine only, unless the node \
+                 has a --json-check-token (a call spends the limit of whatever identity it \
+                 names)",
+            )
+            .into_response();
+        }
         if let Some(token) = &self.token {
             let presented = headers
                 .get(header::AUTHORIZATION)
@@ -110,6 +137,16 @@ impl JsonCheck {
                 .into_response();
             }
         }
+        let body = match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY_BYTES))
+            .await
+        {
+            Ok(Ok(body)) => body,
+            Ok(Err(_)) => return Problem::too_large(MAX_BODY_BYTES).into_response(),
+            Err(_) => {
+                return Problem::too_slow(format!("the body did not arrive within {timeout:?}"))
+                    .into_response();
+            }
+        };
         let request: JsonRequest = match serde_json::from_slice(&body) {
             Ok(r) => r,
             Err(e) => return unreadable(e.to_string()),
@@ -173,4 +210,32 @@ fn to_json(answer: &RateLimitResponse) -> Value {
             .map(|h| json!({"key": h.key, "value": h.value}))
             .collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn without_a_token_only_this_machine_may_call() {
+        let node = tollgate_node::NodeBuilder::new()
+            .rules_text("domain: d\nrules: []\n")
+            .start()
+            .await
+            .expect("a node");
+        let open = JsonCheck::new(Rls::new(node.clone()), None);
+        let guarded = JsonCheck::new(Rls::new(node), Some("a-json-check-token".into()));
+        for (caller, alone) in [
+            ("127.0.0.1:5000", true),
+            ("127.9.9.9:5000", true),
+            ("[::1]:5000", true),
+            ("[::ffff:127.0.0.1]:5000", true),
+            ("10.1.2.3:5000", false),
+            ("[2001:db8::1]:5000", false),
+        ] {
+            let caller = caller.parse().expect("address");
+            assert_eq!(open.may_call(caller), alone, "{caller}");
+            assert!(guarded.may_call(caller), "{caller}: the token decides");
+        }
+    }
 }

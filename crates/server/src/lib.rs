@@ -10,6 +10,8 @@
 //! - [`rlqs`]: Envoy's rate limit quota service: one global quota shared by every Envoy.
 //! - [`http`]: health, readiness and Prometheus metrics.
 //! - [`admin_listener`]: the admin API's listener (the API itself is `tollgate-control`'s).
+//! - [`listener`]: every listener's bounds (connections, deadlines, sizes), and the HTTP/1
+//!   server the HTTP, probe and admin ports share.
 //! - [`tls`]: certificates, reloads and handshakes for every listener.
 //! - [`telemetry`]: logs, and the OTLP exporter for the node's spans.
 
@@ -19,6 +21,7 @@ pub mod config;
 pub mod grpc;
 pub mod http;
 pub mod json_check;
+pub mod listener;
 pub mod rlqs;
 pub mod telemetry;
 pub mod tls;

@@ -7,11 +7,17 @@
 //! - [`service`]: the gRPC stream (one per Envoy and domain): reports in, assignments out.
 //! - [`broker`]: the buckets, the streams sharing each, and the loop that pays for and pushes
 //!   their shares.
-//! - [`shares`]: max-min fair shares of a rate, and the strategy an Envoy enforces.
+//! - [`plan`]: the pure part of sharing a bucket: targets, what is affordable, each share.
+//! - [`shares`]: max-min fair shares of a rate (per Envoy host, then per stream), and the
+//!   strategy an Envoy enforces.
+//! - [`streams`]: the streams a node holds and what each may hold (places, bytes, unread
+//!   answers, an end with a status).
 
 pub mod broker;
+pub mod plan;
 pub mod service;
 pub mod shares;
+pub mod streams;
 
 pub use broker::{Broker, RlqsConfig};
 pub use service::Rlqs;

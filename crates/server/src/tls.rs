@@ -9,12 +9,12 @@
 //! # Layout
 //! - [`TlsFiles`]: what a listener serves (certificate, key, optional client CA).
 //! - [`Acceptor`]: the current rustls server configuration of one listener, reloaded.
-//! - [`incoming`]: a TCP listener as a stream of handshaken connections (for tonic), and
-//!   [`TlsListener`], the same for axum.
+//! - [`handshaken`]: a listener's connections, handshaken; [`incoming`], the same as tonic
+//!   takes them.
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,10 +25,11 @@ use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::server::TlsStream;
 
 use tollgate_node::metrics::Metrics;
+
+use crate::listener::Guarded;
 
 /// How long a client may take to finish its TLS handshake (one takes milliseconds; a client
 /// that sends half a ClientHello and waits is holding a place).
@@ -262,7 +263,7 @@ impl Acceptor {
     }
 
     /// Handshakes `stream` with the configuration in force.
-    pub async fn accept(&self, stream: TcpStream) -> io::Result<TlsStream<TcpStream>> {
+    pub async fn accept(&self, stream: Guarded) -> io::Result<TlsStream<Guarded>> {
         let acceptor = tokio_rustls::TlsAcceptor::from(self.current.load_full());
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
             Ok(result) => result,
@@ -274,30 +275,31 @@ impl Acceptor {
     }
 }
 
-/// Accepts on `listener` and handshakes each connection in its own task (a slow client holds
-/// up nobody); failed handshakes are logged at debug level and dropped.
-fn accept_loop(
-    listener: TcpListener,
+/// Handshakes each of `connections` in its own task (a slow client holds up nobody); failed
+/// handshakes are logged at debug level and dropped. At most [`MAX_HANDSHAKES`] are in flight
+/// (then the next waits), [`MAX_HANDSHAKES_PER_SOURCE`] from one address (then its next is
+/// closed at once).
+pub fn handshaken(
+    connections: impl Stream<Item = io::Result<Guarded>> + Send + 'static,
     acceptor: Acceptor,
     listener_name: &'static str,
-) -> tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)> {
+) -> impl Stream<Item = TlsStream<Guarded>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     let per_source: Arc<parking_lot::Mutex<HashMap<IpAddr, u32>>> = Arc::default();
     tokio::spawn(async move {
+        use futures::StreamExt;
+        tokio::pin!(connections);
         loop {
-            let (stream, peer) = tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        tracing::warn!(listener = listener_name, error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
+            let stream = tokio::select! {
+                next = connections.next() => match next {
+                    Some(Ok(stream)) => stream,
+                    Some(Err(_)) => continue,
+                    None => return,
                 },
                 () = tx.closed() => return,
             };
-            let _ = stream.set_nodelay(true);
+            let peer = stream.peer();
             let Some(source) = SourceSlot::take(&per_source, peer.ip()) else {
                 acceptor.metrics.tls_handshakes_refused.inc();
                 tracing::debug!(listener = listener_name, %peer, "too many TLS handshakes from one address: closed");
@@ -312,7 +314,7 @@ fn accept_loop(
                 let _source = source;
                 match acceptor.accept(stream).await {
                     Ok(tls) => {
-                        let _ = tx.send((tls, peer)).await;
+                        let _ = tx.send(tls).await;
                     }
                     Err(e) => {
                         tracing::debug!(listener = listener_name, %peer, error = %e, "TLS handshake failed");
@@ -321,7 +323,12 @@ fn accept_loop(
             });
         }
     });
-    rx
+    futures::stream::unfold(
+        rx,
+        |mut rx: tokio::sync::mpsc::Receiver<TlsStream<Guarded>>| async move {
+            rx.recv().await.map(|tls| (tls, rx))
+        },
+    )
 }
 
 /// A place among one source address's handshakes in flight, given back when dropped.
@@ -361,59 +368,14 @@ impl Drop for SourceSlot {
     }
 }
 
-/// `listener`'s connections, handshaken, as tonic's `serve_with_incoming` takes them.
+/// `connections`, handshaken, as tonic's `serve_with_incoming` takes them.
 pub fn incoming(
-    listener: TcpListener,
+    connections: impl Stream<Item = io::Result<Guarded>> + Send + 'static,
     acceptor: Acceptor,
     listener_name: &'static str,
-) -> impl Stream<Item = io::Result<TlsStream<TcpStream>>> + Send + 'static {
-    let rx = accept_loop(listener, acceptor, listener_name);
-    futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|(tls, _)| (Ok(tls), rx))
-    })
-}
-
-/// `listener`'s connections, handshaken, as `axum::serve` takes them.
-#[derive(Debug)]
-pub struct TlsListener {
-    rx: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    /// Serves TLS on `listener`.
-    pub fn new(
-        listener: TcpListener,
-        acceptor: Acceptor,
-        listener_name: &'static str,
-    ) -> io::Result<Self> {
-        let local = listener.local_addr()?;
-        Ok(Self {
-            rx: accept_loop(listener, acceptor, listener_name),
-            local,
-        })
-    }
-
-    /// The next handshaken connection (pending forever once the accept loop has ended).
-    pub async fn next(&mut self) -> (TlsStream<TcpStream>, SocketAddr) {
-        match self.rx.recv().await {
-            Some(accepted) => accepted,
-            None => std::future::pending().await,
-        }
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        self.next().await
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(self.local)
-    }
+) -> impl Stream<Item = io::Result<TlsStream<Guarded>>> + Send + 'static {
+    use futures::StreamExt;
+    handshaken(connections, acceptor, listener_name).map(Ok)
 }
 
 #[cfg(test)]

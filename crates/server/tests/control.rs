@@ -638,15 +638,15 @@ async fn versions_guard_every_write_and_concurrent_writers_lose_nothing() {
 async fn tokens_authenticate_and_read_only_tokens_cannot_write() {
     let pg = postgres().await;
     let settings = Settings {
-        admin_tokens: Some(vec!["alice:w-secret".into()]),
-        admin_read_tokens: Some(vec!["dash:r-secret".into()]),
+        admin_tokens: Some(vec!["alice:w-secret-of-16-chars".into()]),
+        admin_read_tokens: Some(vec!["dash:r-secret-of-16-chars".into()]),
         default_domain: Some("public-api".into()),
         ..Settings::default()
     };
     let mut node = Served::with_database(&pg.url(), "", settings).await;
     let admin = node.admin_port();
-    let write = [("authorization", "Bearer w-secret")];
-    let read = [("authorization", "Bearer r-secret")];
+    let write = [("authorization", "Bearer w-secret-of-16-chars")];
+    let read = [("authorization", "Bearer r-secret-of-16-chars")];
     let missing = call(admin, "GET", "/admin/v1/rate-limit-rules", &[], None).await;
     assert_eq!(missing.status, 401);
     assert!(

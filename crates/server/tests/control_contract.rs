@@ -65,7 +65,12 @@ async fn an_empty_admin_token_is_a_startup_error() {
     env.env("TOLLGATE_ADMIN_TOKENS", "");
     let mut read_only = tollgate();
     base(&mut read_only);
-    read_only.args(["--admin-tokens", "w:secret", "--admin-read-tokens", ","]);
+    read_only.args([
+        "--admin-tokens",
+        "w:a-secret-long-enough",
+        "--admin-read-tokens",
+        ",",
+    ]);
     let mut config = tollgate();
     base(&mut config);
     config.arg("--config").arg(&file);
@@ -94,13 +99,13 @@ async fn an_empty_admin_token_is_a_startup_error() {
 async fn the_bearer_scheme_is_case_insensitive() {
     let pg = postgres().await;
     let settings = Settings {
-        admin_tokens: Some(vec!["alice:w-secret".into()]),
+        admin_tokens: Some(vec!["alice:w-secret-of-16-chars".into()]),
         ..Settings::default()
     };
     let mut node = Served::with_database(&pg.url(), "", settings).await;
     let admin = node.admin_port();
     for scheme in ["Bearer", "bearer", "BEARER"] {
-        let auth = format!("{scheme} w-secret");
+        let auth = format!("{scheme} w-secret-of-16-chars");
         let r = call(
             admin,
             "GET",

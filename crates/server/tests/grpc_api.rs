@@ -9,9 +9,9 @@ use tollgate_proto::envoy::extensions::common::ratelimit::v3::RateLimitDescripto
 use tollgate_proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
-use tollgate_proto::envoy::service::ratelimit::v3::RateLimitResponse;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use tollgate_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tollgate_proto::tollgate::ratelimit::v1::{
     CheckRateLimitRequest, Decision, Descriptor, ReleaseSlotsRequest, descriptor,
 };
@@ -286,7 +286,7 @@ async fn rls_bad_input_gets_a_clear_status() {
         .map(|i| RateLimitDescriptor {
             entries: vec![Entry {
                 key: "k".into(),
-                value: i.to_string(),
+                value: i.to_string().into_bytes(),
             }],
             ..Default::default()
         })
@@ -338,15 +338,70 @@ async fn rls_bad_input_gets_a_clear_status() {
         matches!(status, Status::OutOfRange | Status::ResourceExhausted),
         "{status:?}"
     );
-    let long_value = rls_request("rl", &[&[("remote_address", &"x".repeat(5000))]]);
-    assert_eq!(
-        code(rls.should_rate_limit(long_value).await)
-            .expect_err("too long")
-            .0,
-        Status::InvalidArgument
-    );
     // The node still serves after all that.
     assert_eq!(code(rls.should_rate_limit(ok).await), Ok(Code::Ok as i32));
+    served.stop().await;
+}
+
+/// What a client's request puts in a descriptor (a value's length and bytes, a cost from a
+/// header) is decided, never refused: an RPC error is an uncounted allow behind Envoy's default
+/// `failure_mode_deny: false`. A long value counts against its own limit (kept as a digest), a
+/// value that is not UTF-8 is read with U+FFFD, a cost past the most a count holds is denied
+/// as one no limit admits; each is counted by reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_decides_whatever_a_client_puts_in_a_value() {
+    let mut served = Served::start(ENVOY_RULES, Settings::default()).await;
+    let mut rls = served.rls().await;
+    let mut decide = async |request: RateLimitRequest| {
+        rls.should_rate_limit(request)
+            .await
+            .map(|r| r.into_inner().overall_code)
+            .map_err(|s| (s.code(), s.message().to_owned()))
+    };
+    // Two values of 5,000 bytes that differ only in their last byte: each its own counter of
+    // 3 a minute (the digest covers every byte).
+    let long = |last: char| format!("{}{last}", "x".repeat(4999));
+    let mut answers = vec![];
+    for _ in 0..4 {
+        answers.push(decide(rls_request("rl", &[&[("remote_address", &long('a'))]])).await);
+    }
+    let ok = Ok(Code::Ok as i32);
+    let over = Ok(Code::OverLimit as i32);
+    assert_eq!(answers, [ok.clone(), ok.clone(), ok.clone(), over.clone()]);
+    assert_eq!(
+        decide(rls_request("rl", &[&[("remote_address", &long('b'))]])).await,
+        ok,
+        "another long value is another counter"
+    );
+    // Bytes that are not UTF-8 (Envoy copies a header's bytes as they came).
+    let mut not_utf8 = rls_request("rl", &[&[("remote_address", "")]]);
+    not_utf8.descriptors[0].entries[0].value = b"10.0.0.\xff\xfe".to_vec();
+    let mut answers = vec![];
+    for _ in 0..4 {
+        answers.push(decide(not_utf8.clone()).await);
+    }
+    assert_eq!(answers, [ok.clone(), ok.clone(), ok.clone(), over.clone()]);
+    // A cost no count holds: denied, as no limit can ever admit it.
+    let mut costly = rls_request("rl", &[&[("remote_address", "10.0.0.9")]]);
+    costly.descriptors[0].hits_addend = Some(u64::MAX);
+    assert_eq!(decide(costly).await, over);
+    assert_eq!(
+        decide(rls_request("rl", &[&[("remote_address", "10.0.0.9")]])).await,
+        ok,
+        "and it spent nothing"
+    );
+    let input = &served.node.metrics().client_input;
+    use tollgate_node::metrics::client_input::Adjustment;
+    assert_eq!(input.count(Adjustment::LongIdentity), 5);
+    assert_eq!(input.count(Adjustment::NotUtf8), 4);
+    assert_eq!(input.count(Adjustment::CostAboveMax), 1);
+    let text = tollgate_testkit::http::get(served.http.port(), "/metrics", &[])
+        .expect("metrics")
+        .body;
+    assert!(
+        text.contains("tollgate_client_input_adjusted_total{reason=\"long_identity\"} 5"),
+        "{text}"
+    );
     served.stop().await;
 }
 

@@ -2,7 +2,8 @@
 //! in-memory store: a client hammering one node past its limit is blocked once its denials,
 //! counted over every node, reach the rule's `after`; the other node denies it at its next
 //! decision; a blocked client's requests spend nothing and make no store call once the node
-//! knows; the block ends on time; a SHADOW rule's penalty counts and blocks nobody.
+//! knows; the block ends on time; a SHADOW rule's penalty counts and blocks nobody; a lift is
+//! not undone by denials another node handed out before it and counted after it.
 
 mod support;
 
@@ -16,7 +17,7 @@ use tollgate_lease::{
 };
 use tollgate_node::runtime::verdict::Denial;
 use tollgate_node::{Node, Request, RuntimeConfig, Verdict};
-use tollgate_testkit::RedisServer;
+use tollgate_testkit::{RedisServer, TcpProxy};
 
 /// Capacity 5, refilled at 100/s: a client sending as fast as it can is denied often, and the
 /// bucket is full again 50 ms after it stops (so a request that spent would show).
@@ -177,4 +178,123 @@ async fn a_shadow_penalty_counts_and_blocks_nobody() {
     for _ in 0..100 {
         assert!(check(&node, &client("203.0.113.9")).await.allowed);
     }
+}
+
+/// Denials node b handed out before a lift on node a, and counted in the store after it (b's
+/// link to Redis stalled meanwhile, as on a busy machine or a congested route), must not block
+/// the client the lift set free: they were part of the block lifted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denials_from_before_a_lift_on_another_node_do_not_block_again() {
+    // Both cores busy throughout, as on a shared CI machine.
+    let _busy = tollgate_testkit::BusyCores::all();
+    // Refilled at one token every 10 s: once spent, the bucket denies for the whole test, and
+    // a node that heard the store deny remembers it for a lease TTL (1 s) without asking.
+    const SLOW: &str = "domain: auth\nrules:
+  - {id: login, match: {ip: '*'}, algorithm: TOKEN_BUCKET, capacity: 5, refillPerSecond: 0.1,
+     penalty: {after: 10, within: 1m, block: 60s}}
+";
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let link = TcpProxy::start().expect("proxy");
+    link.set_target(([127, 0, 0, 1], redis.port()).into());
+    let clock: SharedClock = Arc::new(TokioClock::new());
+    // A budget long enough that b's stalled calls are answered, not failed, once the link
+    // moves again.
+    let patient = Duration::from_secs(5);
+    let a = node_on(
+        redis_store(RedisConfig::single(redis.url()), patient),
+        SLOW,
+        RuntimeConfig::default(),
+        clock.clone(),
+    )
+    .await;
+    let b = node_on(
+        redis_store(
+            RedisConfig::single(format!("redis://{}", link.addr())),
+            patient,
+        ),
+        SLOW,
+        RuntimeConfig::default(),
+        clock.clone(),
+    )
+    .await;
+    let observer = redis_store(RedisConfig::single(redis.url()), Duration::from_secs(2));
+    let key = BucketKey::new(b"203.0.113.7", "login").expect("key");
+    let penalty =
+        tollgate_lease::Penalty::new(10, Duration::from_secs(60), Duration::from_secs(60))
+            .expect("penalty");
+    let standing = || async {
+        observer
+            .note_denials(&key, &penalty, 0, None)
+            .await
+            .expect("read")
+    };
+
+    // b: the burst, then the store's first denial.
+    let mut admitted = 0;
+    loop {
+        let v = check(&b, &client("203.0.113.7")).await;
+        if !v.allowed {
+            break;
+        }
+        admitted += 1;
+        assert!(admitted <= 5, "capacity 5");
+    }
+    // b's link stalls; b goes on denying from what the store said, 9 more times, and holds
+    // those denials for the store.
+    link.hold();
+    for _ in 0..9 {
+        let v = tokio::time::timeout(
+            Duration::from_millis(500),
+            check(&b, &client("203.0.113.7")),
+        )
+        .await
+        .expect("denied from what the store said, without it");
+        assert!(!v.allowed && !penalized(&v), "{v:?}");
+    }
+    // Meanwhile an operator lifts the client's penalty on a.
+    a.lift_penalties(&client("203.0.113.7"), None)
+        .await
+        .expect("lifted");
+    link.release();
+
+    // b's denials reach the store after the lift: counted nothing, and said so.
+    let uncounted = "tollgate_penalty_denials_uncounted_total{domain=\"auth\",rule=\"login\",reason=\"lifted\"}";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let rendered = b.metrics().render();
+        let refused: u64 = rendered
+            .lines()
+            .find_map(|l| l.strip_prefix(uncounted))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        let state = standing().await;
+        if refused >= 9 || state.blocked() || state.denials >= 9 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b's denials never reached the store: {refused} refused, {state:?}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let state = standing().await;
+    assert!(
+        !state.blocked() && state.denials == 0,
+        "the client the lift set free is counted for denials from before it: {state:?}"
+    );
+    assert!(
+        !penalized(&check(&a, &client("203.0.113.7")).await),
+        "blocked again by denials from before the lift"
+    );
+
+    // The penalty still holds after the lift: fresh denials block at the 10th.
+    let (decisions, denials) =
+        hammer_until_blocked(&a, "203.0.113.7", Duration::from_secs(5)).await;
+    assert!(
+        denials >= 9,
+        "blocked after {denials} fresh denials ({decisions} decisions): the penalty says 10"
+    );
 }

@@ -257,3 +257,83 @@ async fn bad_reservations_and_settlements_are_refused_naming_the_field() {
     assert!(refused(huge).contains("actual"));
     a.stop().await;
 }
+
+/// A client that underestimates, as the issue measured it: a token bucket of 20 and 10 a
+/// second, two nodes on one Redis, one caller reserving 1 and settling 100 each time it is
+/// admitted, honouring every Retry-After it is given, for 12 s. What it is charged stays
+/// within capacity + rate × time + one excess: the excess is owed whole (it used to be floored
+/// at one bucket: 400 charged in 6.5 s against a bound of 184). A settle naming nothing Tollgate limits
+/// says so (UNMATCHED), not an empty list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_underestimates_is_charged_within_capacity_rate_and_one_excess() {
+    const RULES: &str = "domain: llm
+rules:
+  - {id: tokens, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 20, refillPerSecond: 10}
+";
+    let redis = tokio::task::spawn_blocking(RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let mut a = Served::start(RULES, on_redis(&redis)).await;
+    let mut b = Served::start(RULES, on_redis(&redis)).await;
+    let (mut api_a, mut api_b) = (a.api().await, b.api().await);
+    let (estimate, actual) = (1, 100);
+    let started = tokio::time::Instant::now();
+    // Long enough for its debt to be paid once (81 units at 10 a second).
+    let run = Duration::from_secs(12);
+    let mut charged = 0;
+    let mut admitted = 0;
+    while started.elapsed() < run {
+        let answer = api_a
+            .check_rate_limit(reserve("greedy", estimate, 60_000))
+            .await
+            .expect("reserve")
+            .into_inner();
+        if answer.decision == Decision::Allow as i32 {
+            admitted += 1;
+            let settled = api_b
+                .settle(settle("greedy", &answer.reservation_id, actual))
+                .await
+                .expect("settle")
+                .into_inner();
+            assert_eq!(settled.rules[0].result, SettleResult::Settled as i32);
+            assert_eq!(settled.rules[0].charged, actual - estimate, "owed whole");
+            charged += actual;
+        } else {
+            let wait = Duration::from_millis(answer.retry_after_ms.max(1));
+            tokio::time::sleep(wait.min(run.saturating_sub(started.elapsed()))).await;
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let bound = 20.0 + 10.0 * seconds + (actual - estimate) as f64;
+    eprintln!("admitted {admitted}, charged {charged} in {seconds:.1} s; bound {bound:.0}");
+    assert!(
+        charged as f64 <= bound,
+        "charged {charged} in {seconds:.1} s; capacity + rate × time + one excess is {bound:.0}"
+    );
+    assert!(
+        admitted >= 2,
+        "it was admitted again once its debt was paid"
+    );
+    // Nothing Tollgate limits.
+    let unmatched = api_b
+        .settle(SettleRequest {
+            domain: "llm".into(),
+            descriptors: vec![Descriptor {
+                entries: vec![Entry {
+                    key: "unknown".into(),
+                    value: "x".into(),
+                }],
+            }],
+            reservation_id: "00000000000000000000000000000000".into(),
+            actual: 5,
+        })
+        .await
+        .expect("settle")
+        .into_inner();
+    assert_eq!(unmatched.rules.len(), 1);
+    assert_eq!(unmatched.rules[0].result, SettleResult::Unmatched as i32);
+    assert!(unmatched.rules[0].rule.is_empty());
+    a.stop().await;
+    b.stop().await;
+}

@@ -50,13 +50,9 @@ impl Envoy {
         let child = Command::new(&binary)
             .arg("-c")
             .arg(&path)
-            .args([
-                "--disable-hot-restart",
-                "--concurrency",
-                "1",
-                "--log-level",
-                "warn",
-            ])
+            .args(["--disable-hot-restart", "--concurrency", "1", "--log-level"])
+            // `ENVOY_LOG_LEVEL=debug` to see what Envoy did while a test ran.
+            .arg(std::env::var("ENVOY_LOG_LEVEL").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -82,7 +78,10 @@ impl Envoy {
 
     /// Envoy's log so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("envoy.log")).unwrap_or_default()
+        // Lossy: Envoy logs a client's header bytes as they came.
+        std::fs::read(self.dir.path().join("envoy.log"))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
     }
 }
 
@@ -90,5 +89,55 @@ impl Drop for Envoy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A file under the repository's `deploy/` folder, as shipped.
+pub fn deploy(path: &str) -> PathBuf {
+    format!("{}/../../deploy/{path}", env!("CARGO_MANIFEST_DIR")).into()
+}
+
+/// Starts Envoy on `deploy/envoy/{file}`, unchanged but for its ports (admin 9901, listener
+/// 10000, upstream 8000, Tollgate 8081, each rewritten to a free or given port) and `edits`
+/// (text replaced as is). Returns the Envoy and its listener's port.
+pub fn start_shipped(
+    file: &str,
+    upstream: u16,
+    tollgate: u16,
+    edits: &[(&str, &str)],
+) -> (Envoy, u16) {
+    let path = deploy(&format!("envoy/{file}"));
+    let mut config = std::fs::read_to_string(&path).expect("shipped envoy config");
+    for (from, to) in edits {
+        assert!(config.contains(from), "{} names {from}", path.display());
+        config = config.replace(from, to);
+    }
+    // A port found free can be taken by another test before Envoy binds it: then again, on
+    // other ports.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let (port, admin) = (
+            crate::process::free_port(false).expect("port"),
+            crate::process::free_port(false).expect("port"),
+        );
+        let mut config = config.clone();
+        for (from, to) in [
+            (9901, admin),
+            (10000, port),
+            (8000, upstream),
+            (8081, tollgate),
+        ] {
+            let (from, to) = (format!("port_value: {from} "), format!("port_value: {to} "));
+            assert!(config.contains(&from), "{} names {from}", path.display());
+            config = config.replace(&from, &to);
+        }
+        match Envoy::start(&config, admin) {
+            Ok(envoy) => return (envoy, port),
+            Err(e) if attempts < 3 && format!("{e:#}").contains("Address already in use") => {
+                eprintln!("envoy's port was taken before it bound it; again on others: {e:#}");
+            }
+            Err(e) => panic!("envoy starts: {e:?}"),
+        }
     }
 }

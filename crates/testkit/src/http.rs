@@ -40,17 +40,34 @@ pub fn request(
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> Result<Response> {
+    let headers: Vec<(&str, &[u8])> = headers.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+    request_with_raw_headers(port, method, path, &headers, body)
+}
+
+/// [`request`] with header values as bytes, sent as they are (not always UTF-8: what a client
+/// may send, and a server must live with).
+pub fn request_with_raw_headers(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &[u8])],
+    body: Option<&[u8]>,
+) -> Result<Response> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).context("connecting")?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n");
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n")
+        .into_bytes();
     for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
+        head.extend_from_slice(name.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value);
+        head.extend_from_slice(b"\r\n");
     }
     if let Some(body) = body {
-        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+        head.extend_from_slice(format!("Content-Length: {}\r\n", body.len()).as_bytes());
     }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
+    head.extend_from_slice(b"\r\n");
+    stream.write_all(&head)?;
     if let Some(body) = body {
         // The server may answer (413) before reading a large body: ignore a reset here.
         let _ = stream.write_all(body);
@@ -105,5 +122,6 @@ pub fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
     text.lines()
         .filter(|l| l.starts_with(name) && l.contains(labels))
         .filter_map(|l| l.split_whitespace().last()?.parse::<f64>().ok())
-        .sum()
+        // Folded from 0.0: `sum` of no floats is -0.0, printed "-0".
+        .fold(0.0, |sum, v| sum + v)
 }

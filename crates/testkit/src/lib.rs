@@ -9,18 +9,21 @@
 //! - [`redis`]: one server ([`RedisServer`]) and a cluster of them ([`RedisCluster`]).
 //! - [`envoy`]: a real Envoy process.
 //! - [`http`]: a minimal HTTP client.
+//! - [`load`]: threads that keep every core busy while a test runs.
 //! - [`postgres`]: real PostgreSQL servers.
 //! - [`process`]: free ports, waiting, and finding binaries.
 //! - [`proxy`]: a TCP proxy a test can cut and restore.
 
 pub mod envoy;
 pub mod http;
+pub mod load;
 pub mod postgres;
 pub mod process;
 pub mod proxy;
 pub mod redis;
 
 pub use envoy::Envoy;
+pub use load::BusyCores;
 pub use postgres::PostgresServer;
 pub use proxy::TcpProxy;
 pub use redis::{RedisCluster, RedisServer};

@@ -134,3 +134,39 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
         .ok()?;
     Some(kib * 1024)
 }
+
+/// Raises this process's open-file limit to at least `wanted` (child processes inherit it),
+/// within the hard limit; an error says what the machine allows when that is too little.
+pub fn raise_open_files(wanted: u64) -> Result<()> {
+    let (soft, hard) = rlimit::Resource::NOFILE.get()?;
+    if soft >= wanted {
+        return Ok(());
+    }
+    if hard < wanted {
+        anyhow::bail!(
+            "this test opens {wanted} connections; the open-file limit is {soft} (hard {hard}): \
+             raise it (ulimit -n {wanted})"
+        );
+    }
+    rlimit::Resource::NOFILE.set(wanted, hard)?;
+    Ok(())
+}
+
+/// A child process killed (and waited for) when dropped: a test that fails part-way leaves no
+/// process behind.
+#[derive(Debug)]
+pub struct Killed(pub std::process::Child);
+
+impl Killed {
+    /// Its process id.
+    pub fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -16,6 +16,7 @@ use anyhow::{Context, Result};
 #[derive(Debug, Default)]
 struct Shared {
     cut: AtomicBool,
+    held: AtomicBool,
     stopped: AtomicBool,
     target: Mutex<Option<SocketAddr>>,
     open: Mutex<Vec<TcpStream>>,
@@ -64,12 +65,18 @@ impl TcpProxy {
                     let (Ok(mut from), Ok(mut to)) = (from.try_clone(), to.try_clone()) else {
                         continue;
                     };
+                    let link = accept.clone();
                     thread::spawn(move || {
                         let mut buf = [0u8; 16 * 1024];
                         loop {
                             match from.read(&mut buf) {
                                 Ok(0) | Err(_) => break,
                                 Ok(n) => {
+                                    while link.held.load(Ordering::Acquire)
+                                        && !link.cut.load(Ordering::Acquire)
+                                    {
+                                        pause();
+                                    }
                                     if to.write_all(&buf[..n]).is_err() {
                                         break;
                                     }
@@ -120,10 +127,28 @@ impl TcpProxy {
         self.shared.cut.store(false, Ordering::Release);
     }
 
+    /// Stalls every connection, open and new: what is sent is read and kept, not forwarded,
+    /// until [`TcpProxy::release`] (a link that stops answering without closing, as a peer
+    /// paused or a congested route does).
+    pub fn hold(&self) {
+        self.shared.held.store(true, Ordering::Release);
+    }
+
+    /// Forwards what was kept during a [`TcpProxy::hold`], in order, and everything after.
+    pub fn release(&self) {
+        self.shared.held.store(false, Ordering::Release);
+    }
+
     /// Whether the proxy is cut.
     pub fn is_cut(&self) -> bool {
         self.shared.cut.load(Ordering::Acquire)
     }
+}
+
+/// A held link's forwarding thread waits (its own OS thread, on real time, as the sockets are).
+#[allow(clippy::disallowed_methods)] // std::thread::sleep: the proxy's threads are not tokio's
+fn pause() {
+    thread::sleep(std::time::Duration::from_millis(1));
 }
 
 impl Drop for TcpProxy {

@@ -206,21 +206,27 @@ pub struct RedisCluster {
 pub const CLUSTER_NODE_TIMEOUT_MS: u64 = 1000;
 
 impl RedisCluster {
-    /// Starts and forms the cluster, and waits until every slot is served and every replica is
-    /// in sync.
+    /// Starts and forms the cluster on Redis's defaults (as `redis-cli --cluster create`
+    /// leaves them: `cluster-require-full-coverage yes`), and waits until every slot is served
+    /// and every replica is in sync.
     pub fn start(primaries: usize, replicas: usize) -> Result<Self> {
+        Self::start_with(primaries, replicas, &[])
+    }
+
+    /// [`RedisCluster::start`] with `extra` server arguments (a test that needs one says why:
+    /// it is a setting the product must tell operators about).
+    pub fn start_with(primaries: usize, replicas: usize, extra: &[&str]) -> Result<Self> {
         require_binary("redis-cli", "redis-tools")?;
         let timeout = CLUSTER_NODE_TIMEOUT_MS.to_string();
-        let args = [
+        let mut args = vec![
             "--cluster-enabled",
             "yes",
             "--cluster-config-file",
             "nodes.conf",
             "--cluster-node-timeout",
             &timeout,
-            "--cluster-require-full-coverage",
-            "no",
         ];
+        args.extend_from_slice(extra);
         let count = primaries * (1 + replicas);
         let nodes = (0..count)
             .map(|_| RedisServer::start_with(&args))
@@ -315,6 +321,23 @@ impl RedisCluster {
             .iter_mut()
             .find(|n| n.port() == port)
             .context("no such node")
+    }
+
+    /// `CLUSTER SLOTS` calls the live nodes have served so far (from `INFO commandstats`):
+    /// how often clients read the topology.
+    pub fn slot_reads(&self) -> u64 {
+        self.nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .filter_map(|n| n.cli(&["INFO", "commandstats"]).ok())
+            .filter_map(|info| {
+                let line = info
+                    .lines()
+                    .find(|l| l.starts_with("cmdstat_cluster|slots:"))?;
+                let calls = line.split("calls=").nth(1)?.split(',').next()?;
+                calls.parse::<u64>().ok()
+            })
+            .sum()
     }
 
     /// Kills the primary serving `key` and returns its port.

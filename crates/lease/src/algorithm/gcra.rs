@@ -76,9 +76,20 @@ impl Gcra {
 
     /// Adds units consumed elsewhere; the TAT goes at most `2τ` ahead (a token bucket's debt
     /// floor of one full bucket).
-    pub(crate) fn debit(&mut self, units: u64, burst: u64, rate: f64) {
+    ///
+    /// Returns the units taken: `units`, or fewer where the debt stopped at two bursts ahead
+    /// (whole units; lib.lua `debit_bucket`).
+    pub(crate) fn debit(&mut self, units: u64, burst: u64, rate: f64) -> u64 {
         let t = interval_us(rate);
-        self.ahead = f64::min(2.0 * (burst as f64 * t), self.ahead + units as f64 * t);
+        let most = 2.0 * (burst as f64 * t);
+        let wanted = self.ahead + units as f64 * t;
+        if wanted <= most {
+            self.ahead = wanted;
+            return units;
+        }
+        let taken = ((most - self.ahead) / t).max(0.0).floor() as u64;
+        self.ahead = most;
+        taken
     }
 
     /// Microseconds until `cost` fits.
@@ -124,7 +135,11 @@ mod tests {
         g.take(2, 10.0);
         g.credit(5, 10.0);
         assert_eq!(g.ahead, 0.0);
-        g.debit(1_000, 10, 10.0);
+        assert_eq!(
+            g.debit(1_000, 10, 10.0),
+            20,
+            "up to two bursts ahead: what was taken"
+        );
         assert_eq!(g.reset_after(), 2_000_000);
     }
 

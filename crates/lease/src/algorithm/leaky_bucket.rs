@@ -64,8 +64,19 @@ impl LeakyBucket {
 
     /// Adds units consumed elsewhere; the level is capped at twice the burst (a token
     /// bucket's debt floor of one full bucket).
-    pub(crate) fn debit(&mut self, units: u64, burst: u64) {
-        self.level = f64::min(2.0 * burst as f64, self.level + units as f64);
+    ///
+    /// Returns the units taken: `units`, or fewer where the level stopped at two bursts
+    /// (whole units; lib.lua `debit_bucket`).
+    pub(crate) fn debit(&mut self, units: u64, burst: u64) -> u64 {
+        let most = 2.0 * burst as f64;
+        let wanted = self.level + units as f64;
+        if wanted <= most {
+            self.level = wanted;
+            return units;
+        }
+        let taken = (most - self.level).max(0.0).floor() as u64;
+        self.level = most;
+        taken
     }
 
     /// Microseconds until `cost` fits.
@@ -120,7 +131,7 @@ mod tests {
         b.fill(2);
         b.credit(9);
         assert_eq!(b.level, 0.0);
-        b.debit(1000, 4);
+        assert_eq!(b.debit(1000, 4), 8, "up to two bursts: what was taken");
         assert_eq!(b.level, 8.0);
     }
 }

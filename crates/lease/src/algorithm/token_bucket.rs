@@ -74,8 +74,19 @@ impl TokenBucket {
 
     /// Subtracts units consumed elsewhere; the debt is floored at one full bucket, which bounds
     /// how long a key can stay blocked to two refill periods.
-    pub(crate) fn debit(&mut self, units: u64, capacity: u64) {
-        self.tokens = f64::max(-(capacity as f64), self.tokens - units as f64);
+    ///
+    /// Returns the units taken: `units`, or fewer where the debt stopped at one full bucket
+    /// (whole units; lib.lua `debit_bucket`).
+    pub(crate) fn debit(&mut self, units: u64, capacity: u64) -> u64 {
+        let floor = -(capacity as f64);
+        let wanted = self.tokens - units as f64;
+        if wanted >= floor {
+            self.tokens = wanted;
+            return units;
+        }
+        let taken = (self.tokens - floor).max(0.0).floor() as u64;
+        self.tokens = floor;
+        taken
     }
 
     /// Microseconds until `cost` tokens exist.
@@ -184,8 +195,13 @@ mod tests {
     #[test]
     fn debit_builds_a_bounded_debt_that_refill_repays() {
         let mut b = TokenBucket::load(None, 10, 10.0, 0);
-        b.debit(25, 10);
+        assert_eq!(
+            b.debit(25, 10),
+            20,
+            "10 held and 10 of debt: what was taken"
+        );
         assert_eq!(b.tokens, -10.0);
+        assert_eq!(b.debit(5, 10), 0, "nothing more once in full debt");
         assert!(!b.admits(0));
         assert_eq!(b.retry_after(1, 10.0), 1_100_000);
         let later = TokenBucket::load(Some(b), 10, 10.0, 1_100_000);

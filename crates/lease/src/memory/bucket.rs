@@ -29,6 +29,8 @@ pub(crate) enum Value {
     Demand(crate::ops::allowance::Demand),
     /// An identity's denials counted towards a penalty, or its block.
     Penalty(crate::algorithm::penalty_box::PenaltyRecord),
+    /// The lift epoch of a bucket's penalty records.
+    Epoch(u64),
     /// A bucket's reservations awaiting their settlement.
     Reservations(crate::algorithm::reservations::Reservations),
 }
@@ -46,7 +48,8 @@ impl Value {
             | Value::LeakyBucket(_)
             | Value::FixedWindow(_)
             | Value::SlidingWindow(_)
-            | Value::Penalty(_) => 0,
+            | Value::Penalty(_)
+            | Value::Epoch(_) => 0,
             Value::Sorted(z) => z.bytes(),
             Value::Marks(m) => m.keys().map(|k| k.len() + 48).sum(),
             Value::Reservations(r) => r.bytes(),
@@ -311,12 +314,12 @@ impl Bucket {
                 };
                 Bucket::LeakyBucket(LeakyBucket::load(s, leak_per_second, now))
             }
-            Kind::FixedWindow { window_us, .. } => {
+            Kind::FixedWindow { limit, window_us } => {
                 let s = match stored {
                     Some(Value::FixedWindow(s)) => Some(*s),
                     _ => None,
                 };
-                Bucket::FixedWindow(FixedWindow::load(s, window_us, now))
+                Bucket::FixedWindow(FixedWindow::load(s, limit, window_us, now))
             }
             Kind::SlidingWindow { window_us, .. } => {
                 let s = match stored {
@@ -428,8 +431,8 @@ impl Bucket {
                     ..
                 },
             ) => b.retry_after(burst, leak_per_second, cost),
-            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
-                b.retry_after(window_us, now)
+            (Bucket::FixedWindow(b), Kind::FixedWindow { limit, window_us }) => {
+                b.retry_after(limit, window_us, now, cost)
             }
             (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
                 b.retry_after(limit, window_us, now, cost)
@@ -460,8 +463,8 @@ impl Bucket {
                     leak_per_second, ..
                 },
             ) => b.reset_after(leak_per_second),
-            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
-                b.reset_after(window_us, now)
+            (Bucket::FixedWindow(b), Kind::FixedWindow { limit, window_us }) => {
+                b.reset_after(limit, window_us, now)
             }
             (Bucket::SlidingWindow(b), Kind::SlidingWindow { window_us, .. }) => {
                 b.reset_after(window_us, now)
@@ -504,8 +507,8 @@ impl Bucket {
     /// Microseconds until the state is indistinguishable from no state.
     fn neutral_in(&self, limit: &Limit, now: Micros) -> u64 {
         match (self, limit.kind()) {
-            (Bucket::FixedWindow(b), Kind::FixedWindow { window_us, .. }) => {
-                b.until_end(window_us, now)
+            (Bucket::FixedWindow(b), Kind::FixedWindow { limit, window_us }) => {
+                b.neutral_in(limit, window_us, now)
             }
             (Bucket::SlidingWindow(b), Kind::SlidingWindow { window_us, .. }) => {
                 (b.ws + window_us).saturating_sub(now) + window_us

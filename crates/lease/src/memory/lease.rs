@@ -83,6 +83,32 @@ pub(super) fn credit_bucket(b: &mut Bucket, limit: &Limit, credit: u64, ws: Micr
     }
 }
 
+/// Gives `credit` back as [`credit_bucket`] does; returns what the bucket kept of it, in whole
+/// units (lib.lua `credit_kept`): into a token bucket already full (a GCRA key at now, a leaky
+/// bucket empty), none.
+pub(super) fn credit_kept(b: &mut Bucket, limit: &Limit, credit: u64, ws: Micros) -> u64 {
+    let level = |b: &Bucket| match b {
+        Bucket::TokenBucket(tb) => Some(tb.tokens),
+        Bucket::Gcra(g) => Some(
+            -g.ahead
+                / crate::algorithm::gcra::interval_us(limit.refill_per_second().unwrap_or(1.0)),
+        ),
+        Bucket::LeakyBucket(lb) => Some(-lb.level),
+        _ => None,
+    };
+    let before = level(b);
+    let credited = credit_bucket(b, limit, credit, ws);
+    match (before, level(b)) {
+        (Some(before), Some(after)) => {
+            // Whole units, to the nearest: a bucket that refilled a hair meanwhile still
+            // says it kept the unit it was given.
+            let kept = (after - before).round().max(0.0) as u64;
+            kept.min(credit)
+        }
+        _ => credited,
+    }
+}
+
 /// The fields of a lease id: `<id>:<units>:<ws>:<algorithm>:<nonce>`.
 pub(super) struct ParsedLease<'a> {
     pub(super) id: &'a str,

@@ -7,7 +7,8 @@ use super::MemoryStore;
 use super::allowance::{Allowed, allowance_keys, load_demand};
 use super::bucket::{Bucket, Keys, Value};
 use super::lease::{
-    ALLOWANCE_CODE, ParsedLease, credit_bucket, grant_size, lease_validity, store_leases,
+    ALLOWANCE_CODE, ParsedLease, credit_bucket, credit_kept, grant_size, lease_validity,
+    store_leases,
 };
 use crate::algorithm::penalty_box::{self, PenaltyParams};
 use crate::algorithm::reservations::Record;
@@ -23,7 +24,7 @@ use crate::ops::check::{BucketStatus, CheckOutcome, CheckRequest, is_slot_bucket
 use crate::ops::counter::HeldLeases;
 use crate::ops::debit::DebitRequest;
 use crate::ops::lease::{LeaseGrant, LeaseId, LeaseRequest, ReturnRequest};
-use crate::ops::penalty::{Penalty, PenaltyState};
+use crate::ops::penalty::{Lift, Penalty, PenaltyState};
 use crate::ops::reservation::{SettleRequest, Settlement};
 use crate::ops::slot::{SlotId, SlotRelease, SlotRenew};
 
@@ -39,7 +40,33 @@ fn block_left(keys: &Keys, key: &BucketKey, now: Micros) -> u64 {
     }
 }
 
-/// Subtracts `units` consumed at `at` from a loaded bucket (as `debit.lua`'s `debit_bucket`);
+/// The lift epoch of `key`'s penalty records (0: none).
+fn lift_epoch(keys: &Keys, key: &BucketKey, now: Micros) -> u64 {
+    match keys.get(&key.penalty_epoch_key(), now) {
+        Some(Value::Epoch(epoch)) => *epoch,
+        _ => 0,
+    }
+}
+
+/// Starts a new lift epoch of `key`'s penalty records (`next_epoch` in `lib.lua`).
+fn next_epoch(keys: &mut Keys, key: &BucketKey, now: Micros) -> u64 {
+    let epoch = penalty_box::next_epoch(lift_epoch(keys, key, now), now);
+    let expires = now + penalty_box::EPOCH_TTL.as_micros() as u64;
+    keys.put(&key.penalty_epoch_key(), Value::Epoch(epoch), expires);
+    epoch
+}
+
+/// How a debt is charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Debt {
+    /// A debit's: a token bucket's debt floored at one full bucket (GCRA and the leaky bucket
+    /// at two bursts).
+    Floored,
+    /// A settlement's excess over its estimate: owed whole, however deep.
+    InFull,
+}
+
+/// Subtracts `units` consumed at `at` from a loaded bucket (as lib.lua's `debit_bucket`);
 /// returns the units applied (0 when their window no longer counts).
 pub(super) fn debit_bucket(
     b: &mut Bucket,
@@ -47,26 +74,40 @@ pub(super) fn debit_bucket(
     units: u64,
     at: Micros,
     now: Micros,
+    debt: Debt,
 ) -> u64 {
-    match (b, limit.kind()) {
-        (Bucket::TokenBucket(tb), _) => {
-            tb.debit(units, limit.capacity());
-            units
+    if debt == Debt::InFull {
+        match (&mut *b, limit.kind()) {
+            (Bucket::TokenBucket(tb), _) => {
+                tb.tokens -= units as f64;
+                return units;
+            }
+            (
+                Bucket::Gcra(g),
+                Kind::Gcra {
+                    rate_per_second, ..
+                },
+            ) => {
+                g.ahead += units as f64 * crate::algorithm::gcra::interval_us(rate_per_second);
+                return units;
+            }
+            (Bucket::LeakyBucket(lb), _) => {
+                lb.level += units as f64;
+                return units;
+            }
+            _ => {}
         }
+    }
+    match (b, limit.kind()) {
+        (Bucket::TokenBucket(tb), _) => tb.debit(units, limit.capacity()),
         (
             Bucket::Gcra(g),
             Kind::Gcra {
                 burst,
                 rate_per_second,
             },
-        ) => {
-            g.debit(units, burst, rate_per_second);
-            units
-        }
-        (Bucket::LeakyBucket(lb), _) => {
-            lb.debit(units, limit.capacity());
-            units
-        }
+        ) => g.debit(units, burst, rate_per_second),
+        (Bucket::LeakyBucket(lb), _) => lb.debit(units, limit.capacity()),
         (Bucket::FixedWindow(fw), Kind::FixedWindow { window_us, .. })
             if fw.counts_at(window_us, at) =>
         {
@@ -502,7 +543,7 @@ impl LeaseStore for MemoryStore {
                     let at = item.consumed_at.unwrap_or(now).min(now);
                     let k = state_key(&item.key, &item.limit);
                     let mut b = Bucket::load(keys, &k, &item.limit, now);
-                    let applied = debit_bucket(&mut b, &item.limit, units, at, now);
+                    let applied = debit_bucket(&mut b, &item.limit, units, at, now, Debt::Floored);
                     if applied > 0 {
                         b.store(keys, &k, &item.limit, now);
                     } else {
@@ -531,12 +572,14 @@ impl LeaseStore for MemoryStore {
     }
 
     async fn reset(&self, key: &BucketKey) -> Result<bool, StoreError> {
-        self.with_shard(key, &[], |keys, now| {
+        let epoch = key.penalty_epoch_key();
+        self.with_shard(key, &[epoch.as_str()], |keys, now| {
             let mut forgot = false;
             for name in counter_keys(key) {
                 forgot |= keys.get(&name, now).is_some();
                 keys.remove(&name);
             }
+            next_epoch(keys, key, now);
             forgot
         })
     }
@@ -598,7 +641,7 @@ impl LeaseStore for MemoryStore {
                                             let ws = item.limit.window().map_or(0, |w| {
                                                 window_start(at, w.as_micros() as u64)
                                             });
-                                            credit_bucket(&mut b, &item.limit, back, ws)
+                                            credit_kept(&mut b, &item.limit, back, ws)
                                         }
                                     };
                                 } else if item.actual > units {
@@ -608,6 +651,7 @@ impl LeaseStore for MemoryStore {
                                         item.actual - units,
                                         at.min(now),
                                         now,
+                                        Debt::InFull,
                                     );
                                 }
                                 if refunded > 0 || charged > 0 {
@@ -636,6 +680,7 @@ impl LeaseStore for MemoryStore {
         key: &BucketKey,
         penalty: &Penalty,
         denials: u64,
+        under: Option<u64>,
     ) -> Result<PenaltyState, StoreError> {
         let name = key.penalty_key_of(penalty);
         let params = PenaltyParams {
@@ -648,7 +693,12 @@ impl LeaseStore for MemoryStore {
                 Some(Value::Penalty(r)) => Some(*r),
                 _ => None,
             };
-            let (state, write) = penalty_box::note(record, denials, params, now);
+            let adding = penalty_box::Adding {
+                denials,
+                under,
+                epoch: lift_epoch(keys, key, now),
+            };
+            let (state, write) = penalty_box::note(record, adding, params, now);
             if let Some((record, ttl_ms)) = write {
                 keys.put(&name, Value::Penalty(record), now + ttl_ms * 1000);
             }
@@ -656,13 +706,17 @@ impl LeaseStore for MemoryStore {
         })
     }
 
-    async fn lift_block(&self, key: &BucketKey) -> Result<bool, StoreError> {
+    async fn lift_block(&self, key: &BucketKey) -> Result<Lift, StoreError> {
         let (name, shadow) = (key.penalty_key(), key.shadow_penalty_key());
-        self.with_shard(key, &[], |keys, now| {
-            let lifted = block_left(keys, key, now) > 0;
+        let epoch = key.penalty_epoch_key();
+        self.with_shard(key, &[epoch.as_str()], |keys, now| {
+            let was_blocked = block_left(keys, key, now) > 0;
             keys.remove(&name);
             keys.remove(&shadow);
-            lifted
+            Lift {
+                was_blocked,
+                epoch: next_epoch(keys, key, now),
+            }
         })
     }
 }

@@ -5,7 +5,11 @@
 //! - [`LeaseStore::note_denials`](crate::LeaseStore::note_denials) adds the denials a node
 //!   handed out and starts the block when the count reaches `after`;
 //! - a check or a lease whose item is marked penalized (`with_penalized`) is refused while the
-//!   block lasts, before anything is judged, and consumes nothing.
+//!   block lasts, before anything is judged, and consumes nothing;
+//! - a lift ([`LeaseStore::lift_block`](crate::LeaseStore::lift_block)) or a reset starts a new
+//!   *lift epoch* (`<key>:penalty:epoch`, the store's time of it): a flush of denials says
+//!   the epoch they were handed out under, and one that is not the store's counts nothing, so
+//!   denials handed out before a lift, by nodes that had not heard of it, never undo it.
 
 use std::time::Duration;
 
@@ -91,6 +95,19 @@ pub struct PenaltyState {
     pub denials: u64,
     /// Whether this call started the block.
     pub started: bool,
+    /// The identity's lift epoch in the store: it changes with every lift or reset of its
+    /// penalty (0: none for a day). Denials handed out before a lift are flushed with the
+    /// epoch the node knew then, and the store counts a flush only under its current epoch.
+    pub epoch: u64,
+}
+
+/// What [`LeaseStore::lift_block`](crate::LeaseStore::lift_block) did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Lift {
+    /// Whether an enforced block was lifted.
+    pub was_blocked: bool,
+    /// The lift epoch it started: denials handed out before it count nothing.
+    pub epoch: u64,
 }
 
 impl PenaltyState {

@@ -44,6 +44,20 @@ pub struct PenaltyLabels {
     pub outcome: String,
 }
 
+/// Denials a rule's penalty did not count: the rule, and why (`lifted`: handed out before a
+/// lift or reset the node had not heard of, and refused by the store; `store_failed`: the
+/// store did not answer their flush; `pending_full`: the node's denials waiting to be counted
+/// were at their memory bound).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UncountedDenialsLabels {
+    /// The rule's domain.
+    pub domain: String,
+    /// The rule's id.
+    pub rule: String,
+    /// Why they were not counted.
+    pub reason: String,
+}
+
 /// Label values in snake_case, as Prometheus conventions have them.
 macro_rules! snake_label {
     ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {

@@ -18,9 +18,18 @@ pub struct ReportedLabels {
     pub result: &'static str,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
 /// Every RLQS metric.
 #[derive(Debug, Clone, Default)]
 pub struct RlqsMetrics {
+    /// Memory the buckets and their shares take, bytes (bounded by `--rlqs-max-state-mb`).
+    pub state_bytes: Gauge,
+    /// Streams the node ended, or would not open, by why.
+    streams_ended: Family<ReasonLabels, Counter>,
     /// RLQS streams open (one per Envoy and domain).
     pub streams: Gauge,
     /// Buckets shared among the streams of this node.
@@ -29,16 +38,59 @@ pub struct RlqsMetrics {
     pub assignments: Counter,
     /// Buckets Envoys were told to abandon (idle for several reports).
     pub abandons: Counter,
-    /// Bucket reports not tracked: the bucket id was malformed, or the node's or the stream's
-    /// bucket budget was full (the Envoy keeps its no-assignment behaviour for them).
-    pub buckets_refused: Counter,
+    /// Bucket reports not tracked, by why: `malformed` or `not_utf8` (the bucket id; no
+    /// answer can name a bucket that is not UTF-8), `node_full` or `stream_full` (the budget
+    /// in bytes; the Envoy is told to abandon such a bucket). The Envoy keeps its
+    /// no-assignment behaviour for them.
+    buckets_refused: Family<ReasonLabels, Counter>,
     /// Requests Envoys reported, per rule and result.
     pub reported: Family<ReportedLabels, Counter>,
 }
 
 impl RlqsMetrics {
+    /// Counts a stream the node ended, or would not open, for `reason` (`report_too_large`,
+    /// `unreadable`, `domain`, `unread`, `no_first_report`, `too_many_streams`,
+    /// `too_many_from_host`).
+    pub fn ended(&self, reason: &'static str) {
+        self.streams_ended
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts a bucket report not tracked, for `reason` (`malformed`, `not_utf8`,
+    /// `node_full`, `stream_full`).
+    pub fn refused(&self, reason: &'static str) {
+        self.buckets_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// How many bucket reports were not tracked for `reason`.
+    pub fn refused_count(&self, reason: &'static str) -> u64 {
+        self.buckets_refused
+            .get_or_create(&ReasonLabels { reason })
+            .get()
+    }
+
+    /// How many streams were ended for `reason`.
+    pub fn ended_count(&self, reason: &'static str) -> u64 {
+        self.streams_ended
+            .get_or_create(&ReasonLabels { reason })
+            .get()
+    }
+
     /// Registers them under `registry`'s prefix.
     pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "rlqs_state_bytes",
+            "Memory RLQS buckets and their shares take (bounded by --rlqs-max-state-mb)",
+            self.state_bytes.clone(),
+        );
+        registry.register(
+            "rlqs_streams_ended",
+            "RLQS streams the node ended or would not open, by reason",
+            self.streams_ended.clone(),
+        );
         registry.register(
             "rlqs_streams",
             "RLQS streams open (one per Envoy and domain)",
@@ -61,7 +113,7 @@ impl RlqsMetrics {
         );
         registry.register(
             "rlqs_buckets_refused",
-            "Bucket reports not tracked (malformed id, or the bucket budget full)",
+            "Bucket reports not tracked, by reason (malformed id, node or stream budget full)",
             self.buckets_refused.clone(),
         );
         registry.register(

@@ -3,7 +3,10 @@
 //! Closed: calls go through, and their outcomes are counted over a sliding window (ten slices
 //! of `window`). It opens when, over that window, at least `min_calls` calls were made and at
 //! least `failure_ratio` of them failed: a few timeouts on a loaded node are not an outage, and
-//! a store that fails most calls is one. Open: calls fail at once, so nodes stop waiting on a
+//! a store that fails most calls is one. At any traffic it also opens when calls have failed
+//! for a whole `window` with no answer between (two failures a second apart at 1 request a
+//! second), and at once on a refused connection (nothing listens at the store's address: no
+//! doubt to weigh). Open: calls fail at once, so nodes stop waiting on a
 //! store that cannot answer. After a cooldown (jittered, so nodes do not all probe at once) one
 //! probe goes through: success closes the breaker, a refusal opens it again with a doubled
 //! cooldown, up to a maximum. A probe the store took and did not answer (it ran out of time,
@@ -98,6 +101,8 @@ pub struct Breaker {
     state: BreakerState,
     slices: [Slice; SLICES],
     cooldown: Duration,
+    /// Failures since the store last answered: when the first was, and how many.
+    streak: Option<(Micros, u32)>,
 }
 
 impl Breaker {
@@ -109,6 +114,7 @@ impl Breaker {
             state: BreakerState::Closed,
             slices: [Slice::default(); SLICES],
             cooldown,
+            streak: None,
         }
     }
 
@@ -155,22 +161,42 @@ impl Breaker {
             self.cooldown = self.config.cooldown;
         }
         self.state = BreakerState::Closed;
+        self.streak = None;
         self.count(now, false);
     }
 
     /// A call failed transiently; `jitter` in [0, 1) spreads the cooldown. Returns whether this
     /// failure opened the breaker.
     pub fn on_failure(&mut self, now: Micros, jitter: f64) -> bool {
+        self.fail(now, jitter, false)
+    }
+
+    /// A call the store certainly could not take: its address refused the connection. Opens
+    /// the breaker at once, whatever the traffic. Returns whether it did.
+    pub fn on_refusal(&mut self, now: Micros, jitter: f64) -> bool {
+        self.fail(now, jitter, true)
+    }
+
+    fn fail(&mut self, now: Micros, jitter: f64, certain: bool) -> bool {
         let open = match self.state {
             BreakerState::HalfOpen { .. } => {
-                self.cooldown = (self.cooldown * 2).min(self.config.max_cooldown);
+                // A refused connection costs the store nothing: it is asked again at the first
+                // cooldown, so that its return is seen within moments.
+                if !certain {
+                    self.cooldown = (self.cooldown * 2).min(self.config.max_cooldown);
+                }
                 true
             }
             BreakerState::Closed => {
                 self.count(now, true);
                 let (calls, failures) = self.totals(now);
-                calls >= self.config.min_calls.max(1)
-                    && f64::from(failures) >= self.config.failure_ratio * f64::from(calls)
+                let (since, failed) = self.streak.get_or_insert((now, 0));
+                *failed += 1;
+                let unanswered_for = now.saturating_sub(*since);
+                certain
+                    || (calls >= self.config.min_calls.max(1)
+                        && f64::from(failures) >= self.config.failure_ratio * f64::from(calls))
+                    || (*failed >= 2 && unanswered_for >= self.config.window.as_micros() as u64)
             }
             BreakerState::Open { .. } => false,
         };
@@ -276,11 +302,50 @@ mod tests {
         for i in 0..15 {
             b.on_failure(T0 + i * MS, 0.5);
         }
+        b.on_success(T0 + 1_000 * MS);
         // Two seconds later, the old failures no longer count.
         for i in 0..15 {
             assert!(!b.on_failure(T0 + 2_000 * MS + i * MS, 0.5));
         }
         assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[test]
+    fn at_low_traffic_a_window_of_failures_with_no_answer_opens_it() {
+        // 10 calls a second, each out of patience (a stalled store): far below the minimum
+        // of calls, but nothing has answered for a second.
+        let mut b = Breaker::new(config(20));
+        for i in 0..10 {
+            assert!(!b.on_failure(T0 + i * 100 * MS, 0.5), "call {i}");
+        }
+        assert!(b.on_failure(T0 + 1_000 * MS, 0.5), "a second of failures");
+        // One answer between breaks the streak.
+        let mut b = Breaker::new(config(20));
+        for i in 0..20 {
+            let now = T0 + i * 100 * MS;
+            if i == 10 {
+                b.on_success(now);
+            } else {
+                assert!(!b.on_failure(now, 0.5), "call {i}");
+            }
+        }
+        // A lone failure is not a streak, however long ago the last answer was.
+        let mut b = Breaker::new(config(20));
+        b.on_success(T0);
+        assert!(!b.on_failure(T0 + 60_000 * MS, 0.5));
+    }
+
+    #[test]
+    fn a_refused_connection_opens_it_at_once() {
+        let mut b = Breaker::new(config(20));
+        b.on_success(T0);
+        assert!(b.on_refusal(T0 + MS, 0.5));
+        assert!(!b.allow(T0 + 2 * MS));
+        assert!(b.allow(T0 + 2 * MS + 200 * MS), "probed after the cooldown");
+        // Refused again: the cooldown does not grow (a refusal costs the store nothing).
+        let again = T0 + 2 * MS + 200 * MS;
+        assert!(b.on_refusal(again, 0.5));
+        assert!(b.allow(again + 200 * MS));
     }
 
     #[test]

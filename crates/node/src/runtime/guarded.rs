@@ -43,6 +43,103 @@ struct Shard {
     last_answer: Micros,
     /// A [`Prober`] is out.
     probing: bool,
+    /// Whether it answers, as the log and `/readyz` tell it.
+    health: Health,
+    /// A key a call went to there (the first): what the heartbeat asks about.
+    probe_key: Option<BucketKey>,
+    /// When a call to it last answered or failed.
+    last_outcome: Micros,
+}
+
+/// A shard's outage as operators see it: from its first failed call to its next answer.
+#[derive(Debug, Default, Clone)]
+pub struct Health {
+    /// When calls began failing with no answer since (None: it answers).
+    pub failing_since: Option<Micros>,
+    /// Calls failed since.
+    pub failed: u64,
+    /// The last failure.
+    pub last_error: String,
+    /// When the outage was last written to the log.
+    logged: Micros,
+}
+
+/// How often an outage that lasts is written to the log again.
+const OUTAGE_LOGGED_EVERY: Duration = Duration::from_secs(5);
+
+/// A shard as `/readyz` and the metrics show it.
+#[derive(Debug, Clone)]
+pub struct ShardHealth {
+    /// The shard (its first slot in a Redis Cluster; 0 otherwise).
+    pub shard: u16,
+    /// Its breaker.
+    pub breaker: BreakerState,
+    /// When it last answered (node clock, µs; 0: never).
+    pub last_answer: Micros,
+    /// Its outage, if it has one.
+    pub health: Health,
+}
+
+impl ShardHealth {
+    /// Whether it answers: no call has failed since its last answer, and its breaker is
+    /// closed.
+    pub fn answering(&self) -> bool {
+        self.health.failing_since.is_none() && self.breaker == BreakerState::Closed
+    }
+}
+
+impl Shard {
+    /// A call failed at `now`: the outage starts (logged at once) or goes on (logged every
+    /// few seconds).
+    fn failed(&mut self, shard: u16, now: Micros, error: &StoreError) {
+        self.last_outcome = self.last_outcome.max(now);
+        let h = &mut self.health;
+        h.failed += 1;
+        h.last_error = error.to_string();
+        match h.failing_since {
+            None => {
+                h.failing_since = Some(now);
+                h.logged = now;
+                let since_answer_ms =
+                    (self.last_answer > 0).then(|| now.saturating_sub(self.last_answer) / 1000);
+                tracing::warn!(
+                    shard,
+                    error = %error,
+                    since_answer_ms,
+                    "the store is not answering: requests are decided by their rules' fail \
+                     modes until it does"
+                );
+            }
+            Some(since)
+                if now.saturating_sub(h.logged) >= OUTAGE_LOGGED_EVERY.as_micros() as u64 =>
+            {
+                h.logged = now;
+                tracing::warn!(
+                    shard,
+                    error = %error,
+                    for_ms = now.saturating_sub(since) / 1000,
+                    failed_calls = h.failed,
+                    "the store is still not answering"
+                );
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// The store answered at `now`: an outage ends (logged).
+    fn answered(&mut self, shard: u16, now: Micros) {
+        self.last_answer = self.last_answer.max(now);
+        self.last_outcome = self.last_outcome.max(now);
+        if let Some(since) = self.health.failing_since.take() {
+            tracing::info!(
+                shard,
+                after_ms = now.saturating_sub(since) / 1000,
+                failed_calls = self.health.failed,
+                "the store answers again"
+            );
+        }
+        self.health.failed = 0;
+    }
 }
 
 /// The store behind per-shard circuit breakers, with metrics.
@@ -152,7 +249,8 @@ impl Prober {
                 return;
             }
             match result {
-                Err(StoreError::Timeout { .. }) => {
+                Err(e @ StoreError::Timeout { .. }) => {
+                    s.failed(self.shard, now, &e);
                     drop(s);
                     breakers
                         .metrics
@@ -163,6 +261,7 @@ impl Prober {
                     }
                 }
                 Err(e) if e.is_transient() && !matches!(e, StoreError::Full(_)) => {
+                    s.failed(self.shard, now, &e);
                     s.breaker.on_failure(now, breakers.jitter.lock().random());
                     s.probing = false;
                     drop(s);
@@ -173,7 +272,7 @@ impl Prober {
                     return;
                 }
                 _ => {
-                    s.last_answer = s.last_answer.max(now);
+                    s.answered(self.shard, now);
                     s.breaker.on_success(now);
                     s.probing = false;
                     drop(s);
@@ -261,6 +360,93 @@ impl GuardedStore {
         states
     }
 
+    /// Every shard that has seen a call: its breaker, its last answer, its outage.
+    pub fn shard_health(&self) -> Vec<ShardHealth> {
+        let mut shards: Vec<_> = self
+            .breakers
+            .shards
+            .iter()
+            .map(|s| ShardHealth {
+                shard: *s.key(),
+                breaker: s.breaker.state(),
+                last_answer: s.last_answer,
+                health: s.health.clone(),
+            })
+            .collect();
+        shards.sort_by_key(|s| s.shard);
+        shards
+    }
+
+    /// Asks every shard that no call has answered or failed at for `every` whether it
+    /// answers (a read of a key called there, through its breaker), so that an outage
+    /// shows, and its end too, whatever the traffic: with no requests, the log, `/readyz` and
+    /// the last answer's age still tell the truth. Runs until `running` says stop. The
+    /// in-memory store is not asked: it cannot fail.
+    pub async fn heartbeat(&self, every: Duration, running: impl Fn() -> bool) {
+        if self.store.memory().is_some() {
+            return;
+        }
+        // A shard that does not answer is asked as soon as its breaker lets a call through
+        // (looked at ten times as often), so that its return shows within moments.
+        let often = every / 10;
+        let mut tick = tokio::time::interval(often);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (every_us, often_us) = (every.as_micros() as u64, often.as_micros() as u64);
+        let mut ticks = 0u32;
+        while running() {
+            tick.tick().await;
+            // Every shard the store has, also one no call reached yet (a node that has served
+            // nothing): without a key of its own it would never be asked, its last answer
+            // would only age, and its outage would not show. Looked for once per `every`:
+            // listing a cluster's shards reads its whole slot table.
+            ticks = ticks.wrapping_add(1);
+            let shards = if ticks % 10 == 1 {
+                self.store.shards()
+            } else {
+                vec![]
+            };
+            for shard in shards {
+                let missing = self.breakers.shard(shard).probe_key.is_none();
+                if missing && let Some(key) = self.heartbeat_key(shard) {
+                    self.breakers.shard(shard).probe_key.get_or_insert(key);
+                }
+            }
+            let now = self.breakers.clock.now_micros();
+            let quiet: Vec<BucketKey> = self
+                .breakers
+                .shards
+                .iter()
+                .filter(|s| {
+                    let quiet_for = now.saturating_sub(s.last_outcome);
+                    match s.breaker.state() {
+                        BreakerState::Closed if s.health.failing_since.is_none() => {
+                            quiet_for >= every_us
+                        }
+                        BreakerState::Closed => quiet_for >= often_us,
+                        // Not until it lets a call through (a probe is out, or its cooldown
+                        // runs).
+                        BreakerState::Open { until } | BreakerState::HalfOpen { until } => {
+                            now >= until
+                        }
+                    }
+                })
+                .filter_map(|s| s.probe_key.clone())
+                .collect();
+            if !quiet.is_empty() {
+                tracing::debug!(shards = quiet.len(), "heartbeat: asking the store");
+            }
+            futures::future::join_all(quiet.iter().map(|key| {
+                self.call(
+                    StoreOp::Probe,
+                    key,
+                    Wait::UntilDown,
+                    self.store.held_leases(key),
+                )
+            }))
+            .await;
+        }
+    }
+
     /// The worst breaker state over every shard (open, else half-open, else closed).
     pub fn breaker_state(&self) -> BreakerState {
         self.breakers
@@ -271,12 +457,24 @@ impl GuardedStore {
             .unwrap_or(BreakerState::Closed)
     }
 
+    /// A key on `shard` for the heartbeat of a shard no call reached yet (found among a few
+    /// candidates: each lands on a slot range of a cluster's at random).
+    fn heartbeat_key(&self, shard: u16) -> Option<BucketKey> {
+        (0..4096u32)
+            .filter_map(|i| BucketKey::new(format!("{i}").as_bytes(), "tollgate:heartbeat").ok())
+            .find(|key| self.store.shard_of(key) == shard)
+    }
+
     /// Starts a call to `key`'s shard, if its breaker lets it through.
     pub(crate) fn begin(&self, op: StoreOp, key: &BucketKey) -> Result<Call, StoreError> {
         let shard = self.store.shard_of(key);
         let now = self.breakers.clock.now_micros();
         let (allowed, changed, in_flight) = {
             let mut s = self.breakers.shard(shard);
+            // Once per shard: no compare or copy on every call.
+            if s.probe_key.is_none() {
+                s.probe_key = Some(key.clone());
+            }
             let before = s.breaker.state();
             let allowed = s.breaker.allow(now);
             (allowed, before != s.breaker.state(), s.in_flight.clone())
@@ -345,20 +543,32 @@ impl GuardedStore {
         {
             // The store took the probe and did not answer: ask again at once (the breaker
             // stays half-open), so that it closes as soon as the store answers.
+            self.breakers
+                .shard(call.shard)
+                .failed(call.shard, now, error);
             prober.start();
             return;
         }
-        let (opened, changed) = {
+        let (opened, changed, before_state) = {
             let mut s = self.breakers.shard(call.shard);
+            s.failed(call.shard, now, error);
             let before = s.breaker.state();
-            let opened = s
-                .breaker
-                .on_failure(now, self.breakers.jitter.lock().random());
-            (opened, s.breaker.state() != before)
+            let jitter = self.breakers.jitter.lock().random();
+            let opened = if matches!(error, StoreError::Refused(_)) {
+                s.breaker.on_refusal(now, jitter)
+            } else {
+                s.breaker.on_failure(now, jitter)
+            };
+            (opened, s.breaker.state() != before, before)
         };
         if opened {
             self.breakers.metrics.breaker_opened.inc();
-            tracing::warn!(shard = call.shard, error = %error, "store circuit breaker opened");
+            // Opened anew after a failed probe: the outage's own lines say it goes on.
+            if matches!(before_state, BreakerState::Closed) {
+                tracing::warn!(shard = call.shard, error = %error, "store circuit breaker opened");
+            } else {
+                tracing::debug!(shard = call.shard, error = %error, "store circuit breaker opened again");
+            }
         }
         if changed {
             self.breakers.publish_state();
@@ -496,7 +706,7 @@ impl GuardedStore {
                 }
                 let changed = {
                     let mut s = self.breakers.shard(call.shard);
-                    s.last_answer = s.last_answer.max(now);
+                    s.answered(call.shard, now);
                     let before = s.breaker.state();
                     if before != BreakerState::Closed {
                         tracing::info!(shard = call.shard, "store circuit breaker closed");
@@ -627,8 +837,7 @@ impl GuardedStore {
                 Ok(()) => {
                     let now = self.breakers.clock.now_micros();
                     for shard in self.store.shards() {
-                        let mut s = self.breakers.shard(shard);
-                        s.last_answer = s.last_answer.max(now);
+                        self.breakers.shard(shard).answered(shard, now);
                     }
                     return Ok(());
                 }
@@ -654,6 +863,9 @@ impl Breakers {
             in_flight: Arc::new(AtomicU64::new(0)),
             last_answer: 0,
             probing: false,
+            health: Health::default(),
+            probe_key: None,
+            last_outcome: 0,
         })
     }
 

@@ -129,12 +129,14 @@ pub(crate) fn hits(
 ) -> Result<Vec<Hit>, RequestError> {
     let mut hits = vec![];
     let mut push = |descriptor: usize, matched: crate::rules::Matched, cost: u64| {
+        // Values are matched as sent; the bucket is keyed by a bounded identity.
+        let identity = crate::rules::identity::bounded(matched.identity);
         // A request charges a bucket once: a rule matched for the same identity by several
         // descriptors (Envoy sends one per `rate_limits` entry) is one hit, at the largest
         // of their costs, answering for each of them.
         match hits
             .iter_mut()
-            .find(|h: &&mut Hit| h.rule.uid == matched.rule.uid && h.identity == matched.identity)
+            .find(|h: &&mut Hit| h.rule.uid == matched.rule.uid && h.identity == identity)
         {
             Some(hit) => {
                 hit.cost = hit.cost.max(cost);
@@ -146,7 +148,7 @@ pub(crate) fn hits(
                 descriptor,
                 also: vec![],
                 rule: matched.rule,
-                identity: matched.identity,
+                identity,
                 cost,
             }),
         }

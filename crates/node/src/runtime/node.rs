@@ -144,6 +144,24 @@ impl Node {
                 }
             });
         }
+        if let Some(every) = shared.config.store_heartbeat {
+            // An outage shows, and ends, at any traffic (`GuardedStore::heartbeat`).
+            let shared = shared.clone();
+            let handle = supervisor.clone();
+            tokio::spawn(async move {
+                // Until the supervisor stops (not "while it runs": it may still be starting
+                // when this task first looks, and the heartbeat would never beat).
+                shared
+                    .store
+                    .heartbeat(every, || {
+                        !matches!(
+                            handle.get_status(),
+                            ractor::ActorStatus::Stopping | ractor::ActorStatus::Stopped
+                        )
+                    })
+                    .await;
+            });
+        }
         let top_denied = TopDenied::new(shared.config.top_denied.clone());
         let overrides = OverrideRules::new(
             shared
@@ -221,6 +239,33 @@ impl Node {
         self.inner.shared.store.breaker_state()
     }
 
+    /// Each store shard that has seen calls: its breaker, last answer and outage, by shard.
+    pub fn store_health(&self) -> Vec<crate::runtime::guarded::ShardHealth> {
+        self.inner.shared.store.shard_health()
+    }
+
+    /// How long ago the store last answered (the shard that answered longest ago); None for
+    /// the in-memory store (it cannot fail, and is not asked while idle) or before any answer.
+    pub fn store_last_answer_age(&self) -> Option<Duration> {
+        let shared = &self.inner.shared;
+        if shared.store.inner().memory().is_some() {
+            return None;
+        }
+        let now = shared.clock.now_micros();
+        shared
+            .store
+            .shard_health()
+            .iter()
+            .filter(|s| s.last_answer > 0)
+            .map(|s| Duration::from_micros(now.saturating_sub(s.last_answer)))
+            .max()
+    }
+
+    /// The node clock's now (µs), against which [`Node::store_health`]'s times are read.
+    pub fn now_micros(&self) -> tollgate_lease::Micros {
+        self.inner.shared.clock.now_micros()
+    }
+
     /// Each store shard's circuit breaker (those that have seen calls), by shard.
     pub fn breaker_states(&self) -> Vec<(u16, BreakerState)> {
         self.inner.shared.store.breaker_states()
@@ -248,6 +293,26 @@ impl Node {
         let metrics = &shared.metrics;
         let _one_at_a_time = metrics.refreshing.lock();
         let key_state = shared.registry.bytes() + self.inner.fallbacks.bytes();
+        if let Some(settings) = shared.store.inner().cluster_settings() {
+            use tollgate_lease::redis::ClusterSettings;
+            metrics
+                .store_cluster_full_coverage_required
+                .set(match settings {
+                    ClusterSettings::Read {
+                        require_full_coverage,
+                        ..
+                    } => i64::from(require_full_coverage),
+                    ClusterSettings::Unreadable(_) => -1,
+                });
+        }
+        let health = shared.store.shard_health();
+        metrics
+            .store_answering
+            .set(i64::from(health.iter().all(|s| s.answering())));
+        let oldest = self.store_last_answer_age().unwrap_or_default();
+        metrics
+            .store_last_answer_age_seconds
+            .set(oldest.as_secs_f64());
         metrics.key_state_bytes.set(key_state as i64);
         if let Some(memory) = shared.store.inner().memory() {
             metrics.memory_store_bytes.set(memory.bytes() as i64);
@@ -289,7 +354,22 @@ impl Node {
         if hits.is_empty() {
             self.inner.shared.metrics.requests_unmatched.inc();
         }
+        self.note_long_identities(&hits, &request.domain);
         Ok(self.decide_at(hits, Route::Fastest, now).await)
+    }
+
+    /// Counts (and now and then logs) the buckets of a request keyed by a digest: their
+    /// identity was longer than [`crate::rules::identity::MAX_LITERAL_IDENTITY_BYTES`].
+    pub(crate) fn note_long_identities(&self, hits: &[Hit], domain: &str) {
+        let long = hits
+            .iter()
+            .filter(|h| crate::rules::identity::is_digest(&h.identity))
+            .count();
+        self.inner.shared.metrics.client_input.note(
+            crate::metrics::client_input::Adjustment::LongIdentity,
+            long as u64,
+            domain,
+        );
     }
 
     /// What `request` would be charged, without deciding it: each matched rule with the

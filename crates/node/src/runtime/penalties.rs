@@ -10,13 +10,21 @@
 //!   lease the store refused because of it. From then on this node denies the identity from
 //!   memory, without a store call, until the block ends. The node whose flush started a block
 //!   tells the peer region, which holds it in its own store (`impose`).
-//! - **Bounds.** At most [`MAX_BLOCKS`] blocks are held (past it, an eighth of them go,
-//!   those nearest their end; the store still refuses those identities' leases) and at most
-//!   [`MAX_PENDING`] identities wait to be counted (past it, a new identity's denials are not
-//!   counted until a flush makes room): nothing a client sends grows them without bound.
+//! - **Bounds, in bytes.** The blocks held take at most [`MAX_BLOCK_BYTES`] (past it, an
+//!   eighth of them go, those nearest their end; the store still refuses those identities'
+//!   leases) and the identities waiting to be counted at most [`MAX_PENDING_BYTES`] (past it, a
+//!   new identity's denials are not counted until a flush makes room): nothing a client sends
+//!   grows them without bound, however long its identities (an identity is at most 512 bytes
+//!   before it is kept as a digest, `rules::identity`).
 //! - **Flushes** call the store directly (not through the circuit breaker): each call is
 //!   bounded by the store's budget, at most 64 are out at once, and a failed one drops its
 //!   counts.
+//! - **Lifts.** A lift or reset starts a new *lift epoch* of the identity in the store. The
+//!   denials a node holds carry the epoch it last heard from the store for that identity (0
+//!   when it heard none), and the store counts a flush only under its current epoch: denials
+//!   handed out before a lift, flushed after it by a node that had not heard of it, count
+//!   nothing, and the answer tells the node the new epoch. What is not counted shows in
+//!   `tollgate_penalty_denials_uncounted_total`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -27,14 +35,27 @@ use futures::StreamExt;
 use parking_lot::Mutex;
 use tollgate_lease::{BucketKey, LeaseStore, Micros};
 
-use crate::metrics::{PenaltyLabels, RuleLabels};
+use crate::metrics::{PenaltyLabels, RuleLabels, UncountedDenialsLabels};
 use crate::rules::{CompiledRule, Mode};
 use crate::runtime::shared::Shared;
 
-/// The most blocks a node holds.
-pub const MAX_BLOCKS: usize = 65_536;
-/// The most identities whose denials wait to be counted in the store.
-pub const MAX_PENDING: usize = 65_536;
+/// The most memory the blocks a node holds may take: 16 MiB, some 100,000 blocks of API keys
+/// (a block of a 40-byte key takes about 150 bytes; of a 512-byte one, about 1.7 KB).
+pub const MAX_BLOCK_BYTES: usize = 16 << 20;
+/// The most memory the identities waiting to be counted may take.
+pub const MAX_PENDING_BYTES: usize = 16 << 20;
+/// The most memory the lift epochs a node remembers may take (only identities lifted or reset
+/// within a day have one). Past it they are all forgotten: a flush under a forgotten epoch
+/// counts nothing and the store's answer teaches it again.
+pub const MAX_EPOCH_BYTES: usize = 4 << 20;
+/// What a map entry costs besides its key's text: the hash map's slot, the key's allocation,
+/// the value (a block's end; a pending count's rule and identity).
+const ENTRY_BYTES: usize = 96;
+
+/// The memory a block or pending count of `key` takes.
+fn footprint(key: &BucketKey) -> usize {
+    key.as_str().len() + ENTRY_BYTES
+}
 /// Store calls one flush keeps in flight.
 const FLUSH_CONCURRENCY: usize = 64;
 
@@ -42,17 +63,103 @@ const FLUSH_CONCURRENCY: usize = 64;
 #[derive(Debug, Default)]
 pub struct Penalties {
     /// Bucket → when its block ends (node clock).
-    blocks: Mutex<HashMap<BucketKey, Micros>>,
+    blocks: Mutex<Sized<Micros>>,
     /// `blocks.len()`, read without the lock: most decisions find no block at all.
     held: AtomicUsize,
     /// Denials not yet counted in the store, per bucket.
-    pending: Mutex<HashMap<BucketKey, Pending>>,
+    pending: Mutex<Sized<Pending>>,
     /// Whether a flush is out.
     flushing: AtomicBool,
     /// Buckets whose denials a flush has sent and the store has not answered for yet.
     noting: Mutex<HashSet<BucketKey>>,
     /// Told each time the store answers (or fails) a flush's call.
     noted: tokio::sync::Notify,
+    /// Bucket → the lift epoch the store last said, for identities whose epoch is not 0.
+    epochs: Mutex<Sized<u64>>,
+    /// `epochs.len()`, read without the lock: most identities were never lifted.
+    epochs_held: AtomicUsize,
+}
+
+/// The memory a value holds beyond its entry's (heap it owns).
+trait Held {
+    fn held(&self) -> usize;
+}
+
+impl Held for Micros {
+    fn held(&self) -> usize {
+        0
+    }
+}
+
+impl Held for Pending {
+    fn held(&self) -> usize {
+        self.identity.len()
+    }
+}
+
+/// A map by bucket, and the memory its entries take ([`footprint`] and what each value holds).
+#[derive(Debug)]
+struct Sized<V> {
+    map: HashMap<BucketKey, V>,
+    bytes: usize,
+}
+
+impl<V> Default for Sized<V> {
+    fn default() -> Self {
+        Self {
+            map: HashMap::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<V: Held> Sized<V> {
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    fn get(&self, key: &BucketKey) -> Option<&V> {
+        self.map.get(key)
+    }
+
+    fn contains_key(&self, key: &BucketKey) -> bool {
+        self.map.contains_key(key)
+    }
+
+    fn insert(&mut self, key: BucketKey, value: V) {
+        let key_bytes = footprint(&key);
+        self.bytes += key_bytes + value.held();
+        if let Some(old) = self.map.insert(key, value) {
+            self.bytes -= key_bytes + old.held();
+        }
+    }
+
+    fn remove(&mut self, key: &BucketKey) -> Option<V> {
+        let (key, value) = self.map.remove_entry(key)?;
+        self.bytes -= footprint(&key) + value.held();
+        Some(value)
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&BucketKey, &mut V) -> bool) {
+        let mut freed = 0;
+        self.map.retain(|k, v| {
+            let kept = keep(k, v);
+            if !kept {
+                freed += footprint(k) + v.held();
+            }
+            kept
+        });
+        self.bytes -= freed;
+    }
+
+    fn take(&mut self) -> HashMap<BucketKey, V> {
+        self.bytes = 0;
+        std::mem::take(&mut self.map)
+    }
 }
 
 #[derive(Debug)]
@@ -60,6 +167,8 @@ struct Pending {
     rule: Arc<CompiledRule>,
     identity: Vec<u8>,
     denials: u64,
+    /// The lift epoch the node knew when it handed them out.
+    epoch: u64,
 }
 
 impl Penalties {
@@ -84,13 +193,17 @@ impl Penalties {
     pub fn learn(&self, key: BucketKey, left: Duration, now: Micros) {
         let until = now + left.as_micros() as u64;
         let mut blocks = self.blocks.lock();
-        if blocks.len() >= MAX_BLOCKS && !blocks.contains_key(&key) {
+        if blocks.bytes + footprint(&key) > MAX_BLOCK_BYTES && !blocks.contains_key(&key) {
             // Full: the ended blocks go, then an eighth of the map, those nearest their end
             // (one pass makes room for many blocks, so a flood pays it rarely).
             blocks.retain(|_, end| *end > now);
-            let over = blocks.len().saturating_sub(MAX_BLOCKS - MAX_BLOCKS / 8);
+            let over = if blocks.bytes + footprint(&key) > MAX_BLOCK_BYTES - MAX_BLOCK_BYTES / 8 {
+                (blocks.len() / 8).max(1)
+            } else {
+                0
+            };
             if over > 0 {
-                let mut ends: Vec<Micros> = blocks.values().copied().collect();
+                let mut ends: Vec<Micros> = blocks.map.values().copied().collect();
                 let (_, cut, _) = ends.select_nth_unstable(over - 1);
                 let cut = *cut;
                 let mut left = over;
@@ -103,6 +216,32 @@ impl Penalties {
         }
         blocks.insert(key, until);
         self.held.store(blocks.len(), Ordering::Relaxed);
+    }
+
+    /// The lift epoch the store last said for `key` (0: none heard).
+    fn epoch(&self, key: &BucketKey) -> u64 {
+        if self.epochs_held.load(Ordering::Relaxed) == 0 {
+            return 0;
+        }
+        self.epochs.lock().get(key).copied().unwrap_or(0)
+    }
+
+    /// Remembers the lift epoch the store said for `key`: denials handed out from now on
+    /// carry it.
+    pub fn learn_epoch(&self, key: &BucketKey, epoch: u64) {
+        if epoch == self.epoch(key) {
+            return;
+        }
+        let mut epochs = self.epochs.lock();
+        if epoch == 0 {
+            epochs.remove(key);
+        } else {
+            if epochs.bytes + footprint(key) > MAX_EPOCH_BYTES {
+                epochs.take();
+            }
+            epochs.insert(key.clone(), epoch);
+        }
+        self.epochs_held.store(epochs.len(), Ordering::Relaxed);
     }
 
     /// Blocks held.
@@ -145,19 +284,34 @@ impl Penalties {
         identity: &[u8],
         key: BucketKey,
     ) {
+        let epoch = self.epoch(&key);
         {
             let mut pending = self.pending.lock();
-            if pending.len() >= MAX_PENDING && !pending.contains_key(&key) {
-                return;
+            match pending.map.get_mut(&key) {
+                Some(p) if p.epoch == epoch => p.denials += 1,
+                Some(p) => {
+                    // Handed out before a lift the node has heard of since: the store would
+                    // refuse them.
+                    uncounted(shared, rule, "lifted", p.denials);
+                    (p.denials, p.epoch) = (1, epoch);
+                }
+                None => {
+                    if pending.bytes + footprint(&key) + identity.len() > MAX_PENDING_BYTES {
+                        drop(pending);
+                        uncounted(shared, rule, "pending_full", 1);
+                        return;
+                    }
+                    pending.insert(
+                        key,
+                        Pending {
+                            rule: rule.clone(),
+                            identity: identity.to_vec(),
+                            denials: 1,
+                            epoch,
+                        },
+                    );
+                }
             }
-            pending
-                .entry(key)
-                .or_insert_with(|| Pending {
-                    rule: rule.clone(),
-                    identity: identity.to_vec(),
-                    denials: 0,
-                })
-                .denials += 1;
         }
         if !self.flushing.swap(true, Ordering::AcqRel) {
             tokio::spawn(flush(shared.clone()));
@@ -174,7 +328,7 @@ async fn flush(shared: Arc<Shared>) {
         // (between the two) would not wait for them.
         let batch = {
             let mut pending = penalties.pending.lock();
-            let batch = std::mem::take(&mut *pending);
+            let batch = pending.take();
             penalties.noting.lock().extend(batch.keys().cloned());
             batch
         };
@@ -214,14 +368,23 @@ async fn note_one(shared: &Shared, key: BucketKey, pending: Pending) {
     } else {
         penalty.shadowed()
     };
+    let (denials, under) = (pending.denials, pending.epoch);
     match shared
         .store
         .inner()
-        .note_denials(&key, &penalty, pending.denials)
+        .note_denials(&key, &penalty, denials, Some(under))
         .await
     {
         Ok(state) => {
             let rule = &pending.rule;
+            if state.epoch != under {
+                // Handed out before a lift or reset this node had not heard of: the store
+                // counted nothing, and said the epoch the next ones count under.
+                if !state.blocked() {
+                    uncounted(shared, rule, "lifted", denials);
+                }
+                shared.penalties.learn_epoch(&key, state.epoch);
+            }
             if state.started {
                 shared
                     .metrics
@@ -249,9 +412,23 @@ async fn note_one(shared: &Shared, key: BucketKey, pending: Pending) {
         }
         Err(e) => {
             // The count lags by these denials; the limit itself still holds.
+            uncounted(shared, &pending.rule, "store_failed", denials);
             tracing::debug!(error = %e, rule = %pending.rule.id, "denials not counted towards a penalty");
         }
     }
+}
+
+/// Counts `denials` of `rule` its penalty did not count, and why.
+fn uncounted(shared: &Shared, rule: &CompiledRule, reason: &str, denials: u64) {
+    shared
+        .metrics
+        .penalty_denials_uncounted
+        .get_or_create(&UncountedDenialsLabels {
+            domain: rule.domain.clone(),
+            rule: rule.id.clone(),
+            reason: reason.into(),
+        })
+        .inc_by(denials);
 }
 
 /// Counts a request a known block denied.
@@ -281,12 +458,15 @@ pub(crate) async fn impose(
     let Ok(key) = BucketKey::new(identity, &rule.key) else {
         return false;
     };
+    // Never longer than this region's rule blocks for, whatever the peer says (its rule may
+    // differ while a change rolls out, and a peer's word is not a reason to block for a week).
+    let left = left.min(penalty.block());
     // The peer's block as a penalty of one denial lasting its time left: one denial starts it,
     // and a block already held here is kept as it is.
     let Ok(one) = tollgate_lease::Penalty::new(1, penalty.within(), left) else {
         return false;
     };
-    match shared.store.inner().note_denials(&key, &one, 1).await {
+    match shared.store.inner().note_denials(&key, &one, 1, None).await {
         Ok(state) if state.blocked() => {
             shared
                 .penalties
@@ -298,5 +478,69 @@ pub(crate) async fn impose(
             tracing::debug!(error = %e, rule = %rule.id, "the peer region's block is not held here");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: usize, len: usize) -> BucketKey {
+        let mut identity = format!("{i}-").into_bytes();
+        identity.resize(len, b'x');
+        BucketKey::new(&identity, "rule").expect("a key")
+    }
+
+    #[test]
+    fn blocks_held_stay_within_their_bytes_whatever_the_identities() {
+        let penalties = Penalties::default();
+        let now = 1_000_000;
+        // 512-byte identities: the longest kept as they are (a longer one is a digest).
+        let per = footprint(&key(0, 512));
+        let fit = MAX_BLOCK_BYTES / per;
+        for i in 0..fit * 3 {
+            penalties.learn(key(i, 512), Duration::from_secs(60 + i as u64), now);
+            assert!(penalties.blocks.lock().bytes <= MAX_BLOCK_BYTES);
+        }
+        let held = penalties.blocks();
+        assert!(
+            held <= fit && held >= fit / 2,
+            "{held} blocks of {per} bytes held, {fit} fit"
+        );
+        // Those nearest their end went; the latest stays known.
+        let last = key(fit * 3 - 1, 512);
+        assert!(penalties.blocked_for(&last, now).is_some());
+        // Forgetting gives its bytes back.
+        let before = penalties.blocks.lock().bytes;
+        penalties.forget(&last);
+        assert_eq!(penalties.blocks.lock().bytes, before - per);
+    }
+
+    #[test]
+    fn the_bytes_of_a_map_follow_its_entries() {
+        let mut map: Sized<Pending> = Sized::default();
+        let rule = Arc::new(
+            crate::rules::CompiledRule::for_override(1, Duration::from_secs(1), Default::default())
+                .expect("a rule"),
+        );
+        let pending = |identity: &[u8]| Pending {
+            rule: rule.clone(),
+            identity: identity.to_vec(),
+            denials: 1,
+            epoch: 0,
+        };
+        map.insert(key(1, 40), pending(&[1; 40]));
+        map.insert(key(2, 40), pending(&[2; 40]));
+        assert_eq!(map.bytes, 2 * (footprint(&key(1, 40)) + 40));
+        map.insert(key(2, 40), pending(&[2; 10]));
+        assert_eq!(
+            map.bytes,
+            2 * footprint(&key(1, 40)) + 50,
+            "a replaced entry"
+        );
+        map.retain(|k, _| *k == key(1, 40));
+        assert_eq!(map.bytes, footprint(&key(1, 40)) + 40);
+        assert_eq!(map.take().len(), 1);
+        assert_eq!(map.bytes, 0);
     }
 }

@@ -1,4 +1,9 @@
 //! A request to decide, as the APIs hand it to the runtime, and its validation.
+//!
+//! What validation refuses is a request's shape, which the caller's configuration sets (its
+//! domain, how many descriptors and entries, their keys): never the length or bytes of a value,
+//! which come from a client's request. A value of any length is matched as sent and its
+//! bucket keyed by a bounded identity ([`crate::rules::identity`]).
 
 use std::time::Duration;
 
@@ -8,15 +13,10 @@ use tollgate_lease::limit::MAX_UNITS;
 pub const MAX_DESCRIPTORS: usize = 64;
 /// The most entries one descriptor may carry.
 pub const MAX_ENTRIES: usize = 32;
-/// The most bytes of keys and values one descriptor may carry (its counter's identity must fit
-/// a store key).
-pub const MAX_DESCRIPTOR_BYTES: usize = 3072;
 /// The longest domain, in bytes.
 pub const MAX_DOMAIN_BYTES: usize = 256;
 /// The longest descriptor entry key, in bytes.
 pub const MAX_KEY_BYTES: usize = 256;
-/// The longest descriptor entry value, in bytes.
-pub const MAX_VALUE_BYTES: usize = 2048;
 
 /// How rules see a request's descriptors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,7 +145,7 @@ impl Request {
                     count: d.entries.len(),
                 });
             }
-            for (k, v) in &d.entries {
+            for (k, _) in &d.entries {
                 if k.is_empty() {
                     return Err(RequestError::EmptyKey { index });
                 }
@@ -155,16 +155,6 @@ impl Request {
                         bytes: k.len(),
                     });
                 }
-                if v.len() > MAX_VALUE_BYTES {
-                    return Err(RequestError::ValueTooLong {
-                        index,
-                        bytes: v.len(),
-                    });
-                }
-            }
-            let bytes: usize = d.entries.iter().map(|(k, v)| k.len() + v.len()).sum();
-            if bytes > MAX_DESCRIPTOR_BYTES {
-                return Err(RequestError::DescriptorTooLarge { index, bytes });
             }
             if let Some(cost) = d.cost.filter(|c| *c > MAX_UNITS) {
                 return Err(RequestError::CostTooLarge { cost });
@@ -241,26 +231,6 @@ pub enum RequestError {
         /// Which descriptor.
         index: usize,
         /// The key's length.
-        bytes: usize,
-    },
-    /// An entry value too long to be one.
-    #[error(
-        "descriptors[{index}] has a value of {bytes} bytes; at most {MAX_VALUE_BYTES} are allowed"
-    )]
-    ValueTooLong {
-        /// Which descriptor.
-        index: usize,
-        /// The value's length.
-        bytes: usize,
-    },
-    /// A descriptor too large to key a counter.
-    #[error(
-        "descriptors[{index}] holds {bytes} bytes of keys and values; at most {MAX_DESCRIPTOR_BYTES} are allowed"
-    )]
-    DescriptorTooLarge {
-        /// Which.
-        index: usize,
-        /// Its size.
         bytes: usize,
     },
     /// A cost too large to count exactly.

@@ -42,6 +42,9 @@ pub struct RuntimeConfig {
     /// How long a node starting up waits for its store to answer (connected, scripts
     /// loaded) before it serves; past it, it serves anyway, by its rules' fail modes.
     pub startup_patience: Duration,
+    /// How often a shard no call has reached for that long is asked whether it answers, so
+    /// that an outage shows at any traffic (None: never).
+    pub store_heartbeat: Option<Duration>,
     /// Nodes sharing the limits (the LOCAL fail mode gives each node `limit / nodes`).
     pub cluster_nodes: u32,
     /// The most bytes of key state held at once: key actors and their buckets, the keys-seen
@@ -68,6 +71,7 @@ impl Default for RuntimeConfig {
             breaker: BreakerConfig::default(),
             store_patience: DEFAULT_STORE_PATIENCE,
             startup_patience: DEFAULT_STARTUP_PATIENCE,
+            store_heartbeat: Some(Duration::from_secs(1)),
             cluster_nodes: 1,
             max_key_state_bytes: DEFAULT_MAX_KEY_STATE_BYTES,
             idle_timeout: Duration::from_secs(10),

@@ -18,7 +18,7 @@ pub(super) struct Access {
     pub(super) top_denied_token: Option<String>,
     /// Whether the HTTP port serves `POST /json`.
     pub(super) json_check: bool,
-    /// The bearer token `POST /json` requires (None: anyone who reaches the port).
+    /// The bearer token `POST /json` requires (None: loopback callers only).
     pub(super) json_check_token: Option<String>,
 }
 

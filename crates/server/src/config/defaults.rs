@@ -30,8 +30,10 @@ pub const ENVOY_FAIL_MODE: &str = "OPEN";
 pub const REDIS_CLUSTER: bool = false;
 /// `redis_batch_max`.
 pub const REDIS_BATCH_MAX: usize = 64;
-/// `rlqs_max_buckets`.
-pub const RLQS_MAX_BUCKETS: usize = 10_000;
+/// `rlqs_max_state_mb`: some 25,000 buckets of one stream each (docs/rlqs.md).
+pub const RLQS_MAX_STATE_MB: usize = 64;
+/// `rlqs_max_report_mb`.
+pub const RLQS_MAX_REPORT_MB: usize = 4;
 /// `store_timeout_ms`.
 pub const STORE_TIMEOUT: Duration = Duration::from_millis(5);
 /// `store_patience_ms` (the runtime's).

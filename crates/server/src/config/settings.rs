@@ -144,7 +144,9 @@ pub struct Settings {
     /// counted like any other (a check you can curl)
     #[arg(long, env = "TOLLGATE_JSON_CHECK", num_args = 0..=1, default_missing_value = "true", shown_default = defaults::JSON_CHECK)]
     pub json_check: Option<bool>,
-    /// A bearer token POST /json requires; unset, anyone who reaches the HTTP port may call it
+    /// A bearer token POST /json requires; unset, only callers on this machine (loopback) may
+    /// call it: a call counts like a request, and a caller that names someone else's key spends
+    /// their limit (and may put them in a penalty box)
     #[arg(long, env = "TOLLGATE_JSON_CHECK_TOKEN")]
     pub json_check_token: Option<String>,
     /// Send X-RateLimit-Limit, -Remaining and -Reset in Envoy's answers (gRPC and POST /json)
@@ -152,11 +154,17 @@ pub struct Settings {
     /// (enable_x_ratelimit_headers: DRAFT_VERSION_03), which would send them twice
     #[arg(long, env = "TOLLGATE_X_RATELIMIT_HEADERS", num_args = 0..=1, default_missing_value = "true", shown_default = defaults::X_RATELIMIT_HEADERS)]
     pub x_ratelimit_headers: Option<bool>,
-    /// Most RLQS buckets (a domain and an Envoy bucket id) the node shares quotas for, over
-    /// all Envoy streams; reports of further buckets get no assignment (the Envoy keeps its
-    /// no-assignment behaviour) and are counted in tollgate_rlqs_buckets_refused_total
-    #[arg(long, env = "TOLLGATE_RLQS_MAX_BUCKETS", shown_default = defaults::RLQS_MAX_BUCKETS)]
-    pub rlqs_max_buckets: Option<usize>,
+    /// Memory the node's RLQS buckets may take, MB (each bucket, and each Envoy stream
+    /// sharing it, counted with its id's bytes); one stream may take a quarter of it. Reports
+    /// of further buckets get no assignment (the Envoy keeps its no-assignment behaviour) and
+    /// are counted in tollgate_rlqs_buckets_refused_total
+    #[arg(long, env = "TOLLGATE_RLQS_MAX_STATE_MB", shown_default = defaults::RLQS_MAX_STATE_MB)]
+    pub rlqs_max_state_mb: Option<usize>,
+    /// The largest RLQS usage report taken, MB: an Envoy reports every bucket it holds every
+    /// 5 s (about 90 bytes a bucket with a 40-byte key); a larger one ends its stream with
+    /// RESOURCE_EXHAUSTED
+    #[arg(long, env = "TOLLGATE_RLQS_MAX_REPORT_MB", shown_default = defaults::RLQS_MAX_REPORT_MB)]
+    pub rlqs_max_report_mb: Option<usize>,
     /// Threads that run the node; 0 or unset: one per CPU the process may use (its affinity
     /// and cgroup quota), and a single-threaded runtime when that is one.
     #[arg(long, env = "TOLLGATE_WORKER_THREADS")]
@@ -288,7 +296,8 @@ impl Settings {
             json_check,
             json_check_token,
             x_ratelimit_headers,
-            rlqs_max_buckets,
+            rlqs_max_state_mb,
+            rlqs_max_report_mb,
             descriptor_overrides,
             otlp_endpoint,
             trace_sample_ratio,

@@ -97,6 +97,17 @@ impl RateLimiter for Check {
             .settle(&request, &req.reservation_id, req.actual)
             .await
             .map_err(reserve_status)?;
+        if settled.is_empty() {
+            // Nothing Tollgate limits: said, not an empty list a client would read as done.
+            return Ok(Response::new(SettleResponse {
+                rules: vec![RuleSettlement {
+                    rule: String::new(),
+                    result: SettleResult::Unmatched as i32,
+                    refunded: 0,
+                    charged: 0,
+                }],
+            }));
+        }
         let rules = settled
             .into_iter()
             .map(|s| {

@@ -18,18 +18,19 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-/// A TCP connection that writes through its buffer-sized writes only (see the module docs).
+/// A TCP connection (a plain one, or one a listener bounds) that writes through its
+/// buffer-sized writes only (see the module docs).
 #[derive(Debug)]
-pub struct CoalescedConnection(TcpStream);
+pub struct CoalescedConnection<T = TcpStream>(T);
 
-impl CoalescedConnection {
+impl<T> CoalescedConnection<T> {
     /// Wraps `stream`.
-    pub fn new(stream: TcpStream) -> Self {
+    pub fn new(stream: T) -> Self {
         Self(stream)
     }
 }
 
-impl AsyncRead for CoalescedConnection {
+impl<T: AsyncRead + Unpin> AsyncRead for CoalescedConnection<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -39,7 +40,7 @@ impl AsyncRead for CoalescedConnection {
     }
 }
 
-impl AsyncWrite for CoalescedConnection {
+impl<T: AsyncWrite + Unpin> AsyncWrite for CoalescedConnection<T> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -61,7 +62,7 @@ impl AsyncWrite for CoalescedConnection {
     }
 }
 
-impl Connected for CoalescedConnection {
+impl<T: Connected<ConnectInfo = TcpConnectInfo>> Connected for CoalescedConnection<T> {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {

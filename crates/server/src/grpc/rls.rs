@@ -23,7 +23,9 @@ use tracing::Instrument;
 
 use crate::grpc::rls_reservations::{self, Marker};
 use crate::grpc::{invalid, reserve_status};
+use tollgate_lease::limit::MAX_UNITS;
 use tollgate_node::headers::{Policy, XRateLimitHeaders, status_policy, write_headers};
+use tollgate_node::metrics::client_input::Adjustment;
 use tollgate_node::metrics::{Api, ApiResult};
 use tollgate_node::rules::RuleKind;
 use tollgate_node::runtime::{Descriptor, LimitOverride, Matching, Node, RuleStatus, Verdict};
@@ -39,6 +41,8 @@ pub const DECIDED_WITHOUT_STORE: &str = "tollgate-decided-without-store";
 pub struct Rls {
     node: Node,
     x_ratelimit: XRateLimitHeaders,
+    /// Paces the warning for a request refused (its shape is one Envoy's configuration sets).
+    refusals: std::sync::Arc<tollgate_regionsync::throttle::Throttled>,
 }
 
 impl Rls {
@@ -47,6 +51,7 @@ impl Rls {
         Self {
             node,
             x_ratelimit: XRateLimitHeaders::Send,
+            refusals: Default::default(),
         }
     }
 
@@ -70,8 +75,41 @@ fn unit_duration(unit: i32) -> Option<Duration> {
     Some(Duration::from_secs(secs))
 }
 
-/// The request in the runtime's terms.
-pub fn to_request(req: RateLimitRequest) -> Result<tollgate_node::runtime::Request, Status> {
+/// What [`to_request`] read on other terms than as sent (counted by the caller).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Adjusted {
+    /// Values that were not UTF-8.
+    pub not_utf8: u64,
+    /// Costs above [`MAX_UNITS`], counted as it.
+    pub cost_above_max: u64,
+}
+
+impl Adjusted {
+    /// Counts them in `node`'s metrics (and logs them now and then).
+    pub fn note(self, node: &Node, domain: &str) {
+        let input = &node.metrics().client_input;
+        input.note(Adjustment::NotUtf8, self.not_utf8, domain);
+        input.note(Adjustment::CostAboveMax, self.cost_above_max, domain);
+    }
+}
+
+/// A descriptor value as text: Envoy copies it from a client's request without checking that
+/// it is UTF-8, so bytes that are not are read as U+FFFD (never refused: a refusal is an RPC
+/// error, an uncounted allow behind Envoy's default).
+pub fn value_text(bytes: Vec<u8>, adjusted: &mut Adjusted) -> String {
+    String::from_utf8(bytes).unwrap_or_else(|e| {
+        adjusted.not_utf8 += 1;
+        String::from_utf8_lossy(e.as_bytes()).into_owned()
+    })
+}
+
+/// The request in the runtime's terms, and what was read on other terms than as sent. Only a
+/// request's shape, which Envoy's configuration sets, is refused; what a client's request
+/// puts in it (a value's bytes, a cost from a header) is always read.
+pub fn to_request(
+    req: RateLimitRequest,
+) -> Result<(tollgate_node::runtime::Request, Adjusted), Status> {
+    let mut adjusted = Adjusted::default();
     let mut descriptors = Vec::with_capacity(req.descriptors.len());
     for (i, d) in req.descriptors.into_iter().enumerate() {
         if d.is_negative_hits {
@@ -88,18 +126,31 @@ pub fn to_request(req: RateLimitRequest) -> Result<tollgate_node::runtime::Reque
                 })?,
             }),
         };
+        // A descriptor's cost may come from a header (a `hits_addend` format): above the most
+        // a count holds, it is counted as that most, which no limit below it admits.
+        let cost = d.hits_addend.map(|c| {
+            if c > MAX_UNITS {
+                adjusted.cost_above_max += 1;
+            }
+            c.min(MAX_UNITS)
+        });
         descriptors.push(Descriptor {
-            entries: d.entries.into_iter().map(|e| (e.key, e.value)).collect(),
-            cost: d.hits_addend,
+            entries: d
+                .entries
+                .into_iter()
+                .map(|e| (e.key, value_text(e.value, &mut adjusted)))
+                .collect(),
+            cost,
             limit,
         });
     }
-    Ok(tollgate_node::runtime::Request {
+    let request = tollgate_node::runtime::Request {
         domain: req.domain,
         descriptors,
         cost: u64::from(req.hits_addend.max(1)),
         matching: Matching::PerDescriptor,
-    })
+    };
+    Ok((request, adjusted))
 }
 
 /// A descriptor's status when no limit speaks for it.
@@ -241,6 +292,18 @@ impl Rls {
         let metrics = self.node.metrics().api(Api::Rls);
         let refused = |status: Status| {
             metrics.answered(ApiResult::Invalid, started.elapsed().as_secs_f64());
+            // Only a request's shape is refused, and Envoy's configuration sets it: an operator
+            // must hear of it, because Envoy lets such a request through uncounted unless its
+            // failure_mode_deny is set.
+            if let Some(held_back) = self.refusals.ready() {
+                tracing::warn!(
+                    status = %status.message(),
+                    held_back,
+                    "an RLS request was refused as malformed (Envoy's configuration sends \
+                     descriptors Tollgate cannot read; with failure_mode_deny: false Envoy \
+                     lets such requests through)"
+                );
+            }
             status
         };
         let mut request = request;
@@ -253,7 +316,8 @@ impl Rls {
             Some((at, Marker::Reserve { id, ttl })) => Some((at, id, ttl)),
             None => None,
         };
-        let request = to_request(request).map_err(refused)?;
+        let (request, adjusted) = to_request(request).map_err(refused)?;
+        adjusted.note(&self.node, &request.domain);
         let descriptors = request.descriptors.len();
         let verdict = match &reserve {
             None => self
@@ -289,7 +353,8 @@ impl Rls {
         id: &str,
     ) -> Result<RateLimitResponse, Status> {
         let sent = request.descriptors.len() + 1;
-        let request = to_request(request)?;
+        let (request, adjusted) = to_request(request)?;
+        adjusted.note(&self.node, &request.domain);
         for d in &request.descriptors {
             let one = tollgate_node::runtime::Request {
                 domain: request.domain.clone(),

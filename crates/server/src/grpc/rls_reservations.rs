@@ -20,7 +20,7 @@
 
 use std::time::Duration;
 
-use tollgate_node::runtime::node::reservations::reservation_id_for;
+use tollgate_node::runtime::node::reservations::{new_id, reservation_id_for};
 use tollgate_proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use tonic::Status;
 
@@ -80,14 +80,15 @@ pub fn take_marker(
     let d = request.descriptors.remove(at);
     let field = |what: &str| format!("descriptors[{at}].entries{what}");
     let first = &d.entries[0];
-    if first.value.is_empty() {
-        return Err(Status::invalid_argument(format!(
-            "{}: {} needs the request's id as its value",
-            field("[0].value"),
-            first.key
-        )));
-    }
-    let id = reservation_id_for(&first.value);
+    // The request id is a header a client may send (where Envoy does not set it at the edge):
+    // an empty one names no request, so it gets an id of its own that nothing will settle.
+    // The request is reserved at its estimate as any other, and stays charged at it: the
+    // safe side, and no RPC error (an uncounted allow behind Envoy's default).
+    let id = if first.value.is_empty() {
+        new_id()
+    } else {
+        reservation_id_for(&first.value)
+    };
     let marker = if first.key == SETTLE_KEY {
         if d.entries.len() > 1 {
             return Err(Status::invalid_argument(format!(
@@ -101,13 +102,13 @@ pub fn take_marker(
             [] => default_ttl,
             [e] if e.key == TTL_KEY => {
                 let max = tollgate_lease::MAX_RESERVATION_TTL.as_millis() as u64;
-                match e.value.parse::<u64>() {
-                    Ok(ms) if (1..=max).contains(&ms) => Duration::from_millis(ms),
+                match std::str::from_utf8(&e.value).map(str::parse::<u64>) {
+                    Ok(Ok(ms)) if (1..=max).contains(&ms) => Duration::from_millis(ms),
                     _ => {
                         return Err(Status::invalid_argument(format!(
                             "{}: {TTL_KEY} is 1 to {max} (milliseconds), not {:?}",
                             field("[1].value"),
-                            e.value
+                            String::from_utf8_lossy(&e.value)
                         )));
                     }
                 }
@@ -202,10 +203,6 @@ mod tests {
     fn bad_markers_are_refused_naming_the_field() {
         let cases: Vec<(Vec<RateLimitDescriptor>, &str)> = vec![
             (
-                vec![descriptor(&[(RESERVE_KEY, "")])],
-                "descriptors[0].entries[0].value",
-            ),
-            (
                 vec![
                     descriptor(&[(RESERVE_KEY, "a")]),
                     descriptor(&[(SETTLE_KEY, "a")]),
@@ -235,6 +232,25 @@ mod tests {
             assert_eq!(e.code(), tonic::Code::InvalidArgument);
             assert!(e.message().starts_with(field), "{field}: {}", e.message());
         }
+    }
+
+    #[test]
+    fn an_empty_request_id_is_a_reservation_of_its_own_that_nothing_settles() {
+        let ids: Vec<Marker> = (0..2)
+            .map(|_| {
+                let mut r = request(vec![descriptor(&[(RESERVE_KEY, "")])]);
+                take_marker(&mut r, TTL).expect("read").expect("marker").1
+            })
+            .collect();
+        let [Marker::Reserve { id: a, .. }, Marker::Reserve { id: b, .. }] = &ids[..] else {
+            panic!("reservations: {ids:?}");
+        };
+        assert_ne!(a, b, "two requests with no id share no reservation");
+        assert_ne!(
+            a,
+            &reservation_id_for(""),
+            "a settle with no id names neither"
+        );
     }
 
     #[test]

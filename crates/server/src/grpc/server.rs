@@ -8,12 +8,10 @@ use tokio::net::TcpListener;
 use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
 use tollgate_proto::tollgate::ratelimit::v1::rate_limiter_server::RateLimiterServer;
-use tonic::transport::Server;
-use tonic::transport::server::TcpIncoming;
 
 use crate::grpc::check::Check;
-use crate::grpc::connection::CoalescedConnection;
 use crate::grpc::rls::Rls;
+use crate::listener::{Bounds, Opening, OpeningRule, Protocol};
 use crate::rlqs::{Broker, Rlqs, RlqsConfig};
 use tollgate_node::headers::XRateLimitHeaders;
 use tollgate_node::runtime::Node;
@@ -30,6 +28,10 @@ fn public_descriptors() -> prost_types::FileDescriptorSet {
 
 /// The largest request message accepted (Envoy's are a few hundred bytes).
 pub const MAX_MESSAGE_BYTES: usize = 1 << 20;
+
+/// How long a stopping node waits for its gRPC connections to finish what they are doing
+/// before it closes them.
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves Envoy's RLS (its answers with or without the X-RateLimit trio) and RLQS, Tollgate's
 /// API, health and reflection on `listener` until `shutdown`.
@@ -68,16 +70,18 @@ pub async fn serve(
     let reflection_v1alpha = reflection()
         .build_v1alpha()
         .expect("the file descriptor sets are compiled in and valid");
+    let max_report = rlqs.max_report_bytes;
     let broker = Broker::new(node.clone(), rlqs);
     let rlqs = Rlqs::new(broker.clone());
     // RLQS streams stay open while their Envoys run: they are ended before the server waits
     // for its connections to finish.
+    let (draining, drain_began) = tokio::sync::oneshot::channel::<()>();
     let shutdown = async move {
         shutdown.await;
         broker.shut_down();
+        let _ = draining.send(());
     };
-    let router = Server::builder()
-        .tcp_nodelay(true)
+    let router = crate::listener::grpc_server()
         .add_service(
             RateLimitServiceServer::new(
                 Rls::new(node.clone()).with_x_ratelimit_headers(x_ratelimit),
@@ -85,32 +89,56 @@ pub async fn serve(
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(
-            RateLimiterServer::new(Check::new(node)).max_decoding_message_size(MAX_MESSAGE_BYTES),
+            RateLimiterServer::new(Check::new(node.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES),
         )
-        .add_service(
-            RateLimitQuotaServiceServer::new(rlqs).max_decoding_message_size(MAX_MESSAGE_BYTES),
-        )
+        .add_service(RateLimitQuotaServiceServer::new(rlqs).max_decoding_message_size(max_report))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);
-    match tls {
-        None => {
-            router
-                .serve_with_incoming_shutdown(
-                    TcpIncoming::from(listener)
-                        .with_nodelay(Some(true))
-                        .map_ok(CoalescedConnection::new),
-                    shutdown,
-                )
-                .await
+    let metrics = node.metrics();
+    let connections = crate::listener::accept(listener, Bounds::GRPC, metrics);
+    let opening = OpeningRule::new(Protocol::Http2, &Bounds::GRPC, metrics);
+    let served = async move {
+        match tls {
+            None => {
+                router
+                    .serve_with_incoming_shutdown(
+                        opening.open_all(connections).map_ok(Opening::coalesced),
+                        shutdown,
+                    )
+                    .await
+            }
+            Some(acceptor) => {
+                router
+                    .serve_with_incoming_shutdown(
+                        opening.open_all(crate::tls::incoming(
+                            connections,
+                            acceptor,
+                            Bounds::GRPC.name,
+                        )),
+                        shutdown,
+                    )
+                    .await
+            }
         }
-        Some(acceptor) => {
-            router
-                .serve_with_incoming_shutdown(
-                    crate::tls::incoming(listener, acceptor, "grpc"),
-                    shutdown,
-                )
-                .await
+    };
+    // A connection that will not finish (an RLQS stream whose Envoy stopped reading holds its
+    // answer, status and all, behind HTTP/2 flow control) does not hold the node up for good.
+    let drained = async move {
+        if drain_began.await.is_ok() {
+            tokio::time::sleep(DRAIN).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        served = served => served,
+        () = drained => {
+            tracing::warn!(
+                "gRPC connections still open {DRAIN:?} after the node began stopping: closed"
+            );
+            Ok(())
         }
     }
 }

@@ -9,40 +9,49 @@
 //! 2. draws from the rule's bucket, through the node's decision path (lease, store, fail
 //!    modes), what the shares will let the Envoys admit until the next tick, plus the first
 //!    fill of every new Envoy bucket (a new token bucket starts full);
-//! 3. shares the rate it could pay for max-min fair on the targets (streams that closed keep
-//!    theirs, and are paid for, until their assignment's TTL has passed: the Envoy may still
-//!    be enforcing it);
-//! 4. pushes what changed, lower shares first, and renews TTLs before they run out.
+//! 3. shares the rate it could pay for max-min fair per Envoy host, then among a host's
+//!    streams (streams that closed keep theirs, and are paid for, until their assignment's
+//!    TTL has passed: the Envoy may still be enforcing it);
+//! 4. pushes what changed, lower shares first, and renews TTLs before they run out;
+//! 5. forgets what its Envoys forgot: a stream that has not reported the bucket for a while,
+//!    or reported no request three times, is told to abandon it (or, if it does not read its
+//!    stream, loses it when its assignment has run out).
 //!
 //! Every token an Envoy can admit was taken from the global bucket first, so the Envoys, the
 //! RLS callers and the embedded nodes of every node draw from one limit. What an Envoy admits
 //! before its first assignment (its no-assignment behaviour) is the one thing not paid for:
-//! docs/rlqs.md states the bound.
+//! docs/rlqs.md states the bound. What the broker holds is bounded in bytes
+//! ([`RlqsConfig::max_state_bytes`], a quarter of it per stream; `streams.rs`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio::time::Instant;
-use tollgate_lease::Algorithm;
-use tollgate_node::rules::{Mode, RuleKind};
 use tollgate_node::runtime::{Charge, Descriptor, Matching, Node, Request};
+use tollgate_proto::envoy::service::rate_limit_quota::v3::BucketId;
 use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use tollgate_proto::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
     AbandonAction, QuotaAssignmentAction,
 };
-use tollgate_proto::envoy::service::rate_limit_quota::v3::{BucketId, RateLimitQuotaResponse};
 use tollgate_proto::envoy::r#type::v3::RateLimitStrategy;
 use tollgate_proto::envoy::r#type::v3::TokenBucket;
 use tollgate_proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy as Wire};
-use tonic::Status;
 
-use crate::rlqs::shares::{Strategy, water_fill};
+use crate::rlqs::plan::{
+    BucketState, Decided, Plan, StreamShare, burst_each, closed_rate, fresh_streams, open_streams,
+    paid_ahead, pay, share_out, targets, uniform,
+};
+use crate::rlqs::shares::Strategy;
+use crate::rlqs::streams::{
+    BUCKET_BYTES, Budget, Outbox, Place, Places, Refusal, SHARE_BYTES, StreamHandle,
+};
 
-/// How the broker shares quotas.
+/// How the broker shares quotas, and what it may hold.
 #[derive(Debug, Clone)]
 pub struct RlqsConfig {
     /// How often each bucket pays for its shares and rebalances them.
@@ -53,12 +62,22 @@ pub struct RlqsConfig {
     pub renew_after: Duration,
     /// Reports in a row with no request after which a stream is told to abandon a bucket.
     pub idle_reports: u32,
-    /// A stream that has not reported a bucket for this long no longer holds it.
+    /// A stream that has not reported a bucket for this long no longer holds it (Envoy
+    /// reports every bucket it holds every 5 s).
     pub stale_after: Duration,
-    /// Buckets this node tracks at most, over all streams.
-    pub max_buckets: usize,
-    /// Buckets one stream may hold at most.
-    pub max_buckets_per_stream: usize,
+    /// Memory the buckets and their shares may take, over all streams (a stream alone may
+    /// take a quarter of it).
+    pub max_state_bytes: usize,
+    /// The largest usage report taken (a larger one ends its stream, RESOURCE_EXHAUSTED).
+    pub max_report_bytes: usize,
+    /// Streams open at once on the node.
+    pub max_streams: usize,
+    /// Streams open at once from one Envoy host (an Envoy opens one per domain).
+    pub max_streams_per_host: usize,
+    /// A stream must send its first report within this (Envoy sends it with the stream).
+    pub first_report_within: Duration,
+    /// A stream whose answers have gone unread this long is ended.
+    pub unread_for: Duration,
 }
 
 impl Default for RlqsConfig {
@@ -69,14 +88,22 @@ impl Default for RlqsConfig {
             renew_after: Duration::from_secs(4),
             idle_reports: 3,
             stale_after: Duration::from_secs(20),
-            max_buckets: 10_000,
-            max_buckets_per_stream: 10_000,
+            max_state_bytes: 64 << 20,
+            max_report_bytes: 4 << 20,
+            max_streams: 4096,
+            max_streams_per_host: 32,
+            first_report_within: Duration::from_secs(10),
+            unread_for: Duration::from_secs(10),
         }
     }
 }
 
-/// Where a stream's answers go.
-pub type Outbox = mpsc::Sender<Result<RateLimitQuotaResponse, Status>>;
+impl RlqsConfig {
+    /// What one stream's shares may take.
+    pub fn max_stream_bytes(&self) -> usize {
+        self.max_state_bytes / 4
+    }
+}
 
 /// A bucket's identity: its domain and its id's entries, sorted by key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -85,27 +112,67 @@ pub struct BucketKey {
     entries: Vec<(String, String)>,
 }
 
+/// Why a reported bucket id cannot be tracked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unusable {
+    /// A map with no entries.
+    #[error("the bucket id has no entries")]
+    NoEntries,
+    /// A value that is not UTF-8 (a client's header bytes, copied by Envoy). Nothing can be
+    /// answered for it: an assignment or an abandon names the bucket by its id, and Envoy
+    /// 1.40 refuses a message whose strings are not UTF-8, ending its whole RLQS stream
+    /// (status 13), every bucket's assignments with it.
+    #[error("the bucket id's {key:?} is not UTF-8")]
+    NotUtf8 {
+        /// The entry's key.
+        key: String,
+    },
+    /// Entries a descriptor cannot carry.
+    #[error("the bucket id is not a descriptor Tollgate can match: {0}")]
+    NotADescriptor(String),
+}
+
+impl Unusable {
+    /// Its `reason` label in `tollgate_rlqs_buckets_refused_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Unusable::NotUtf8 { .. } => "not_utf8",
+            _ => "malformed",
+        }
+    }
+}
+
 impl BucketKey {
-    /// The key of `id` in `domain`, or why it is not one (a map with no entries, or entries a
-    /// descriptor could not carry).
-    pub fn of(domain: &str, id: &BucketId) -> Result<Self, String> {
-        let mut entries: Vec<(String, String)> = id
-            .bucket
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+    /// The key of `id` in `domain`, or why it is not one.
+    pub fn of(domain: &str, id: &BucketId) -> Result<Self, Unusable> {
+        let mut entries = Vec::with_capacity(id.bucket.len());
+        for (k, v) in &id.bucket {
+            let v =
+                String::from_utf8(v.clone()).map_err(|_| Unusable::NotUtf8 { key: k.clone() })?;
+            entries.push((k.clone(), v));
+        }
         entries.sort();
         let key = Self {
             domain: domain.to_owned(),
             entries,
         };
         if key.entries.is_empty() {
-            return Err("the bucket id has no entries".into());
+            return Err(Unusable::NoEntries);
         }
         key.request()
             .validate()
-            .map_err(|e| format!("the bucket id is not a descriptor Tollgate can match: {e}"))?;
+            .map_err(|e| Unusable::NotADescriptor(e.to_string()))?;
         Ok(key)
+    }
+
+    /// The memory it takes.
+    pub fn bytes(&self) -> usize {
+        48 + self.domain.len()
+            + self
+                .entries
+                .iter()
+                .map(|(k, v)| 48 + k.len() + v.len())
+                .sum::<usize>()
     }
 
     /// The bucket as an RLS request of one descriptor (entries in key order), one unit.
@@ -124,7 +191,11 @@ impl BucketKey {
 
     fn id(&self) -> BucketId {
         BucketId {
-            bucket: self.entries.iter().cloned().collect(),
+            bucket: self
+                .entries
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone().into_bytes()))
+                .collect(),
         }
     }
 }
@@ -139,7 +210,10 @@ pub struct Broker {
 struct Inner {
     node: Node,
     config: RlqsConfig,
-    buckets: Mutex<HashMap<BucketKey, Arc<SharedBucket>>>,
+    buckets: Mutex<HashMap<Arc<BucketKey>, Arc<SharedBucket>>>,
+    /// What the buckets and their shares take.
+    budget: Arc<Budget>,
+    places: Arc<Places>,
     next_stream: AtomicU64,
     /// True once the node shuts down: streams end, bucket loops stop.
     stopping: tokio::sync::watch::Sender<bool>,
@@ -148,123 +222,477 @@ struct Inner {
 /// One bucket and the streams that share it.
 #[derive(Debug)]
 struct SharedBucket {
-    key: BucketKey,
+    key: Arc<BucketKey>,
     state: Mutex<BucketState>,
     wake: Notify,
 }
 
-#[derive(Debug, Default)]
-struct BucketState {
-    streams: HashMap<u64, StreamShare>,
-    /// Units drawn from each limited rule's bucket (by rule key) and not yet given to a share:
-    /// negative when a new Envoy bucket's first token was given on credit.
-    credit: HashMap<String, f64>,
-    /// The summed rate of the shares, paid until `paid_until`.
-    paid_rate: u64,
-    paid_until: Option<Instant>,
-    /// The rules the bucket matched at its last tick (domain, id), for the report counters.
-    rules: Vec<(String, String)>,
-    /// Removed from the broker: a stream that finds it so joins a new one.
-    gone: bool,
-}
-
-/// One stream's share of a bucket.
+/// What one stream reported of one bucket.
 #[derive(Debug)]
-struct StreamShare {
-    /// None once the stream closed (its share lives on until `expires_at`).
-    outbox: Option<Outbox>,
-    /// What the Envoy was last told, and when.
-    strategy: Option<Strategy>,
-    pushed_at: Instant,
-    /// When the Envoy's assignment runs out (None: it has none).
-    expires_at: Option<Instant>,
-    demand: Demand,
-    idle_reports: u32,
-    last_report: Instant,
+pub struct Usage {
+    /// The bucket.
+    pub key: BucketKey,
+    /// Requests its Envoy admitted since its last report.
+    pub allowed: u64,
+    /// Requests its Envoy denied since its last report.
+    pub denied: u64,
 }
 
-/// A stream's demand for a bucket: requests reported (allowed and denied) per second of the
-/// server's clock (Envoy's `time_elapsed` is in whole seconds).
+/// The most requests a second one Envoy is taken to report for one bucket: a report of more
+/// counts this much (the reported metrics and the demand a share follows are a client's word;
+/// no Envoy serves a million requests a second for one bucket).
+pub const MAX_REPORTED_PER_SECOND: u64 = 1_000_000;
+
+/// One stream's side: its place, and the buckets it holds.
 #[derive(Debug)]
-struct Demand {
-    since: Instant,
-    requests: u64,
-    per_second: Option<f64>,
+pub struct StreamBuckets {
+    handle: Arc<StreamHandle>,
+    held: HashMap<Arc<BucketKey>, Arc<SharedBucket>>,
+    _place: Place,
 }
 
-impl Demand {
-    fn new(now: Instant) -> Self {
+impl StreamBuckets {
+    /// How long its answers have gone unread (None: they are read).
+    pub fn unread_for(&self, now: Instant) -> Option<Duration> {
+        self.handle.unread_for(now)
+    }
+
+    /// Buckets it holds.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+}
+
+impl Broker {
+    /// A broker for `node`'s rules and store.
+    pub fn new(node: Node, config: RlqsConfig) -> Self {
         Self {
-            since: now,
-            requests: 0,
-            per_second: None,
+            inner: Arc::new(Inner {
+                budget: Arc::new(Budget::new(node.metrics().rlqs.state_bytes.clone())),
+                node,
+                config,
+                buckets: Mutex::new(HashMap::new()),
+                places: Arc::default(),
+                next_stream: AtomicU64::new(1),
+                stopping: tokio::sync::watch::Sender::new(false),
+            }),
         }
     }
 
-    /// Counts a report; the rate is measured over at least a second.
-    fn report(&mut self, now: Instant, requests: u64) {
-        self.requests = self.requests.saturating_add(requests);
-        let elapsed = now.saturating_duration_since(self.since);
-        if elapsed >= Duration::from_secs(1) {
-            self.per_second = Some(self.requests as f64 / elapsed.as_secs_f64());
-            self.requests = 0;
-            self.since = now;
-        }
+    /// How it shares and what it may hold.
+    pub fn config(&self) -> &RlqsConfig {
+        &self.inner.config
     }
-}
 
-/// What a bucket's matched rules make of it.
-enum Plan {
-    /// No enforced rule limits it.
-    AllowAll,
-    /// An enforced rule blocks it.
-    DenyAll,
-    /// Shares of the tightest limited rule's rate, paid from every limited rule's bucket.
-    Shares {
-        charges: Vec<Charge>,
-        /// Units per second and bucket size of the tightest rule.
-        rate: f64,
-        capacity: u64,
-    },
-}
+    /// Ends every stream and bucket loop: Envoys keep their streams open for as long as they
+    /// run, so a node shutting down closes them (their assignments live on until their TTLs,
+    /// and the Envoys reconnect to another node).
+    pub fn shut_down(&self) {
+        self.inner.stopping.send_replace(true);
+    }
 
-impl Plan {
-    fn of(charges: Vec<Charge>) -> Plan {
-        let enforced: Vec<Charge> = charges
-            .into_iter()
-            .filter(|c| c.rule.mode == Mode::Enforce)
-            .collect();
-        if enforced
-            .iter()
-            .any(|c| matches!(c.rule.kind, RuleKind::Block(_)))
-        {
-            return Plan::DenyAll;
-        }
-        // A concurrency limit counts requests in flight, which an Envoy's reports do not
-        // carry: RLQS enforces the bucket's other rules (docs/rlqs.md).
-        let limited: Vec<Charge> = enforced
-            .into_iter()
-            .filter(|c| {
-                c.rule
-                    .limit()
-                    .is_some_and(|l| l.algorithm() != Algorithm::Concurrency)
-            })
-            .collect();
-        let mut rate = f64::INFINITY;
-        let mut capacity = u64::MAX;
-        for limit in limited.iter().filter_map(|c| c.rule.limit()) {
-            rate = rate.min(limit.average_per_second().unwrap_or(f64::INFINITY));
-            capacity = capacity.min(limit.capacity());
-        }
-        if limited.is_empty() {
-            Plan::AllowAll
-        } else {
-            Plan::Shares {
-                charges: limited,
-                rate,
-                capacity,
+    /// Resolves once the node shuts down.
+    pub async fn stopping(&self) {
+        let mut stopping = self.inner.stopping.subscribe();
+        let _ = stopping.wait_for(|s| *s).await;
+    }
+
+    /// Counts a bucket report that could not be tracked: its id is not one.
+    pub fn unusable(&self, why: &Unusable) {
+        self.inner.node.metrics().rlqs.refused(why.reason());
+    }
+
+    /// Counts a stream the node ended (or would not open), by why.
+    pub fn ended(&self, reason: &'static str) {
+        self.inner.node.metrics().rlqs.ended(reason);
+    }
+
+    /// Memory the buckets and their shares take now.
+    pub fn state_bytes(&self) -> usize {
+        self.inner.budget.held()
+    }
+
+    /// An outbox for a stream's answers, paid from the node's budget.
+    pub fn outbox(&self) -> Outbox {
+        Outbox::new(self.inner.budget.clone())
+    }
+
+    /// A new stream of the Envoy at `host`, answering on `outbox`; refused when the node, or
+    /// that host, holds every stream it may.
+    pub fn open(&self, host: IpAddr, outbox: Outbox) -> Result<StreamBuckets, Refusal> {
+        let config = &self.inner.config;
+        let place =
+            self.inner
+                .places
+                .take(host, config.max_streams, config.max_streams_per_host)?;
+        self.inner.node.metrics().rlqs.streams.inc();
+        let id = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
+        Ok(StreamBuckets {
+            handle: Arc::new(StreamHandle::new(id, host, outbox)),
+            held: HashMap::new(),
+            _place: place,
+        })
+    }
+
+    /// A stream ended: its shares live on, paid for, until their TTLs pass.
+    pub fn close(&self, stream: StreamBuckets) {
+        for bucket in stream.held.values() {
+            if let Some(share) = bucket.state.lock().streams.get_mut(&stream.handle.id) {
+                share.open = false;
             }
         }
+        self.inner.node.metrics().rlqs.streams.dec();
+    }
+
+    /// Forgets the buckets `stream` holds that no longer hold it (told to abandon, or gone):
+    /// its Envoy forgot them, or will at its next request.
+    pub fn sweep(&self, stream: &mut StreamBuckets) {
+        let id = stream.handle.id;
+        stream.held.retain(|_, bucket| {
+            let state = bucket.state.lock();
+            !state.gone && state.streams.contains_key(&id)
+        });
+    }
+
+    /// Counts one report of `stream`: a bucket it did not hold joins it (and its loop is woken
+    /// to assign it a share at once). The counts are a client's word, taken up to what its
+    /// Envoy could have done: allowed at most what its token bucket held and refilled, each
+    /// at most [`MAX_REPORTED_PER_SECOND`].
+    pub fn report(&self, stream: &mut StreamBuckets, usage: Usage) {
+        let now = Instant::now();
+        let metrics = &self.inner.node.metrics().rlqs;
+        let id = stream.handle.id;
+        if let Some(held) = stream.held.get(&usage.key) {
+            let state = held.state.lock();
+            if state.gone || !state.streams.contains_key(&id) {
+                // Abandoned, or gone: the Envoy reports it because it holds it again (its
+                // next request subscribed anew). It joins again, and gets a share at once.
+                drop(state);
+                stream.held.remove(&usage.key);
+            }
+        }
+        let bucket = match stream.held.get(&usage.key) {
+            Some(b) => b.clone(),
+            None => {
+                let key = Arc::new(usage.key);
+                match self.join(stream, key.clone(), now) {
+                    Ok(bucket) => {
+                        stream.held.insert(bucket.key.clone(), bucket.clone());
+                        bucket.wake.notify_one();
+                        bucket
+                    }
+                    Err(full) => {
+                        metrics.refused(full);
+                        // The Envoy forgets it (it would hold and report it for good
+                        // otherwise): its next request reports it anew, and it joins once
+                        // there is room. Until then its requests meet the no-assignment
+                        // behaviour. Should the node's budget have no room for the answer
+                        // either, the bucket's next report is answered.
+                        stream.handle.send_unpaid(
+                            &key,
+                            abandon(key.id()),
+                            self.inner.config.max_state_bytes,
+                        );
+                        return;
+                    }
+                }
+            }
+        };
+        let mut state = bucket.state.lock();
+        let Some(share) = state.streams.get_mut(&id) else {
+            // Dropped by its loop this very moment: joined again at the next report.
+            drop(state);
+            stream.held.remove(&bucket.key);
+            return;
+        };
+        let elapsed = now
+            .saturating_duration_since(share.last_report)
+            .max(Duration::from_secs(1));
+        let ceiling = (MAX_REPORTED_PER_SECOND as f64 * elapsed.as_secs_f64()) as u64;
+        let allowed = usage
+            .allowed
+            .min(ceiling)
+            .min(share.most_admitted(elapsed).unwrap_or(u64::MAX));
+        let denied = usage.denied.min(ceiling);
+        let requests = allowed.saturating_add(denied);
+        share.demand.report(now, requests);
+        share.last_report = now;
+        share.idle_reports = if requests == 0 {
+            share.idle_reports + 1
+        } else {
+            0
+        };
+        for (domain, rule) in &state.rules {
+            for (result, n) in [("allowed", allowed), ("denied", denied)] {
+                if n > 0 {
+                    metrics
+                        .reported
+                        .get_or_create(&tollgate_node::metrics::rlqs::ReportedLabels {
+                            domain: domain.clone(),
+                            rule: rule.clone(),
+                            result,
+                        })
+                        .inc_by(n);
+                }
+            }
+        }
+    }
+
+    /// Adds `stream` to the bucket of `key`, made if needed; why not (`node_full`,
+    /// `stream_full`) when the node's budget, or the stream's quarter of it, has no room.
+    fn join(
+        &self,
+        stream: &StreamBuckets,
+        key: Arc<BucketKey>,
+        now: Instant,
+    ) -> Result<Arc<SharedBucket>, &'static str> {
+        let config = &self.inner.config;
+        // A stream is charged for the buckets it holds whole (their state, their tasks), as if
+        // it alone held them: its quarter of the budget is what it can make the node hold.
+        let share_bytes = SHARE_BYTES + BUCKET_BYTES + key.bytes();
+        if !stream.handle.take(share_bytes, config.max_stream_bytes()) {
+            return Err("stream_full");
+        }
+        if !self.inner.budget.take(SHARE_BYTES, config.max_state_bytes) {
+            stream.handle.give_back(share_bytes);
+            return Err("node_full");
+        }
+        let give_back = || {
+            stream.handle.give_back(share_bytes);
+            self.inner.budget.give_back(SHARE_BYTES);
+        };
+        loop {
+            let bucket = {
+                let mut buckets = self.inner.buckets.lock();
+                match buckets.get(&key) {
+                    Some(b) => b.clone(),
+                    None => {
+                        let bucket_bytes = BUCKET_BYTES + key.bytes();
+                        if !self.inner.budget.take(bucket_bytes, config.max_state_bytes) {
+                            give_back();
+                            return Err("node_full");
+                        }
+                        let state = BucketState {
+                            rules: rules_of(&self.inner.node, &key),
+                            ..BucketState::default()
+                        };
+                        let bucket = Arc::new(SharedBucket {
+                            key: key.clone(),
+                            state: Mutex::new(state),
+                            wake: Notify::new(),
+                        });
+                        buckets.insert(key.clone(), bucket.clone());
+                        self.inner
+                            .node
+                            .metrics()
+                            .rlqs
+                            .buckets
+                            .set(buckets.len() as i64);
+                        tokio::spawn(run(self.inner.clone(), bucket.clone()));
+                        bucket
+                    }
+                }
+            };
+            let mut state = bucket.state.lock();
+            if state.gone {
+                continue;
+            }
+            if let Some(old) = state.streams.insert(
+                stream.handle.id,
+                StreamShare::new(stream.handle.clone(), share_bytes, now),
+            ) {
+                // Rejoined before its old share went: that one's budget goes back.
+                stream.handle.give_back(old.bytes);
+                self.inner.budget.give_back(SHARE_BYTES);
+            }
+            return Ok(bucket.clone());
+        }
+    }
+}
+
+fn rules_of(node: &Node, key: &BucketKey) -> Vec<(String, String)> {
+    node.charges(&key.request())
+        .map(|charges| {
+            charges
+                .iter()
+                .map(|c| (c.rule.domain.clone(), c.rule.id.clone()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A bucket's loop: a tick every `config.tick`, or at once when a stream joins.
+async fn run(inner: Arc<Inner>, bucket: Arc<SharedBucket>) {
+    let mut interval = tokio::time::interval(inner.config.tick);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut stopping = inner.stopping.subscribe();
+    loop {
+        tokio::select! {
+            _ = interval.tick() => {}
+            _ = bucket.wake.notified() => {}
+            _ = stopping.wait_for(|s| *s) => return,
+        }
+        if !tick(&inner, &bucket).await {
+            return;
+        }
+    }
+}
+
+/// Drops the shares whose streams no longer hold the bucket: an open stream that reported no
+/// request `idle_reports` times in a row, or has not reported the bucket for `stale_after`, is
+/// told to abandon it (its Envoy forgets the bucket at once); if its answers are not read, it
+/// keeps the share only until its assignment has run out, as a closed stream does (the Envoy
+/// may still enforce it). Their budget goes back; returns how many were told to abandon.
+fn forget(inner: &Inner, bucket: &SharedBucket, state: &mut BucketState, now: Instant) -> u64 {
+    let config = &inner.config;
+    let mut abandoned = 0;
+    let mut freed: Vec<(Arc<StreamHandle>, usize)> = vec![];
+    state.streams.retain(|_, share| {
+        if share.open {
+            let stale = now.saturating_duration_since(share.last_report) >= config.stale_after;
+            if share.idle_reports >= config.idle_reports || stale {
+                if share.stream.send(&bucket.key, abandon(bucket.key.id())) {
+                    abandoned += 1;
+                    freed.push((share.stream.clone(), share.bytes));
+                    return false;
+                }
+                // Its stream is over: paid until its TTL.
+                share.open = false;
+            }
+            return true;
+        }
+        let keep = share.expires_at.is_some_and(|at| at > now);
+        if !keep {
+            freed.push((share.stream.clone(), share.bytes));
+        }
+        keep
+    });
+    for (stream, bytes) in freed {
+        stream.give_back(bytes);
+        inner.budget.give_back(SHARE_BYTES);
+    }
+    abandoned
+}
+
+/// One tick of a bucket; false when the bucket has no stream left and is gone.
+async fn tick(inner: &Inner, bucket: &SharedBucket) -> bool {
+    let config = &inner.config;
+    let now = Instant::now();
+    let metrics = &inner.node.metrics().rlqs;
+    let charges = inner
+        .node
+        .charges(&bucket.key.request())
+        .unwrap_or_default();
+    let rules: Vec<(String, String)> = charges
+        .iter()
+        .map(|c| (c.rule.domain.clone(), c.rule.id.clone()))
+        .collect();
+    let plan = Plan::of(charges);
+    // What the streams want, and what to draw for it; the streams it is drawn for (one that
+    // joins while the draw is out is shared out at the next tick, see `share_out`).
+    let mut drawn_for = HashSet::new();
+    let draws = {
+        let mut state = bucket.state.lock();
+        state.rules = rules;
+        let abandoned = forget(inner, bucket, &mut state, now);
+        metrics.abandons.inc_by(abandoned);
+        if state.streams.is_empty() {
+            state.gone = true;
+            drop(state);
+            let mut buckets = inner.buckets.lock();
+            buckets.remove(&bucket.key);
+            inner.budget.give_back(BUCKET_BYTES + bucket.key.bytes());
+            metrics.buckets.set(buckets.len() as i64);
+            return false;
+        }
+        match &plan {
+            Plan::AllowAll | Plan::DenyAll => None,
+            Plan::Shares {
+                charges,
+                rate,
+                capacity,
+            } => {
+                let ahead = paid_ahead(&state, now);
+                let target = targets(&state, *rate).iter().map(|(_, t)| *t).sum::<f64>()
+                    + closed_rate(&state) as f64;
+                let target = target.min(*rate);
+                let fresh = fresh_streams(&state);
+                let bursts = (fresh as f64) * burst_each(*capacity, open_streams(&state));
+                drawn_for.extend(state.streams.keys().copied());
+                Some(
+                    charges
+                        .iter()
+                        .map(|c| {
+                            let credit = state.credit.get(&c.rule.key).copied().unwrap_or(0.0);
+                            let need = target * config.tick.as_secs_f64() + bursts - ahead - credit;
+                            let want = if need >= 1.0 { need.ceil() as u64 } else { 0 };
+                            (c.clone(), want.min(*capacity))
+                        })
+                        .collect::<Vec<_>>(),
+                )
+            }
+        }
+    };
+    // Draw, outside the lock: each rule's bucket gives what it has, up to what is wanted.
+    let mut drawn = vec![];
+    if let Some(draws) = draws {
+        for (charge, want) in draws {
+            if want > 0 {
+                // Boxed: the decision path's future is large, and a bucket's task would
+                // otherwise hold room for it between ticks (thousands of idle buckets).
+                let got = Box::pin(draw(&inner.node, &charge, want)).await;
+                drawn.push((charge.rule.key.clone(), got));
+            }
+        }
+    }
+    let mut state = bucket.state.lock();
+    for (rule, got) in drawn {
+        *state.credit.entry(rule).or_insert(0.0) += got as f64;
+    }
+    match plan {
+        Plan::AllowAll | Plan::DenyAll => {
+            let strategy = if matches!(plan, Plan::AllowAll) {
+                Strategy::AllowAll
+            } else {
+                Strategy::DenyAll
+            };
+            let decided = uniform(&state, strategy);
+            push(&mut state, &bucket.key, decided, now, config, metrics);
+        }
+        Plan::Shares {
+            charges,
+            rate,
+            capacity,
+        } => {
+            let decided = share_out(
+                &state,
+                &charges,
+                rate,
+                capacity,
+                now,
+                config.tick,
+                &drawn_for,
+            );
+            let fills = push(&mut state, &bucket.key, decided, now, config, metrics);
+            pay(&mut state, &charges, fills, now, config.tick);
+        }
+    }
+    true
+}
+
+/// Takes up to `want` units from `charge`'s bucket: all of them if it has them, else what it
+/// says remains (two store checks, each all or nothing). Returns what was taken.
+async fn draw(node: &Node, charge: &Charge, want: u64) -> u64 {
+    let verdict = node.draw(charge, want).await;
+    if verdict.allowed {
+        return want;
+    }
+    let left = verdict.statuses.first().map_or(0, |s| s.remaining);
+    let remaining = left.min(want - 1);
+    if remaining > 0 && node.draw(charge, remaining).await.allowed {
+        remaining
+    } else {
+        0
     }
 }
 
@@ -320,549 +748,12 @@ fn abandon(id: BucketId) -> BucketAction {
     }
 }
 
-/// Sends `actions` on `outbox` without waiting: an Envoy that does not read its stream
-/// misses them (they are pushed again while they differ from what it was last told).
-fn send(outbox: &Outbox, actions: Vec<BucketAction>) -> bool {
-    outbox
-        .try_send(Ok(RateLimitQuotaResponse {
-            bucket_action: actions,
-        }))
-        .is_ok()
-}
-
-/// What one stream reported of one bucket.
-#[derive(Debug)]
-pub struct Usage {
-    /// The bucket.
-    pub key: BucketKey,
-    /// Requests its Envoy admitted since its last report.
-    pub allowed: u64,
-    /// Requests its Envoy denied since its last report.
-    pub denied: u64,
-}
-
-/// One stream's side: the buckets it holds.
-#[derive(Debug)]
-pub struct StreamBuckets {
-    id: u64,
-    outbox: Outbox,
-    held: HashMap<BucketKey, Arc<SharedBucket>>,
-}
-
-impl Broker {
-    /// A broker for `node`'s rules and store.
-    pub fn new(node: Node, config: RlqsConfig) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                node,
-                config,
-                buckets: Mutex::new(HashMap::new()),
-                next_stream: AtomicU64::new(1),
-                stopping: tokio::sync::watch::Sender::new(false),
-            }),
-        }
-    }
-
-    /// Ends every stream and bucket loop: Envoys keep their streams open for as long as they
-    /// run, so a node shutting down closes them (their assignments live on until their TTLs,
-    /// and the Envoys reconnect to another node).
-    pub fn shut_down(&self) {
-        self.inner.stopping.send_replace(true);
-    }
-
-    /// Resolves once the node shuts down.
-    pub async fn stopping(&self) {
-        let mut stopping = self.inner.stopping.subscribe();
-        let _ = stopping.wait_for(|s| *s).await;
-    }
-
-    /// Counts a bucket report that could not be tracked.
-    pub fn refused(&self) {
-        self.inner.node.metrics().rlqs.buckets_refused.inc();
-    }
-
-    /// A new stream answering on `outbox`.
-    pub fn open(&self, outbox: Outbox) -> StreamBuckets {
-        self.inner.node.metrics().rlqs.streams.inc();
-        StreamBuckets {
-            id: self.inner.next_stream.fetch_add(1, Ordering::Relaxed),
-            outbox,
-            held: HashMap::new(),
-        }
-    }
-
-    /// A stream ended: its shares live on, paid for, until their TTLs pass.
-    pub fn close(&self, stream: StreamBuckets) {
-        for bucket in stream.held.values() {
-            if let Some(share) = bucket.state.lock().streams.get_mut(&stream.id) {
-                share.outbox = None;
-            }
-        }
-        self.inner.node.metrics().rlqs.streams.dec();
-    }
-
-    /// Counts one report of `stream`: a bucket it did not hold joins it (and its loop is woken
-    /// to assign it a share at once).
-    pub fn report(&self, stream: &mut StreamBuckets, usage: Usage) {
-        let now = Instant::now();
-        let metrics = &self.inner.node.metrics().rlqs;
-        let bucket = match stream.held.get(&usage.key) {
-            Some(b) => b.clone(),
-            None => {
-                if stream.held.len() >= self.inner.config.max_buckets_per_stream {
-                    metrics.buckets_refused.inc();
-                    return;
-                }
-                let Some(bucket) = self.join(stream, &usage.key, now) else {
-                    metrics.buckets_refused.inc();
-                    return;
-                };
-                stream.held.insert(usage.key.clone(), bucket.clone());
-                bucket.wake.notify_one();
-                bucket
-            }
-        };
-        let requests = usage.allowed.saturating_add(usage.denied);
-        let mut state = bucket.state.lock();
-        for (domain, rule) in &state.rules {
-            for (result, n) in [("allowed", usage.allowed), ("denied", usage.denied)] {
-                if n > 0 {
-                    metrics
-                        .reported
-                        .get_or_create(&tollgate_node::metrics::rlqs::ReportedLabels {
-                            domain: domain.clone(),
-                            rule: rule.clone(),
-                            result,
-                        })
-                        .inc_by(n);
-                }
-            }
-        }
-        let Some(share) = state.streams.get_mut(&stream.id) else {
-            // Abandoned meanwhile: the Envoy's next request subscribes again.
-            drop(state);
-            stream.held.remove(&usage.key);
-            return;
-        };
-        share.demand.report(now, requests);
-        share.last_report = now;
-        share.idle_reports = if requests == 0 {
-            share.idle_reports + 1
-        } else {
-            0
-        };
-    }
-
-    /// Adds `stream` to the bucket of `key`, made if needed (None: the node's bucket budget is
-    /// full).
-    fn join(
-        &self,
-        stream: &StreamBuckets,
-        key: &BucketKey,
-        now: Instant,
-    ) -> Option<Arc<SharedBucket>> {
-        loop {
-            let bucket = {
-                let mut buckets = self.inner.buckets.lock();
-                match buckets.get(key) {
-                    Some(b) => b.clone(),
-                    None => {
-                        if buckets.len() >= self.inner.config.max_buckets {
-                            return None;
-                        }
-                        let state = BucketState {
-                            rules: rules_of(&self.inner.node, key),
-                            ..BucketState::default()
-                        };
-                        let bucket = Arc::new(SharedBucket {
-                            key: key.clone(),
-                            state: Mutex::new(state),
-                            wake: Notify::new(),
-                        });
-                        buckets.insert(key.clone(), bucket.clone());
-                        self.inner
-                            .node
-                            .metrics()
-                            .rlqs
-                            .buckets
-                            .set(buckets.len() as i64);
-                        tokio::spawn(run(self.inner.clone(), bucket.clone()));
-                        bucket
-                    }
-                }
-            };
-            let mut state = bucket.state.lock();
-            if state.gone {
-                continue;
-            }
-            state.streams.insert(
-                stream.id,
-                StreamShare {
-                    outbox: Some(stream.outbox.clone()),
-                    strategy: None,
-                    pushed_at: now,
-                    expires_at: None,
-                    demand: Demand::new(now),
-                    idle_reports: 0,
-                    last_report: now,
-                },
-            );
-            return Some(bucket.clone());
-        }
-    }
-}
-
-fn rules_of(node: &Node, key: &BucketKey) -> Vec<(String, String)> {
-    node.charges(&key.request())
-        .map(|charges| {
-            charges
-                .iter()
-                .map(|c| (c.rule.domain.clone(), c.rule.id.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// A bucket's loop: a tick every `config.tick`, or at once when a stream joins.
-async fn run(inner: Arc<Inner>, bucket: Arc<SharedBucket>) {
-    let mut interval = tokio::time::interval(inner.config.tick);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut stopping = inner.stopping.subscribe();
-    loop {
-        tokio::select! {
-            _ = interval.tick() => {}
-            _ = bucket.wake.notified() => {}
-            _ = stopping.wait_for(|s| *s) => return,
-        }
-        if !tick(&inner, &bucket).await {
-            return;
-        }
-    }
-}
-
-/// One tick of a bucket; false when the bucket has no stream left and is gone.
-async fn tick(inner: &Inner, bucket: &SharedBucket) -> bool {
-    let config = &inner.config;
-    let now = Instant::now();
-    let metrics = &inner.node.metrics().rlqs;
-    let charges = inner
-        .node
-        .charges(&bucket.key.request())
-        .unwrap_or_default();
-    let rules: Vec<(String, String)> = charges
-        .iter()
-        .map(|c| (c.rule.domain.clone(), c.rule.id.clone()))
-        .collect();
-    let plan = Plan::of(charges);
-    // What the streams want, and what to draw for it.
-    let draws = {
-        let mut state = bucket.state.lock();
-        state.rules = rules;
-        let mut abandoned = vec![];
-        state.streams.retain(|id, share| {
-            if let Some(outbox) = &share.outbox {
-                let stale = now.saturating_duration_since(share.last_report) >= config.stale_after;
-                if share.idle_reports >= config.idle_reports || stale {
-                    // The Envoy forgets the bucket at once: nothing more to pay.
-                    if send(outbox, vec![abandon(bucket.key.id())]) {
-                        abandoned.push(*id);
-                        return false;
-                    }
-                }
-                true
-            } else {
-                share.expires_at.is_some_and(|at| at > now)
-            }
-        });
-        metrics.abandons.inc_by(abandoned.len() as u64);
-        if state.streams.is_empty() {
-            state.gone = true;
-            drop(state);
-            let mut buckets = inner.buckets.lock();
-            buckets.remove(&bucket.key);
-            metrics.buckets.set(buckets.len() as i64);
-            return false;
-        }
-        match &plan {
-            Plan::AllowAll | Plan::DenyAll => None,
-            Plan::Shares {
-                charges,
-                rate,
-                capacity,
-            } => {
-                let ahead = paid_ahead(&state, now);
-                let target = targets(&state, *rate).iter().map(|(_, t)| *t).sum::<f64>()
-                    + closed_rate(&state) as f64;
-                let target = target.min(*rate);
-                let fresh = fresh_streams(&state);
-                let bursts = (fresh as f64) * burst_each(*capacity, open_streams(&state));
-                Some(
-                    charges
-                        .iter()
-                        .map(|c| {
-                            let credit = state.credit.get(&c.rule.key).copied().unwrap_or(0.0);
-                            let need = target * config.tick.as_secs_f64() + bursts - ahead - credit;
-                            let want = if need >= 1.0 { need.ceil() as u64 } else { 0 };
-                            (c.clone(), want.min(*capacity))
-                        })
-                        .collect::<Vec<_>>(),
-                )
-            }
-        }
-    };
-    // Draw, outside the lock: each rule's bucket gives what it has, up to what is wanted.
-    let mut drawn = vec![];
-    if let Some(draws) = draws {
-        for (charge, want) in draws {
-            if want > 0 {
-                let got = draw(&inner.node, &charge, want).await;
-                drawn.push((charge.rule.key.clone(), got));
-            }
-        }
-    }
-    let mut state = bucket.state.lock();
-    for (rule, got) in drawn {
-        *state.credit.entry(rule).or_insert(0.0) += got as f64;
-    }
-    match plan {
-        Plan::AllowAll | Plan::DenyAll => {
-            let strategy = if matches!(plan, Plan::AllowAll) {
-                Strategy::AllowAll
-            } else {
-                Strategy::DenyAll
-            };
-            let decided = uniform(&state, strategy);
-            push(&mut state, &bucket.key, decided, now, config, metrics);
-        }
-        Plan::Shares {
-            charges,
-            rate,
-            capacity,
-        } => {
-            let decided = share_out(&state, &charges, rate, capacity, now, config.tick);
-            let fills = push(&mut state, &bucket.key, decided, now, config, metrics);
-            pay(&mut state, &charges, fills, now, config.tick);
-        }
-    }
-    true
-}
-
-/// Takes up to `want` units from `charge`'s bucket: all of them if it has them, else what it
-/// says remains (two store checks, each all or nothing). Returns what was taken.
-async fn draw(node: &Node, charge: &Charge, want: u64) -> u64 {
-    let verdict = node.draw(charge, want).await;
-    if verdict.allowed {
-        return want;
-    }
-    let left = verdict.statuses.first().map_or(0, |s| s.remaining);
-    let remaining = left.min(want - 1);
-    if remaining > 0 && node.draw(charge, remaining).await.allowed {
-        remaining
-    } else {
-        0
-    }
-}
-
-/// The value of the shares already paid beyond `now` (negative: a gap since the last tick
-/// that the shares admitted through and is still owed).
-fn paid_ahead(state: &BucketState, now: Instant) -> f64 {
-    let Some(until) = state.paid_until else {
-        return 0.0;
-    };
-    let seconds = if until >= now {
-        (until - now).as_secs_f64()
-    } else {
-        -(now - until).as_secs_f64()
-    };
-    state.paid_rate as f64 * seconds
-}
-
-/// How far above its measured demand a stream's target is: arrivals come in bursts around
-/// their average, and a share of exactly the average denies every burst while the tokens it
-/// did not use sit idle in the Envoy's bucket.
-const HEADROOM: f64 = 1.25;
-
-/// Open streams' target rates: their demand with headroom, or the whole rate until they
-/// report one.
-fn targets(state: &BucketState, rate: f64) -> Vec<(u64, f64)> {
-    let mut out: Vec<(u64, f64)> = state
-        .streams
-        .iter()
-        .filter(|(_, s)| s.outbox.is_some())
-        // At least one a second: a stream that saw no request yet can admit its first.
-        .map(|(id, s)| {
-            let target = s.demand.per_second.map_or(rate, |d| d * HEADROOM + 1.0);
-            (*id, target.max(1.0))
-        })
-        .collect();
-    out.sort_by_key(|(id, _)| *id);
-    out
-}
-
-/// The summed rate of closed streams' shares (paid until their TTLs pass).
-fn closed_rate(state: &BucketState) -> u64 {
-    state
-        .streams
-        .values()
-        .filter(|s| s.outbox.is_none())
-        .filter_map(|s| s.strategy.and_then(|st| st.per_second()))
-        .sum()
-}
-
-fn open_streams(state: &BucketState) -> usize {
-    state
-        .streams
-        .values()
-        .filter(|s| s.outbox.is_some())
-        .count()
-}
-
-/// Open streams whose Envoy holds no token bucket of ours: the next one it gets starts full.
-fn fresh_streams(state: &BucketState) -> usize {
-    state
-        .streams
-        .values()
-        .filter(|s| s.outbox.is_some() && s.strategy.is_none_or(|st| st.per_second().is_none()))
-        .count()
-}
-
-/// The first fill a new Envoy bucket is given: an even share of the rule's burst.
-fn burst_each(capacity: u64, open: usize) -> f64 {
-    (capacity as f64 / open.max(1) as f64).floor().max(1.0)
-}
-
-fn uniform(state: &BucketState, strategy: Strategy) -> Vec<Decided> {
-    state
-        .streams
-        .iter()
-        .filter(|(_, s)| s.outbox.is_some())
-        .map(|(id, _)| Decided {
-            stream: *id,
-            strategy,
-            fill: 0.0,
-        })
-        .collect()
-}
-
-/// What one open stream is to be told: its strategy, and what its first fill costs when the
-/// Envoy gets a new token bucket (it starts full).
-struct Decided {
-    stream: u64,
-    strategy: Strategy,
-    fill: f64,
-}
-
-/// Shares the rate the bucket can pay for among its open streams.
-fn share_out(
-    state: &BucketState,
-    charges: &[Charge],
-    rate: f64,
-    capacity: u64,
-    now: Instant,
-    tick: Duration,
-) -> Vec<Decided> {
-    let tick_s = tick.as_secs_f64();
-    let credit = min_credit(state, charges);
-    let fresh = fresh_streams(state) as f64;
-    // What the paid-for units afford until the next tick, a token set aside for each new
-    // Envoy bucket (it starts full), never above the rule's rate. One tick of the rule's rate
-    // and a unit may be owed (drawn at the next tick, before anything new is given): a store
-    // that refilled a hair less than a tick's worth since the last draw does not make every
-    // share shrink and grow back, each time pushed to every Envoy.
-    let slack = rate * tick_s + 1.0;
-    let affordable = ((credit + paid_ahead(state, now) - fresh + slack) / tick_s).max(0.0);
-    let targets = targets(state, rate);
-    // An Envoy bucket of ours is kept (at one unit a second) rather than replaced by DENY_ALL
-    // while the credit is short: a new one would start full, and its first fill would deepen
-    // the debt that cut it (the unit is paid for at the next draws).
-    // Only while the debt is under one bucket: a store kept empty by other callers must not
-    // let the floor run up a debt without end (repaid later by starving them).
-    let held = if credit > -(capacity as f64) {
-        targets
-            .iter()
-            .filter(|(id, _)| {
-                state.streams[id]
-                    .strategy
-                    .is_some_and(|s| s.per_second().is_some())
-            })
-            .count() as u64
-    } else {
-        0
-    };
-    let budget = (affordable.floor() as u64)
-        .max(held)
-        .min(rate.floor() as u64);
-    let open_budget = budget.saturating_sub(closed_rate(state));
-    let demands: Vec<f64> = targets.iter().map(|(_, t)| *t).collect();
-    let rates = water_fill(open_budget, &demands);
-    // First fills of new Envoy buckets: an even share of the burst, out of what is left.
-    let burst = burst_each(capacity, targets.len());
-    let mut pool = (credit - fresh).max(0.0);
-    let mut out = Vec::with_capacity(targets.len());
-    for ((stream, _), per_second) in targets.iter().zip(rates) {
-        // An Envoy bucket holds at least one second of its rate (Envoy adds a fill interval's
-        // tokens at once, and a smaller bucket would drop them); raising it may add tokens at
-        // once, up to the difference, which is paid for.
-        let decided = match state.streams[stream].strategy {
-            Some(Strategy::TokenBucket { max_tokens, .. }) if per_second > 0 => {
-                let max_tokens = u64::from(max_tokens);
-                Decided {
-                    stream: *stream,
-                    strategy: Strategy::share(per_second, max_tokens.max(per_second)),
-                    fill: per_second.saturating_sub(max_tokens) as f64,
-                }
-            }
-            _ if per_second == 0 => Decided {
-                stream: *stream,
-                strategy: Strategy::DenyAll,
-                fill: 0.0,
-            },
-            _ => {
-                let extra = (burst - 1.0).min(pool.floor()).max(0.0);
-                pool -= extra;
-                let fill = (1.0 + extra).max(per_second as f64);
-                Decided {
-                    stream: *stream,
-                    strategy: Strategy::share(per_second, fill as u64),
-                    fill,
-                }
-            }
-        };
-        out.push(decided);
-    }
-    out
-}
-
-/// The least credit over the bucket's limited rules.
-fn min_credit(state: &BucketState, charges: &[Charge]) -> f64 {
-    charges
-        .iter()
-        .map(|c| state.credit.get(&c.rule.key).copied().unwrap_or(0.0))
-        .fold(f64::INFINITY, f64::min)
-}
-
-/// Pays, out of each rule's credit, the first fills given this tick and the shares the
-/// Envoys now hold until the next tick (what was paid beyond now counts toward them).
-fn pay(state: &mut BucketState, charges: &[Charge], fills: f64, now: Instant, tick: Duration) {
-    let held: u64 = state
-        .streams
-        .values()
-        .filter_map(|s| s.strategy.and_then(|st| st.per_second()))
-        .sum();
-    let cost = held as f64 * tick.as_secs_f64() + fills - paid_ahead(state, now);
-    for c in charges {
-        *state.credit.entry(c.rule.key.clone()).or_insert(0.0) -= cost;
-    }
-    state.paid_rate = held;
-    state.paid_until = Some(now + tick);
-}
-
 /// Sends each open stream its strategy when it changed or its TTL is due for renewal: lower
 /// shares first, so the sum stays within the limit while shares move. A higher share is sent
 /// at most once a second (it can wait; a lower one cannot). Returns the first fills sent.
 fn push(
     state: &mut BucketState,
-    key: &BucketKey,
+    key: &Arc<BucketKey>,
     decided: Vec<Decided>,
     now: Instant,
     config: &RlqsConfig,
@@ -889,16 +780,16 @@ fn push(
         let Some(share) = state.streams.get_mut(&d.stream) else {
             continue;
         };
-        let Some(outbox) = &share.outbox else {
+        if !share.open {
             continue;
-        };
+        }
         // An unchanged higher share not yet due keeps the old one, renewed.
         let strategy = d.strategy;
         tracing::debug!(stream = d.stream, bucket = ?key.entries, ?strategy, "RLQS assignment");
-        if send(
-            outbox,
-            vec![assignment(key.id(), strategy, config.assignment_ttl)],
-        ) {
+        if share
+            .stream
+            .send(key, assignment(key.id(), strategy, config.assignment_ttl))
+        {
             share.strategy = Some(strategy);
             share.pushed_at = now;
             share.expires_at = Some(now + config.assignment_ttl);
@@ -907,4 +798,31 @@ fn push(
         }
     }
     fills
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_idle_bucket_task_is_small() {
+        let node = tollgate_node::NodeBuilder::new()
+            .rules_text("domain: d\nrules: []\n")
+            .start()
+            .await
+            .expect("a node");
+        let broker = Broker::new(node, RlqsConfig::default());
+        let bucket = Arc::new(SharedBucket {
+            key: Arc::new(BucketKey {
+                domain: "d".into(),
+                entries: vec![("k".into(), "v".into())],
+            }),
+            state: Mutex::new(BucketState::default()),
+            wake: Notify::new(),
+        });
+        let task = run(broker.inner.clone(), bucket);
+        let size = std::mem::size_of_val(&task);
+        assert!(size <= 1024, "a bucket's task holds {size} bytes");
+        eprintln!("a bucket task: {size} bytes");
+    }
 }

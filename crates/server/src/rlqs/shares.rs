@@ -38,6 +38,31 @@ pub fn water_fill(budget: u64, demands: &[f64]) -> Vec<u64> {
     shares
 }
 
+/// Shares `budget` among streams grouped by host: max-min fair among the hosts first (a host
+/// asks what its streams ask together), then within each host among its streams. `groups`
+/// holds each stream's group (its host's index) and demand; the shares come back in the same
+/// order. A host that opens many streams gets one host's share, split among them: many streams
+/// on one bucket cannot drain another host's Envoy.
+pub fn water_fill_by_group(budget: u64, streams: &[(usize, f64)]) -> Vec<u64> {
+    let groups = streams.iter().map(|(g, _)| g + 1).max().unwrap_or(0);
+    let mut asked = vec![0.0; groups];
+    for (g, demand) in streams {
+        if demand.is_finite() && *demand > 0.0 {
+            asked[*g] += demand.ceil();
+        }
+    }
+    let per_group = water_fill(budget, &asked);
+    let mut shares = vec![0; streams.len()];
+    for (g, share) in per_group.into_iter().enumerate() {
+        let members: Vec<usize> = (0..streams.len()).filter(|&i| streams[i].0 == g).collect();
+        let demands: Vec<f64> = members.iter().map(|&i| streams[i].1).collect();
+        for (i, s) in members.into_iter().zip(water_fill(share, &demands)) {
+            shares[i] = s;
+        }
+    }
+    shares
+}
+
 /// What an Envoy stream is told to enforce for a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
@@ -88,7 +113,7 @@ impl Strategy {
 
 #[cfg(test)]
 mod tests {
-    use super::{Strategy, water_fill};
+    use super::{Strategy, water_fill, water_fill_by_group};
     use proptest::prelude::{prop_assert, prop_assert_eq, proptest};
 
     #[test]
@@ -129,7 +154,41 @@ mod tests {
         );
     }
 
+    #[test]
+    fn many_streams_of_one_host_share_that_hosts_part() {
+        // 2,000 streams of one host and one honest Envoy on another, a rate of 20.
+        let mut streams: Vec<(usize, f64)> = (0..2_000).map(|_| (0, 50.0)).collect();
+        streams.push((1, 50.0));
+        let shares = water_fill_by_group(20, &streams);
+        assert_eq!(shares[2_000], 10, "the honest host keeps half");
+        assert_eq!(shares[..2_000].iter().sum::<u64>(), 10);
+        // One host alone gets what it asks, split by its streams' demands.
+        assert_eq!(water_fill_by_group(20, &[(0, 3.0), (0, 50.0)]), vec![3, 17]);
+    }
+
     proptest! {
+        #[test]
+        fn grouped_shares_never_exceed_the_budget_and_hosts_are_max_min_fair(
+            budget in 0u64..1_000,
+            streams in proptest::collection::vec((0usize..5, 0.0f64..500.0), 0..40),
+        ) {
+            let shares = water_fill_by_group(budget, &streams);
+            prop_assert_eq!(shares.len(), streams.len());
+            prop_assert!(shares.iter().sum::<u64>() <= budget);
+            let mut hosts = [(0u64, 0u64); 5];
+            for ((g, d), s) in streams.iter().zip(&shares) {
+                prop_assert!(*s <= d.ceil() as u64);
+                hosts[*g].0 += s;
+                hosts[*g].1 += d.ceil() as u64;
+            }
+            let most = hosts.iter().map(|(got, _)| *got).max().unwrap_or(0);
+            for (got, wanted) in hosts {
+                if got < wanted {
+                    prop_assert!(got + 1 >= most, "{:?}", hosts);
+                }
+            }
+        }
+
         #[test]
         fn shares_never_exceed_the_budget_nor_a_demand_rounded_up(
             budget in 0u64..10_000,

@@ -127,6 +127,11 @@ impl Served {
         self.serving.probe_addr
     }
 
+    /// Where the region link listens, when the node runs in one of two regions.
+    pub fn serving_region_addr(&self) -> Option<std::net::SocketAddr> {
+        self.serving.region_addr
+    }
+
     /// Stops the node and waits until it has returned its leases.
     pub async fn stop(&mut self) {
         self.serving.stop().await;
@@ -201,7 +206,7 @@ pub fn rls_request(
                     .iter()
                     .map(|(k, v)| Entry {
                         key: k.to_string(),
-                        value: v.to_string(),
+                        value: v.as_bytes().to_vec(),
                     })
                     .collect(),
                 ..Default::default()

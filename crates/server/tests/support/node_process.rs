@@ -60,18 +60,22 @@ impl NodeProcess {
     }
 
     /// Waits until the gRPC port accepts (no pause between tries: load starts the moment it
-    /// does). None if the process exited first (a port taken by another process).
+    /// does). None if the process exited first (a port taken by another process). The port
+    /// is this process's once it has logged that it serves on it: a free port picked by one
+    /// test may be taken by another's process meanwhile, which would accept in its stead.
     async fn accepting(&mut self) -> Option<()> {
         let deadline = Instant::now() + Duration::from_secs(60);
+        let serving = format!("grpc=127.0.0.1:{}", self.grpc);
         loop {
-            if tokio::net::TcpStream::connect(("127.0.0.1", self.grpc))
-                .await
-                .is_ok()
-            {
-                return Some(());
-            }
             if self.child.try_wait().ok().flatten().is_some() {
                 return None;
+            }
+            if std::fs::read_to_string(&self.log).is_ok_and(|log| log.contains(&serving))
+                && tokio::net::TcpStream::connect(("127.0.0.1", self.grpc))
+                    .await
+                    .is_ok()
+            {
+                return Some(());
             }
             assert!(
                 Instant::now() < deadline,
@@ -80,6 +84,19 @@ impl NodeProcess {
             );
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+    }
+
+    /// What it has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Its `/readyz` body as JSON (null when it does not answer).
+    pub fn readyz(&self) -> serde_json::Value {
+        tollgate_testkit::http::get(self.http, "/readyz", &[])
+            .ok()
+            .and_then(|r| serde_json::from_str(&r.body).ok())
+            .unwrap_or_default()
     }
 
     /// Its `/metrics` text (empty when it does not answer).

@@ -28,23 +28,63 @@ impl Stream {
     /// (id, allowed, denied)): the call is answered (its headers sent) once the server has
     /// it, as Envoy opens one.
     pub async fn open(grpc: SocketAddr, domain: &str, buckets: &[(&BucketId, u64, u64)]) -> Stream {
-        let mut client = RateLimitQuotaServiceClient::connect(format!("http://{grpc}"))
+        Self::try_open_from(None, grpc, Some(usage_reports(domain, buckets)))
             .await
-            .expect("connect");
+            .expect("stream")
+    }
+
+    /// Opens a stream from the loopback address `from` (an Envoy host of its own; every
+    /// 127/8 address is this machine's), sending `first` if given: the node's answer to the
+    /// opening, or the status it refused it with.
+    pub async fn try_open_from(
+        from: Option<std::net::IpAddr>,
+        grpc: SocketAddr,
+        first: Option<RateLimitQuotaUsageReports>,
+    ) -> Result<Stream, tonic::Status> {
+        Self::try_open_with(
+            tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+                .expect("endpoint")
+                .local_address(from),
+            first,
+        )
+        .await
+    }
+
+    /// [`Stream::try_open_from`] on `endpoint` as configured (a small HTTP/2 window, say:
+    /// an Envoy that does not read its stream is one whose window has filled).
+    pub async fn try_open_with(
+        endpoint: tonic::transport::Endpoint,
+        first: Option<RateLimitQuotaUsageReports>,
+    ) -> Result<Stream, tonic::Status> {
+        let channel = endpoint.connect().await.expect("connect");
+        let mut client = RateLimitQuotaServiceClient::new(channel);
         let (reports, rx) = mpsc::channel(16);
-        reports
-            .send(usage_reports(domain, buckets))
-            .await
-            .expect("first report");
+        if let Some(first) = first {
+            reports.send(first).await.expect("first report");
+        }
         let answers = tokio::time::timeout(
             Duration::from_secs(5),
             client.stream_rate_limit_quotas(ReceiverStream::new(rx)),
         )
         .await
-        .expect("the stream is answered")
-        .expect("stream")
+        .expect("the stream is answered")?
         .into_inner();
-        Stream { reports, answers }
+        Ok(Stream { reports, answers })
+    }
+
+    /// The status the node ended the stream with, within `within` (answers skipped).
+    pub async fn ended(&mut self, within: Duration) -> tonic::Status {
+        tokio::time::timeout(within, async {
+            loop {
+                match self.answers.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => return tonic::Status::ok("ended"),
+                    Err(status) => return status,
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("the stream did not end within {within:?}"))
     }
 
     /// Sends a report.
@@ -55,6 +95,32 @@ impl Stream {
             .expect("report sent");
     }
 
+    /// A way to report on this stream while its answers are read elsewhere.
+    pub fn reporter(&self) -> Reporter {
+        Reporter(self.reports.clone())
+    }
+}
+
+/// Sends reports on a stream whose answers are read elsewhere.
+pub struct Reporter(mpsc::Sender<RateLimitQuotaUsageReports>);
+
+impl Reporter {
+    /// Sends a report.
+    pub async fn report(&self, domain: &str, buckets: &[(&BucketId, u64, u64)]) {
+        self.0
+            .send(usage_reports(domain, buckets))
+            .await
+            .expect("report sent");
+    }
+
+    /// Reports queued on this side, not yet taken by the connection.
+    #[allow(dead_code)] // Not every test that shares this module waits on it.
+    pub fn queued(&self) -> usize {
+        self.0.max_capacity() - self.0.capacity()
+    }
+}
+
+impl Stream {
     /// The next action for `id` (others skipped), within `within`.
     pub async fn next_for(&mut self, id: &BucketId, within: Duration) -> Action {
         tokio::time::timeout(within, async {
@@ -113,8 +179,8 @@ pub fn usage_reports(
 pub fn key(api_key: &str) -> BucketId {
     BucketId {
         bucket: HashMap::from([
-            ("name".to_owned(), "per-key".to_owned()),
-            ("api_key".to_owned(), api_key.to_owned()),
+            ("name".to_owned(), b"per-key".to_vec()),
+            ("api_key".to_owned(), api_key.as_bytes().to_vec()),
         ]),
     }
 }

@@ -20,6 +20,8 @@ State: token bucket    HASH  alg=1 tokens=<%.17g> ts=<us> [cap=<n>: an allowance
        allowance       <key>:allowance, the bucket's state at this region's share
        demand          HASH  <key>:demand  since=<us> last=<us>  r:<origin>=<region>|<units>|<until>
        penalty         HASH  <key>:penalty ws=<us> n=<denials>  or  until=<us> (a block)
+       lift epoch      STRING <key>:penalty:epoch  the store time (us) of the latest lift or
+                       reset of the identity's penalty records, kept EPOCH_TTL_MS
        reservations    HASH  <key>:reservations  <nonce>=o|units|at|alg|expires|entry  or  s
                        ZSET  <key>:reservations:ends  member <nonce>  score = record's end
 Invariants:
@@ -27,11 +29,12 @@ Invariants:
   - every key expires once its state is neutral (bucket full, windows over, entries gone)
     plus MARGIN_MS, so idle keys vanish and an expiry is never observable;
   - counts are integers far below 2^53 (validated by the caller), so sums stay exact;
-  - a token bucket's debt is floored at -capacity;
+  - a token bucket's debt is floored at -capacity, but for a settlement's excess (owed whole);
   - tokens within EPSILON below a whole number count as it;
-  - a GCRA key is never more than 2τ ahead (burst · interval, its debt floor), and times
-    within GCRA_SLACK_US count as equal;
-  - a leaky bucket's level is never below 0 nor, by a debit, above twice its burst.
+  - a GCRA key is never more than 2τ ahead (burst · interval, its debt floor) but by a
+    settlement's excess, and times within GCRA_SLACK_US count as equal;
+  - a leaky bucket's level is never below 0 nor, by a debit, above twice its burst (a
+    settlement's excess goes whole).
 ]]
 
 local MARGIN_MS = 1000
@@ -53,6 +56,22 @@ local function float(x) return string.format('%.17g', x) end
 
 local function ttl_ms(neutral_in_us)
   return int(math.ceil(neutral_in_us / 1000) + MARGIN_MS)
+end
+
+-- How long a lift epoch is kept: far longer than any flush of denials can be on its way.
+local EPOCH_TTL_MS = 86400000
+
+-- The lift epoch of a bucket's penalty records (0: no lift or reset in EPOCH_TTL_MS).
+local function lift_epoch(key)
+  return tonumber(redis.call('GET', key) or '0') or 0
+end
+
+-- Starts a new lift epoch: the store's time, or one past the last if the clock stepped
+-- back, so an epoch never comes back and a node that remembers an old one is never current.
+local function next_epoch(key, now)
+  local e = math.max(lift_epoch(key) + 1, now)
+  redis.call('SET', key, int(e), 'PX', EPOCH_TTL_MS)
+  return e
 end
 
 local function window_start(t, w) return t - math.fmod(t, w) end
@@ -105,6 +124,10 @@ local function load(alg, key, p1, p2, now)
     local ws = window_start(now, p2)
     if s[1] == '4' and tonumber(s[2]) >= ws then
       b.ws, b.count = tonumber(s[2]), tonumber(s[3])
+    elseif s[1] == '4' then
+      -- A count past the limit is a debt: each window since paid off a limit's worth.
+      local windows = (ws - tonumber(s[2])) / p2
+      b.ws, b.count = ws, pos(tonumber(s[3]) - windows * p1)
     else
       b.ws, b.count = ws, 0
     end
@@ -257,7 +280,12 @@ local function retry_after(b, cost, now)
     if us <= 0 then return 0 end
     return us
   end
-  if b.alg == FW then return pos(b.ws + b.p2 - now) end
+  if b.alg == FW then
+    -- The first window a debt leaves room in (fixed_window.rs `windows_before_room`).
+    local limit = math.max(b.p1, 1)
+    local after = pos(math.ceil(pos(b.count + cost - limit) / limit) - 1)
+    return pos(b.ws + b.p2 - now) + after * b.p2
+  end
   if b.alg == SW then
     local w, limit = b.p2, b.p1
     local e = pos(now - b.ws)
@@ -294,13 +322,20 @@ local function last_score(key)
   return nil
 end
 
+-- Microseconds until a fixed window's state is no different from none: its window's end, or
+-- the end of the last window its debt counts in (fixed_window.rs `neutral_in`).
+local function fw_neutral(b, now)
+  local debt_windows = pos(math.ceil(b.count / math.max(b.p1, 1)) - 1)
+  return pos(b.ws + b.p2 - now) + debt_windows * b.p2
+end
+
 -- Microseconds until the bucket is back to its full capacity.
 local function reset_after(b, now)
   if b.alg == TB then return tb_retry(b, b.p1) end
   if b.alg == GCRA then return gcra_reset(b) end
   if b.alg == LB then return lb_reset(b) end
   if b.alg == FW then
-    if b.count > 0 then return pos(b.ws + b.p2 - now) end
+    if b.count > 0 then return fw_neutral(b, now) end
     return 0
   end
   if b.alg == SW then
@@ -330,7 +365,7 @@ local function store(b, now)
     redis.call('PEXPIRE', b.key, ttl_ms(lb_reset(b)))
   elseif b.alg == FW then
     redis.call('HSET', b.key, 'alg', '4', 'ws', int(b.ws), 'count', int(b.count))
-    redis.call('PEXPIRE', b.key, ttl_ms(pos(b.ws + b.p2 - now)))
+    redis.call('PEXPIRE', b.key, ttl_ms(fw_neutral(b, now)))
   elseif b.alg == SW then
     redis.call('HSET', b.key, 'alg', '2', 'ws', int(b.ws), 'prev', int(b.prev), 'cur', int(b.cur))
     redis.call('PEXPIRE', b.key, ttl_ms(pos(b.ws + b.p2 - now) + b.p2))
@@ -458,20 +493,79 @@ local function credit_counter(b, credit, ws)
   return 0
 end
 
+-- Gives `credit` back as credit_counter does; returns what the bucket kept of it (whole
+-- units, to the nearest): into a token bucket already full (a GCRA key at now, a leaky bucket empty), none.
+local function credit_kept(b, credit, ws)
+  local kept
+  if b.alg == TB then
+    local before = b.tokens
+    credit_counter(b, credit, ws)
+    kept = b.tokens - before
+  elseif b.alg == GCRA then
+    local before = b.ahead
+    credit_counter(b, credit, ws)
+    kept = (before - b.ahead) / gcra_t(b)
+  elseif b.alg == LB then
+    local before = b.level
+    credit_counter(b, credit, ws)
+    kept = before - b.level
+  else
+    return credit_counter(b, credit, ws)
+  end
+  -- Whole units, to the nearest: a bucket that refilled a hair meanwhile still says it kept
+  -- the unit it was given.
+  return math.min(credit, math.max(0, math.floor(kept + 0.5)))
+end
+
 -- Subtracts `units` consumed at `at` (at most now); returns the units applied (0 when their
--- window no longer counts). Debts are floored at one full bucket.
-local function debit_bucket(b, units, at, now)
+-- window no longer counts). A debit's debt is floored at one full bucket; `in_full` (a
+-- settlement's excess over its estimate) is owed whole: a token bucket, GCRA key or leaky
+-- bucket goes as deep into debt as the excess takes it.
+local function debit_bucket(b, units, at, now, in_full)
   local alg = b.alg
-  if alg == TB then
-    b.tokens = math.max(-b.p1, b.tokens - units)
+  if in_full and alg == TB then
+    b.tokens = b.tokens - units
     return units
+  elseif in_full and alg == GCRA then
+    b.ahead = b.ahead + units * gcra_t(b)
+    return units
+  elseif in_full and alg == LB then
+    b.level = b.level + units
+    return units
+  end
+  -- A token bucket's debt stops at one full bucket, GCRA's and the leaky bucket's at two
+  -- bursts: what is returned is what was taken (whole units), `units` unless it stopped.
+  if alg == TB then
+    local floor = -b.p1
+    local wanted = b.tokens - units
+    if wanted >= floor then
+      b.tokens = wanted
+      return units
+    end
+    local taken = math.floor(math.max(0, b.tokens - floor))
+    b.tokens = floor
+    return taken
   elseif alg == GCRA then
     local t = gcra_t(b)
-    b.ahead = math.min(2 * (b.p1 * t), b.ahead + units * t)
-    return units
+    local most = 2 * (b.p1 * t)
+    local wanted = b.ahead + units * t
+    if wanted <= most then
+      b.ahead = wanted
+      return units
+    end
+    local taken = math.floor(math.max(0, (most - b.ahead) / t))
+    b.ahead = most
+    return taken
   elseif alg == LB then
-    b.level = math.min(2 * b.p1, b.level + units)
-    return units
+    local most = 2 * b.p1
+    local wanted = b.level + units
+    if wanted <= most then
+      b.level = wanted
+      return units
+    end
+    local taken = math.floor(math.max(0, most - b.level))
+    b.level = most
+    return taken
   elseif alg == FW then
     if window_start(at, b.p2) >= b.ws then
       b.count = b.count + units

@@ -11,9 +11,10 @@ Invariants:
   - a record is settled once: it becomes `s` (kept until its end) on the first settle;
   - less than the estimate, while the reservation lives, gives the difference back as a lease
     return does (never above capacity; windows only into the reservation's own window; the
-    log shrinks the reservation's own entry);
-  - more than the estimate charges the excess as a debit does (into debt, floored at one
-    bucket; windows into the reservation's window if it still counts), live or expired;
+    log shrinks the reservation's own entry), and says what the bucket kept of it;
+  - more than the estimate charges the excess whole (a token bucket, GCRA key or leaky
+    bucket into debt as deep as it takes, no floor; windows into the reservation's window if
+    it still counts), live or expired;
   - an expired reservation refunds nothing: its estimate stands;
   - an unknown or settled nonce, or a record of another algorithm (the rule changed it),
     changes no bucket.
@@ -55,10 +56,10 @@ for i = 1, #ARGV / 5 do
         else
           local ws = 0
           if alg == FW or alg == SW then ws = window_start(at, p2) end
-          refunded = credit_counter(b, back, ws)
+          refunded = credit_kept(b, back, ws)
         end
       elseif actual > units then
-        charged = debit_bucket(b, actual - units, math.min(at, now), now)
+        charged = debit_bucket(b, actual - units, math.min(at, now), now, true)
       end
       if refunded > 0 or charged > 0 then store(b, now) end
     end

@@ -172,6 +172,7 @@ impl Actor for KeyActor {
                 state.late = None;
                 for ask in &asks {
                     ask.bucket.call_done();
+                    ask.bucket.last.asked_done();
                 }
                 match result {
                     Ok(grants) => {
@@ -436,6 +437,9 @@ impl KeyState {
     /// comes back as a message.
     fn send_request(&mut self, myself: &ActorRef<KeyMsg>, asks: Vec<Ask>) {
         self.in_flight = true;
+        for ask in &asks {
+            ask.bucket.last.asking(ask.want);
+        }
         let returns = std::mem::take(&mut self.returns_first);
         calls::lease(&self.shared, myself, &self.identity, asks, returns);
     }
@@ -503,12 +507,11 @@ impl KeyState {
         };
         bucket.clear_denial();
         // What was admitted on this node's share while the call was out is paid from the
-        // grant first (a window's owed units are debited in their own window instead).
-        let paid = if bucket.has_deadline() {
-            0
-        } else {
-            bucket.last.pay_owed_from_grant(grant.units)
-        };
+        // grant first (a window's, only if admitted in the grant's window; the others are
+        // debited in their own).
+        let paid = bucket
+            .last
+            .pay_owed_from_grant(grant.units, grant.reset_after, now);
         if paid > 0 {
             self.shared.metrics.owed_units.inc_by(paid);
             self.shared.metrics.owed_units_paid_by_grant.inc_by(paid);

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tollgate_lease::{Limit, Micros};
+use tollgate_lease::{Algorithm, Limit, Micros};
 
 /// What the store last said of a bucket, and what was admitted without it since.
 #[derive(Debug)]
@@ -34,6 +34,11 @@ pub struct LastAnswer {
     /// a window's debit lands in the window they were admitted in).
     owed: AtomicU64,
     owed_at: AtomicU64,
+    /// When the earliest of the units owed was admitted (`u64::MAX`: none owed): a late
+    /// grant pays only for units admitted in its own window.
+    owed_since: AtomicU64,
+    /// Units the lease call out for this bucket asked the store for (0: none out).
+    asked: AtomicU64,
 }
 
 impl LastAnswer {
@@ -52,7 +57,25 @@ impl LastAnswer {
             full_at: AtomicU64::new(0),
             owed: AtomicU64::new(0),
             owed_at: AtomicU64::new(0),
+            owed_since: AtomicU64::new(NONE_OWED),
+            asked: AtomicU64::new(0),
         }
+    }
+
+    /// A lease call asking for `want` units of the bucket went out.
+    pub(crate) fn asking(&self, want: u64) {
+        self.asked.store(want, Ordering::Release);
+    }
+
+    /// The lease call out for the bucket ended (answered or failed).
+    pub(crate) fn asked_done(&self) {
+        self.asked.store(0, Ordering::Release);
+    }
+
+    /// Records that units now owed were admitted at `now`.
+    fn owe(&self, now: Micros) {
+        self.owed_at.fetch_max(now, Ordering::AcqRel);
+        self.owed_since.fetch_min(now, Ordering::AcqRel);
     }
 
     /// Estimated units left globally at `now`: what the store last said (a token bucket
@@ -88,7 +111,7 @@ impl LastAnswer {
     /// there when it answers (see the key actor's `settle_owed`).
     pub fn admitted_without_store(&self, cost: u64, now: Micros) {
         self.owed.fetch_add(cost, Ordering::AcqRel);
-        self.owed_at.fetch_max(now, Ordering::AcqRel);
+        self.owe(now);
     }
 
     /// Gives back units owed for a request that was denied elsewhere.
@@ -103,8 +126,21 @@ impl LastAnswer {
     /// Pays up to `granted` of what is owed out of a grant that just arrived: the call was out
     /// while the node admitted on its share, and the store granted it from the same
     /// remainder the share was taken of. Spent from the grant, those units are counted once;
-    /// debited on top of it, the remainder would be spent twice. Returns the units paid.
-    pub(crate) fn pay_owed_from_grant(&self, granted: u64) -> u64 {
+    /// debited on top of it, the remainder would be spent twice. A window's grant pays only
+    /// for units admitted in its own window (see [`LastAnswer::grant_covers_since`]; the others
+    /// are debited in theirs). Returns the units paid.
+    pub(crate) fn pay_owed_from_grant(
+        &self,
+        granted: u64,
+        reset_after: Duration,
+        now: Micros,
+    ) -> u64 {
+        let Some(since) = self.grant_covers_since(reset_after, now) else {
+            return 0;
+        };
+        if self.owed_since.load(Ordering::Acquire) < since {
+            return 0;
+        }
         let mut paid = 0;
         let _ = self
             .owed
@@ -112,12 +148,36 @@ impl LastAnswer {
                 paid = owed.min(granted);
                 Some(owed - paid)
             });
+        if self.owed.load(Ordering::Acquire) == 0 {
+            self.owed_since.store(NONE_OWED, Ordering::Release);
+        }
         paid
+    }
+
+    /// The earliest admission a grant answered at `now` (with the store's `reset_after`) can
+    /// pay for: any, for the algorithms that refill; the start of the grant's window for a
+    /// fixed or sliding window (the store says when it ends; said at the call, read later,
+    /// the estimate is late, never early); None for a log or a concurrency limit, whose
+    /// units are debited where they were admitted.
+    fn grant_covers_since(&self, reset_after: Duration, now: Micros) -> Option<Micros> {
+        let w = self.limit.window().map_or(0, |w| w.as_micros() as u64);
+        let end = now + reset_after.as_micros() as u64;
+        let algorithm = self.limit.algorithm();
+        if algorithm.refills() {
+            return Some(0);
+        }
+        match algorithm {
+            Algorithm::FixedWindow => Some(end.saturating_sub(w)),
+            // Its count is of the window that ends a window before the bucket is full again.
+            Algorithm::SlidingWindow => Some(end.saturating_sub(2 * w)),
+            _ => None,
+        }
     }
 
     /// The store could not be reached (down, not late): what was admitted without it is
     /// forgiven; how many units.
     pub(crate) fn forgive_owed(&self) -> u64 {
+        self.owed_since.store(NONE_OWED, Ordering::Release);
         self.owed.swap(0, Ordering::AcqRel)
     }
 
@@ -125,6 +185,7 @@ impl LastAnswer {
     /// was admitted. What the store last said remains no longer counts them.
     pub(crate) fn take_owed(&self) -> Option<(u64, Micros)> {
         let units = self.owed.swap(0, Ordering::AcqRel);
+        self.owed_since.store(NONE_OWED, Ordering::Release);
         if units == 0 {
             return None;
         }
@@ -182,7 +243,11 @@ impl LastAnswer {
     /// owed, and debited in the store when it answers. The share is that remainder divided by
     /// the nodes holding leases of the bucket (see [`share_of`]): nodes deciding on the same
     /// answer do not each spend all of it, so a stalled store gives an undershoot, never an
-    /// N-fold overshoot. Denied, the wait until the share covers the cost.
+    /// N-fold overshoot. While this node's lease call for the bucket is out, the share is at
+    /// most what that call asked for: the store runs the call when it can, before any call
+    /// another node sends later, and its grant pays for what was admitted meanwhile (other
+    /// nodes, answered, lease the rest of the remainder; a share of all of it would overlap
+    /// their leases). Denied, the wait until the share covers the cost.
     pub fn decide_while_slow(&self, cost: u64, now: Micros) -> Result<(), Duration> {
         if !self.heard() {
             // No answer to take a share of (see `stalled_estimate`): denied, to try again
@@ -191,6 +256,10 @@ impl LastAnswer {
         }
         let holders = self.holders.load(Ordering::Relaxed);
         let share = share_of(self.stalled_estimate(now), holders);
+        let share = match self.asked.load(Ordering::Acquire) {
+            0 => share,
+            asked => share.min(asked),
+        };
         let taken = self
             .owed
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |owed| {
@@ -198,7 +267,7 @@ impl LastAnswer {
             });
         match taken {
             Ok(_) => {
-                self.owed_at.fetch_max(now, Ordering::AcqRel);
+                self.owe(now);
                 Ok(())
             }
             Err(owed) => {
@@ -213,6 +282,9 @@ impl LastAnswer {
         }
     }
 }
+
+/// `owed_since` when nothing is owed.
+const NONE_OWED: Micros = u64::MAX;
 
 /// How long a request denied for want of any answer from the store is told to wait.
 const NOT_HEARD_RETRY: Duration = Duration::from_secs(1);
@@ -291,12 +363,58 @@ mod tests {
             .count();
         assert_eq!(admitted, 10);
         // The late grant (6 units, from the same 20) pays 6 of them; only 4 are debited.
-        assert_eq!(last.pay_owed_from_grant(6), 6);
+        let hour = Duration::from_secs(3600);
+        assert_eq!(last.pay_owed_from_grant(6, hour, 3_000), 6);
         assert_eq!(last.take_owed().map(|(units, _)| units), Some(4));
         // A grant larger than what is owed pays it all and leaves nothing to debit.
         assert!(last.decide_while_slow(3, 3_000).is_ok());
-        assert_eq!(last.pay_owed_from_grant(50), 3);
+        assert_eq!(last.pay_owed_from_grant(50, hour, 4_000), 3);
         assert_eq!(last.take_owed(), None);
+    }
+
+    #[test]
+    fn while_a_lease_call_is_out_the_share_is_what_it_asked_for() {
+        let limit = Limit::fixed_window(100, Duration::from_secs(3600)).expect("limit");
+        let last = LastAnswer::new(limit, false, 1);
+        // The store said 56 remain, two holders: a share of 28. The call out asked for 6.
+        last.observe(56, Duration::from_secs(3000), 2, 1_000);
+        last.asking(6);
+        let admitted = (0..40)
+            .filter(|_| last.decide_while_slow(1, 2_000).is_ok())
+            .count();
+        assert_eq!(admitted, 6, "no more than the call out will bring");
+        // Its grant, in the same window, pays for them: nothing is left to debit.
+        last.asked_done();
+        assert_eq!(
+            last.pay_owed_from_grant(6, Duration::from_secs(2999), 3_000),
+            6
+        );
+        assert_eq!(last.take_owed(), None);
+    }
+
+    #[test]
+    fn a_windows_grant_pays_only_for_what_was_admitted_in_its_window() {
+        let w = Duration::from_secs(10);
+        let limit = Limit::fixed_window(100, w).expect("limit");
+        let last = LastAnswer::new(limit, false, 1);
+        last.observe(50, Duration::from_secs(1), 1, 0);
+        // Admitted at 0.9 s, in the window that ends at 1 s.
+        assert!(last.decide_while_slow(5, 900_000).is_ok());
+        // Granted at 1.2 s from the next window (it ends in 9.8 s): it does not pay for them.
+        assert_eq!(
+            last.pay_owed_from_grant(20, Duration::from_millis(9_800), 1_200_000),
+            0
+        );
+        assert_eq!(
+            last.take_owed(),
+            Some((5, 900_000)),
+            "debited in their own window"
+        );
+        // A log's grant never pays: its units are debited where they were admitted.
+        let log = LastAnswer::new(Limit::sliding_window_log(100, w).expect("limit"), false, 1);
+        log.observe(50, Duration::from_secs(1), 1, 0);
+        assert!(log.decide_while_slow(5, 900_000).is_ok());
+        assert_eq!(log.pay_owed_from_grant(20, w, 1_000_000), 0);
     }
 
     #[test]

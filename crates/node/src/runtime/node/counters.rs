@@ -128,7 +128,7 @@ impl Node {
                     } else {
                         penalty
                     };
-                    counter.penalty = Some(store.note_denials(&key, &penalty, 0).await?);
+                    counter.penalty = Some(store.note_denials(&key, &penalty, 0, None).await?);
                 }
                 counter.held_here = self
                     .inner
@@ -177,9 +177,12 @@ impl Node {
             // before it (both would count towards a fresh block and start it again).
             self.forget_block(&charge.rule.key, &charge.identity);
             self.inner.shared.penalties.settled(&key).await;
-            let existed = store.lift_block(&key).await?;
+            let lift = store.lift_block(&key).await?;
             self.forget_block(&charge.rule.key, &charge.identity);
-            out.push(Reset::of(charge, existed));
+            // The denials this node hands out from now on count under the lift's epoch;
+            // those other nodes handed out before it count nothing (`penalties`).
+            self.inner.shared.penalties.learn_epoch(&key, lift.epoch);
+            out.push(Reset::of(charge, lift.was_blocked));
         }
         Ok(out)
     }

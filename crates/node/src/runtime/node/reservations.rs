@@ -59,7 +59,8 @@ pub struct RuleSettlement {
 }
 
 /// A fresh reservation id: 128 random bits, as the store's nonce.
-fn new_id() -> String {
+#[must_use]
+pub fn new_id() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
@@ -69,9 +70,9 @@ fn new_id() -> String {
 /// identity that share an id share a record: the second reserve replaces the first's record
 /// (both estimates stay charged, one settle refunds at most one), so a reused id can only
 /// cost its client, never refund more than was charged.
-pub fn reservation_id_for(request_id: &str) -> String {
+pub fn reservation_id_for(request_id: impl AsRef<[u8]>) -> String {
     use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(request_id.as_bytes());
+    let digest = Sha256::digest(request_id.as_ref());
     digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -113,6 +114,7 @@ impl Node {
         }
         let rules = self.inner.rules.load();
         let hits = matching::hits(&rules, request, &self.inner.overrides, self.now())?;
+        self.note_long_identities(&hits, &request.domain);
         for hit in &hits {
             if let RuleKind::Limited(limit) = hit.rule.kind {
                 if limit.algorithm() == Algorithm::Concurrency {

@@ -1762,6 +1762,84 @@ async fn a_fixed_windows_debt_carries_into_the_windows_after_it(b: &Backend) {
     assert_eq!(allowed_in_a_row(b, &key, limit, 10).await, 5);
 }
 
+/// The same for a sliding window: past the limit, a count carries on a limit's worth a window
+/// (the decaying part), the rest still counted in the next window.
+async fn a_sliding_windows_debt_carries_into_the_windows_after_it(b: &Backend) {
+    let key = b.fresh_key("sliding-debt");
+    let w = Duration::from_secs(1);
+    let limit = Limit::sliding_window(10, w).expect("l");
+    b.start_of_window(w, ms(5)).await;
+    assert!(reserve(b, &key, limit, 1, "under", HOUR).await.allowed());
+    assert_eq!(
+        settle(b, &key, limit, "under", 25).await,
+        Settlement::Settled {
+            refunded: 0,
+            charged: 24
+        }
+    );
+    // 25 counted against 10: the next window counts 10 decaying and 15, the one after 10 and
+    // 5, where one unit fits once 4 of the decaying 10 are gone (60 % into it).
+    let denied = check(b, &key, limit, 1).await;
+    assert!(!denied.allowed());
+    let (retry, reset) = (denied.buckets[0].retry_after, denied.buckets[0].reset_after);
+    if b.exact_time() {
+        assert_eq!(retry, ms(2_595), "room 60 % into the window after next");
+        assert_eq!(
+            reset,
+            ms(3_995),
+            "the debt counted three windows, the last of them decays"
+        );
+    } else {
+        assert!(retry > ms(2_100) && retry <= ms(2_595), "{retry:?}");
+        assert!(reset > ms(3_500) && reset <= ms(3_995), "{reset:?}");
+    }
+    b.advance(ms(1_000)).await;
+    assert!(!check(b, &key, limit, 1).await.allowed(), "still in debt");
+    b.advance(ms(1_000)).await;
+    assert!(
+        !check(b, &key, limit, 1).await.allowed(),
+        "the decaying part still fills it"
+    );
+    b.advance(retry.saturating_sub(ms(2_000)) + ms(1)).await;
+    assert!(
+        check(b, &key, limit, 1).await.allowed(),
+        "room at the retry"
+    );
+}
+
+/// And for the log: what is owed past the limit is dated a window on for each limit's worth,
+/// so it counts until paid.
+async fn a_logs_debt_counts_until_it_is_paid(b: &Backend) {
+    let key = b.fresh_key("log-debt");
+    let limit = Limit::sliding_window_log(10, Duration::from_secs(1)).expect("l");
+    assert!(reserve(b, &key, limit, 1, "under", HOUR).await.allowed());
+    assert_eq!(
+        settle(b, &key, limit, "under", 25).await,
+        Settlement::Settled {
+            refunded: 0,
+            charged: 24
+        }
+    );
+    // 25 against 10: 10 count from now, the 15 owed from 2 s on, for a window.
+    let denied = check(b, &key, limit, 1).await;
+    assert!(!denied.allowed());
+    let (retry, reset) = (denied.buckets[0].retry_after, denied.buckets[0].reset_after);
+    if b.exact_time() {
+        assert_eq!(retry, ms(3_000), "room when the debt's entry leaves");
+        assert_eq!(reset, ms(3_000));
+    } else {
+        assert!(retry > ms(2_500) && retry <= ms(3_000), "{retry:?}");
+        assert!(reset > ms(2_500) && reset <= ms(3_000), "{reset:?}");
+    }
+    b.advance(ms(1_500)).await;
+    assert!(
+        !check(b, &key, limit, 1).await.allowed(),
+        "the debt still counts"
+    );
+    b.advance(retry.saturating_sub(ms(1_500)) + ms(1)).await;
+    assert_eq!(allowed_in_a_row(b, &key, limit, 10).await, 10);
+}
+
 /// Calls the busy single Redis keeps in flight beside a case's.
 const BUSY_LOOPS: usize = 2;
 /// The busy cluster's: enough identities that every one of its 3 shards is busy.
@@ -1876,5 +1954,7 @@ conformance!(
     penalty_denials_count_within_their_window,
     denials_from_before_a_lift_count_nothing_after_it,
     a_fixed_windows_debt_carries_into_the_windows_after_it,
+    a_sliding_windows_debt_carries_into_the_windows_after_it,
+    a_logs_debt_counts_until_it_is_paid,
     a_shadow_penalty_is_counted_apart_and_never_enforced,
 );

@@ -63,6 +63,25 @@ impl EntryLog {
         member
     }
 
+    /// Adds `units` a log owes for `at` (a settlement's excess, or what a node admitted while
+    /// the store stalled): what fits under `limit` is an entry at `at`; what is past it is a
+    /// debt, one entry dated a window after `at` for each limit's worth of all that is owed
+    /// (this debt and any before it), so it counts until paid off, a limit's worth a window,
+    /// as a fixed window's debt does. Without it, an excess counted one window: a client that
+    /// settled 30 on a log of 20 got 30 a window.
+    pub(crate) fn add_owed(&mut self, at: Micros, units: u64, limit: u64, window_us: u64) {
+        let limit = limit.max(1);
+        let over = (self.used + units).saturating_sub(limit);
+        let debt = over.min(units);
+        if units > debt {
+            self.add(at, at, units - debt, "");
+        }
+        if debt > 0 {
+            let later = at.saturating_add(over.div_ceil(limit).saturating_mul(window_us));
+            self.add(later, later, debt, "");
+        }
+    }
+
     /// Removes `member`, returning its score and units if it was live.
     pub(crate) fn remove(&mut self, member: &str) -> Option<(Micros, u64)> {
         let score = self.entries.score(member)?;
@@ -136,5 +155,23 @@ mod tests {
         assert_eq!(log.remove(&a), Some((7, 1)));
         assert_eq!(log.remove(&a), None);
         assert_eq!(log.used, 1);
+    }
+
+    #[test]
+    fn a_debt_is_dated_a_window_on_for_each_limits_worth_owed() {
+        let w = 1_000_000;
+        let mut log = EntryLog::load(ZSet::default(), 0);
+        log.add(10, 10, 4, "");
+        // Limit 10: 6 fit at 500, 19 are owed: dated two windows on (all owed is 19).
+        log.add_owed(500, 25, 10, w);
+        assert_eq!(log.used, 29);
+        let scores: Vec<_> = log.entries.iter().map(|(s, _)| s).collect();
+        assert_eq!(scores, vec![10, 500, 500 + 2 * w]);
+        // Another 5 owed stack after: 24 owed in all, three windows on.
+        log.add_owed(600, 5, 10, w);
+        assert_eq!(log.entries.max_score(), Some(600 + 3 * w));
+        // One unit fits when all but the last debt have left.
+        assert_eq!(log.retry_after(10, 1, w, 700), 500 + 3 * w - 700);
+        assert_eq!(log.reset_after(w, 700), 600 + 4 * w - 700);
     }
 }

@@ -321,12 +321,12 @@ impl Bucket {
                 };
                 Bucket::FixedWindow(FixedWindow::load(s, limit, window_us, now))
             }
-            Kind::SlidingWindow { window_us, .. } => {
+            Kind::SlidingWindow { limit, window_us } => {
                 let s = match stored {
                     Some(Value::SlidingWindow(s)) => Some(*s),
                     _ => None,
                 };
-                Bucket::SlidingWindow(SlidingWindow::load(s, window_us, now))
+                Bucket::SlidingWindow(SlidingWindow::load(s, limit, window_us, now))
             }
             Kind::SlidingWindowLog { window_us, .. } => Bucket::Log(EntryLog::load(
                 keys.take_sorted(key, now),
@@ -466,8 +466,8 @@ impl Bucket {
             (Bucket::FixedWindow(b), Kind::FixedWindow { limit, window_us }) => {
                 b.reset_after(limit, window_us, now)
             }
-            (Bucket::SlidingWindow(b), Kind::SlidingWindow { window_us, .. }) => {
-                b.reset_after(window_us, now)
+            (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
+                b.reset_after(limit, window_us, now)
             }
             (Bucket::Log(b), Kind::SlidingWindowLog { window_us, .. }) => {
                 b.reset_after(window_us, now)
@@ -510,8 +510,8 @@ impl Bucket {
             (Bucket::FixedWindow(b), Kind::FixedWindow { limit, window_us }) => {
                 b.neutral_in(limit, window_us, now)
             }
-            (Bucket::SlidingWindow(b), Kind::SlidingWindow { window_us, .. }) => {
-                (b.ws + window_us).saturating_sub(now) + window_us
+            (Bucket::SlidingWindow(b), Kind::SlidingWindow { limit, window_us }) => {
+                b.neutral_in(limit, window_us, now)
             }
             _ => self.reset_after(limit, now),
         }

@@ -114,13 +114,13 @@ pub(super) fn debit_bucket(
             fw.count += units;
             units
         }
-        (Bucket::SlidingWindow(sw), Kind::SlidingWindow { window_us, .. }) => {
-            sw.debit(window_us, at, units)
+        (Bucket::SlidingWindow(sw), Kind::SlidingWindow { limit, window_us }) => {
+            sw.debit(limit, window_us, at, units)
         }
-        (Bucket::Log(log), Kind::SlidingWindowLog { window_us, .. })
+        (Bucket::Log(log), Kind::SlidingWindowLog { limit, window_us })
             if at > now.saturating_sub(window_us) =>
         {
-            log.add(at, at, units, "");
+            log.add_owed(at, units, limit, window_us);
             units
         }
         _ => 0,

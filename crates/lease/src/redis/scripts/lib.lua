@@ -11,9 +11,10 @@ Codes: 1 token bucket, 2 sliding window, 3 sliding log, 4 fixed window, 5 concur
 State: token bucket    HASH  alg=1 tokens=<%.17g> ts=<us> [cap=<n>: an allowance, see below]
        GCRA            HASH  alg=6 ahead=<%.17g us> ts=<us>  (the TAT is ts + ahead)
        leaky bucket    HASH  alg=7 level=<%.17g> ts=<us>
-       sliding window  HASH  alg=2 ws=<us> prev=<n> cur=<n>
+       sliding window  HASH  alg=2 ws=<us> prev=<n> cur=<n>  (cur past the limit: a debt)
        fixed window    HASH  alg=4 ws=<us> count=<n>
        sliding log     ZSET  <key>:log    member <id>:<units>          score = admission time
+                       (or later: a debt's entry, a window on per limit's worth owed)
        concurrency     ZSET  <key>:slots  member <id>:<units>:<nonce>  score = slot expiry
        leases          ZSET  <key>:leases member <id>:<units>:<ws>:<alg>:<nonce>  score = expiry
                        (<id> is the log entry's id, else <now>.<ask position>)
@@ -139,8 +140,13 @@ local function load(alg, key, p1, p2, now)
       local sws = tonumber(s[2])
       if sws >= ws then
         b.ws, b.prev, b.cur = sws, tonumber(s[3]), tonumber(s[4])
-      elseif sws + p2 == ws then
-        b.prev = tonumber(s[4])
+      else
+        -- Each window that ended hands a limit's worth on as the decaying count; what is past
+        -- it is a debt that stays counted (sliding_window.rs `load`).
+        local limit = math.max(p1, 1)
+        local windows = (ws - sws) / p2
+        local before = pos(tonumber(s[4]) - (windows - 1) * limit)
+        b.prev, b.cur = math.min(before, limit), pos(before - limit)
       end
     end
   else
@@ -289,13 +295,18 @@ local function retry_after(b, cost, now)
   if b.alg == SW then
     local w, limit = b.p2, b.p1
     local e = pos(now - b.ws)
-    local need = limit - cost
+    local need = pos(limit - cost)
     local t
     if b.cur <= need then
       if b.prev == 0 then return 1 end
       t = math.ceil(w - (need - b.cur) * w / b.prev) - e
     else
-      t = (w - e) + math.ceil(w - need * w / b.cur)
+      -- The first window whose debt leaves room (sliding_window.rs `retry_after`).
+      local step = math.max(limit, 1)
+      local ahead = math.max(math.ceil((b.cur - need) / step), 1)
+      local cur = pos(b.cur - ahead * step)
+      local prev = math.min(pos(b.cur - (ahead - 1) * step), step)
+      t = (w - e) + (ahead - 1) * w + math.ceil(w - (need - cur) * w / prev)
     end
     if t < 1 then return 1 end
     return t
@@ -340,7 +351,7 @@ local function reset_after(b, now)
   end
   if b.alg == SW then
     local left = pos(b.ws + b.p2 - now)
-    if b.cur > 0 then return left + b.p2 end
+    if b.cur > 0 then return left + math.ceil(b.cur / math.max(b.p1, 1)) * b.p2 end
     if b.prev > 0 then return left end
     return 0
   end
@@ -368,7 +379,8 @@ local function store(b, now)
     redis.call('PEXPIRE', b.key, ttl_ms(fw_neutral(b, now)))
   elseif b.alg == SW then
     redis.call('HSET', b.key, 'alg', '2', 'ws', int(b.ws), 'prev', int(b.prev), 'cur', int(b.cur))
-    redis.call('PEXPIRE', b.key, ttl_ms(pos(b.ws + b.p2 - now) + b.p2))
+    local windows = math.max(math.ceil(b.cur / math.max(b.p1, 1)), 1)
+    redis.call('PEXPIRE', b.key, ttl_ms(pos(b.ws + b.p2 - now) + windows * b.p2))
   elseif last_score(b.key) then
     redis.call('PEXPIRE', b.key, ttl_ms(reset_after(b, now)))
   end
@@ -577,12 +589,24 @@ local function debit_bucket(b, units, at, now, in_full)
       b.cur = b.cur + units
       return units
     elseif ws_at + b.p2 == b.ws then
-      b.prev = b.prev + units
+      -- Past the limit, the previous count hands the rest on, as its roll would have.
+      local prev = b.prev + units
+      b.prev = math.min(prev, math.max(b.p1, 1, b.prev))
+      b.cur = b.cur + prev - b.prev
       return units
     end
   elseif alg == LOG then
     if at > pos(now - b.p2) then
-      add_entry(b, at, at, units, '')
+      -- What fits counts from `at`; the debt past the limit is dated a window on for each
+      -- limit's worth owed (entry_log.rs `add_owed`).
+      local limit = math.max(b.p1, 1)
+      local over = pos(b.used + units - limit)
+      local debt = math.min(over, units)
+      if units > debt then add_entry(b, at, at, units - debt, '') end
+      if debt > 0 then
+        local later = at + math.ceil(over / limit) * b.p2
+        add_entry(b, later, later, debt, '')
+      end
       return units
     end
   end

@@ -95,24 +95,36 @@ impl Tokens {
     /// The name and access of the token in an `Authorization` header value (`Bearer <token>`,
     /// the scheme in any case: RFC 9110 §11.1).
     pub fn check(&self, authorization: Option<&str>) -> Option<(String, Access)> {
-        let (scheme, presented) = authorization?.trim().split_once(' ')?;
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return None;
-        }
-        let presented = presented.trim().as_bytes();
-        if presented.is_empty() {
-            return None;
-        }
+        let presented = presented(authorization)?;
         let mut found = None;
         for t in &self.tokens {
             // Every token is compared, so timing does not tell which one nearly matched.
-            if t.secret.len() == presented.len() && bool::from(t.secret.as_slice().ct_eq(presented))
-            {
+            if same_secret(presented, &t.secret) {
                 found = Some((t.name.clone(), t.access));
             }
         }
         found
     }
+}
+
+/// The token an `Authorization` header value presents (`Bearer <token>`, the scheme in any
+/// case: RFC 9110 §11.1); None for another scheme, no header, or an empty token. Every bearer
+/// token Tollgate takes (the admin API's, `--json-check-token`, `--top-denied-token`) is read
+/// here.
+pub fn presented(authorization: Option<&str>) -> Option<&[u8]> {
+    let (scheme, token) = authorization?.trim().split_once(' ')?;
+    let token = token.trim().as_bytes();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// Whether `presented` is `secret`, compared in a time that does not tell where they differ.
+pub fn same_secret(presented: &[u8], secret: &[u8]) -> bool {
+    presented.len() == secret.len() && bool::from(presented.ct_eq(secret))
+}
+
+/// Whether `authorization` presents `secret` as a bearer token.
+pub fn presents(authorization: Option<&str>, secret: &str) -> bool {
+    presented(authorization).is_some_and(|p| same_secret(p, secret.as_bytes()))
 }
 
 #[cfg(test)]
@@ -197,5 +209,19 @@ mod tests {
         );
         let short = Tokens::parse(&["ops:0123456789abcde".into()], &[]).expect_err("15");
         assert!(short.contains("at least 16"), "{short}");
+    }
+
+    #[test]
+    fn one_token_is_presented_as_a_bearer_token_or_not_at_all() {
+        let secret = "0123456789abcdef";
+        assert!(presents(Some("Bearer 0123456789abcdef"), secret));
+        assert!(presents(Some("  bEaReR   0123456789abcdef "), secret));
+        assert!(!presents(Some("Basic 0123456789abcdef"), secret));
+        assert!(!presents(Some("Bearer 0123456789abcdeF"), secret));
+        assert!(!presents(Some("Bearer 0123456789abcde"), secret));
+        assert!(!presents(Some("Bearer"), secret));
+        assert!(!presents(Some(""), ""), "an empty token is never one");
+        assert!(!presents(Some("Bearer "), ""));
+        assert!(!presents(None, secret));
     }
 }

@@ -22,8 +22,6 @@ use std::sync::Arc;
 use tollgate_node::rules::RuleKind;
 use tollgate_node::runtime::breaker::BreakerState;
 
-use subtle::ConstantTimeEq;
-
 use crate::json_check::JsonCheck;
 use crate::listener::{Bounds, http1_connections, serve_http1};
 use tollgate_control::problem::Problem;
@@ -257,12 +255,7 @@ async fn top_denied(
         )
         .into_response();
     };
-    let presented = authorization
-        .and_then(|a| a.trim().split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim().as_bytes())
-        .unwrap_or_default();
-    if !(presented.len() == token.len() && bool::from(presented.ct_eq(token.as_bytes()))) {
+    if !tollgate_control::auth::presents(authorization, &token) {
         return Problem::unauthorized(
             "GET /top-denied needs the --top-denied-token as a bearer token",
         )

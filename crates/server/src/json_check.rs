@@ -22,7 +22,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use subtle::ConstantTimeEq;
 use tollgate_control::problem::Problem;
 use tollgate_proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use tollgate_proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -123,14 +122,10 @@ impl JsonCheck {
             .into_response();
         }
         if let Some(token) = &self.token {
-            let presented = headers
+            let authorization = headers
                 .get(header::AUTHORIZATION)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|a| a.trim().split_once(' '))
-                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-                .map(|(_, t)| t.trim().as_bytes())
-                .unwrap_or_default();
-            if !(presented.len() == token.len() && bool::from(presented.ct_eq(token.as_bytes()))) {
+                .and_then(|v| v.to_str().ok());
+            if !tollgate_control::auth::presents(authorization, token) {
                 return Problem::unauthorized(
                     "POST /json needs the --json-check-token as a bearer token",
                 )

@@ -338,9 +338,14 @@ async fn the_http_port_holds_little_of_what_it_is_sent() {
     for i in 0..400u32 {
         let chunk = chunk.clone();
         held.push(tokio::spawn(async move {
-            let mut stream = connect_from(10 + (i % 10) as u8, addr).await.ok()?;
+            let mut stream = connect_from(10 + (i % 10) as u8, addr)
+                .await
+                .map_err(|e| format!("body {i}: could not connect: {e}"))?;
             let head = "POST /json HTTP/1.1\r\nHost: t\r\nContent-Length: 2097152\r\n\r\n";
-            stream.write_all(head.as_bytes()).await.ok()?;
+            stream
+                .write_all(head.as_bytes())
+                .await
+                .map_err(|e| format!("body {i}: head not sent: {e}"))?;
             let mut sent = 0;
             while sent < 1_900_000 {
                 if stream.write_all(&chunk).await.is_err() {
@@ -348,22 +353,25 @@ async fn the_http_port_holds_little_of_what_it_is_sent() {
                 }
                 sent += chunk.len();
             }
-            closed_within(stream, Duration::from_secs(10)).await
+            closed_within(stream, Duration::from_secs(10))
+                .await
+                .ok_or_else(|| format!("body {i}: still held 10 s after its last byte"))
         }));
     }
     for i in 0..2000u32 {
         held.push(tokio::spawn(async move {
-            let mut stream = connect_from(30 + (i % 40) as u8, addr).await.ok()?;
+            let mut stream = connect_from(30 + (i % 40) as u8, addr)
+                .await
+                .map_err(|e| format!("header {i}: could not connect: {e}"))?;
             let _ = stream.write_all(half_opening(false)).await;
-            closed_within(stream, Duration::from_secs(10)).await
+            closed_within(stream, Duration::from_secs(10))
+                .await
+                .ok_or_else(|| format!("header {i}: still held after 10 s"))
         }));
     }
     let mut latest = Duration::ZERO;
-    for (i, h) in held.into_iter().enumerate() {
-        let took = h
-            .await
-            .expect("join")
-            .unwrap_or_else(|| panic!("connection {i} still held after 10 s"));
+    for h in held {
+        let took = h.await.expect("join").unwrap_or_else(|why| panic!("{why}"));
         latest = latest.max(took);
     }
     sampler.abort();

@@ -14,8 +14,9 @@
 //!   path, refills waited for, one actor call per identity);
 //! - `node/direct.rs`: store checks without a lease (keys without a bucket, peeks, slots) and the
 //!   store's word behind a pre-limit denial;
-//! - `node/fail_modes.rs`: what each rule does when the store cannot answer;
-//! - `node/region.rs`: the node's side of region sync.
+//! - `node/counters.rs`, `node/reservations.rs`: the operator's counters and reserve/settle;
+//! - `node/region.rs`: the node's side of region sync;
+//! - `../fail_modes.rs` (beside this file): what each rule does when the store cannot answer.
 
 use std::collections::HashMap;
 use std::sync::Arc;

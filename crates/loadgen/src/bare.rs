@@ -10,12 +10,12 @@
 
 use futures::TryStreamExt;
 use prost::Message;
+use tollgate_proto::coalesced::CoalescedConnection;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use tollgate_proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tollgate_server::grpc::connection::CoalescedConnection;
 use tonic::{Request, Response, Status};
 
 use crate::cli::Bare;

@@ -6,10 +6,8 @@
 //! - [`rls_reservations`]: reserve, then settle, through it (Envoy's `apply_on_stream_done`).
 //! - [`check`]: `tollgate.ratelimit.v1.RateLimiter` (`CheckRateLimit`, `ReleaseSlots`).
 //! - [`server`]: the server, on a listener and a shutdown signal the caller owns.
-//! - [`connection`]: the TCP connection as the server tells it to h2 (responses coalesced).
 
 pub mod check;
-pub mod connection;
 pub mod rls;
 pub mod rls_reservations;
 pub mod server;

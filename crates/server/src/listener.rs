@@ -271,9 +271,9 @@ impl OpeningRule {
 }
 
 impl<S> Opening<S> {
-    /// Tells h2 the connection does not write vectored (see `grpc::connection`).
-    pub fn coalesced(self) -> crate::grpc::connection::CoalescedConnection<Self> {
-        crate::grpc::connection::CoalescedConnection::new(self)
+    /// Tells h2 the connection does not write vectored (see `tollgate_proto::coalesced`).
+    pub fn coalesced(self) -> tollgate_proto::coalesced::CoalescedConnection<Self> {
+        tollgate_proto::coalesced::CoalescedConnection::new(self)
     }
 }
 

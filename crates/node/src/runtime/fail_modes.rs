@@ -1,7 +1,9 @@
 //! What a rule does when the store cannot answer: OPEN (or, when the store is only slow, this
 //! node's share of its last answer), CLOSED, LOCAL (a per-node share, per key, bounded and
-//! swept: `runtime/fallbacks.rs`). One function: it takes the hit, what the node holds of it
-//! and the store's error, and returns the rule's status and what it took.
+//! swept: `runtime/fallbacks.rs`). Two functions, for every caller: [`waits_through`] says
+//! whether a request waits on through a late call, and [`decide`] takes the hit, what the node
+//! holds of it and why the store did not answer ([`Cause`]), and returns the rule's status and
+//! what it took.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,18 +15,58 @@ use crate::runtime::attempt::Taken;
 use crate::runtime::breaker::BreakerState;
 use crate::runtime::fallbacks::Fallbacks;
 use crate::runtime::keys::bucket::Bucket;
+use crate::runtime::lateness::Late;
 use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::Hit;
 use crate::runtime::outcome::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::verdict::{Denial, RuleStatus};
 
-/// Decides `hit`, whose store call failed with `error`, at `now`; `bucket` is the bucket this
+/// Why the store did not answer a request's call, as the fail policy decides by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// The store stalled: it answered nothing for a budget while the node kept up, or not
+    /// within the patience. It is late, not known to be down: what is admitted is owed to it.
+    Stalled,
+    /// The store is down: its shard's breaker is open, or the call failed (refused,
+    /// unreachable, an error, the node shutting down). What is admitted is not owed.
+    Down,
+}
+
+impl Cause {
+    /// The cause of a store call that ended in `error`: a timeout is a stall, anything else
+    /// the store being down.
+    pub fn of(error: &StoreError) -> Self {
+        match error {
+            StoreError::Timeout { .. } => Self::Stalled,
+            _ => Self::Down,
+        }
+    }
+}
+
+impl From<Late> for Cause {
+    fn from(late: Late) -> Self {
+        match late {
+            Late::Stalled => Self::Stalled,
+            Late::Down => Self::Down,
+        }
+    }
+}
+
+/// Whether a request under `mode` waits on through a call that is `late`, rather than being
+/// decided now: when the store is down, none does; when it stalled, one under a CLOSED rule
+/// does (one late call must not deny a real user: it waits for the answer, up to the
+/// patience, or until the store is down). The share an OPEN rule decides by needs a last
+/// answer too: a bucket the store never answered for waits as well (`keys/bucket.rs`).
+pub(crate) fn waits_through(mode: FailMode, late: Late) -> bool {
+    late == Late::Stalled && mode == FailMode::Closed
+}
+
+/// Decides `hit`, whose store call did not answer for `cause`, at `now`; `bucket` is the bucket this
 /// node holds for it, if any. Returns its status and what was taken for it, in order (given
 /// back if the request is denied elsewhere).
 ///
-/// Under an OPEN rule, a store that has stalled (a timeout: it answered nothing for a budget,
-/// or not within the patience) is not down: this node's share of its last answer decides (see
+/// Under an OPEN rule, a store that has stalled ([`Cause::Stalled`]) is not down: this node's share of its last answer decides (see
 /// [`LastAnswer::decide_while_slow`]), rather than admitting everything. Otherwise the rule's
 /// fail mode decides: OPEN admits, CLOSED denies, LOCAL takes its local share. What is
 /// admitted while the store had stalled is owed to it (debited when it answers); what is
@@ -36,16 +78,16 @@ pub(crate) fn decide(
     fallbacks: &Fallbacks,
     hit: &Hit,
     bucket: Option<&Arc<Bucket>>,
-    error: &StoreError,
+    cause: Cause,
     now: Micros,
 ) -> (RuleStatus, Vec<Taken>) {
-    let late = matches!(error, StoreError::Timeout { .. });
+    let late = cause == Cause::Stalled;
     if hit.rule.fail_mode == FailMode::Open
         && late
         && let Some(bucket) = bucket
     {
         shared.metrics.slow_store_decisions.inc();
-        tracing::debug!(rule = %hit.rule.id, %error, "the store is late: this node's share of its last answer decides");
+        tracing::debug!(rule = %hit.rule.id, "the store is late: this node's share of its last answer decides");
         let (status, took) = match bucket.last.decide_while_slow(hit.cost, now) {
             Ok(()) => (
                 hit.admitted(
@@ -92,7 +134,7 @@ pub(crate) fn decide(
             None => hit.admitted(Outcome::FailedOpen, 0, Duration::ZERO),
         },
     };
-    tracing::debug!(rule = %hit.rule.id, %error, outcome = ?status.outcome, "store failed; the rule's fail mode decided");
+    tracing::debug!(rule = %hit.rule.id, ?cause, outcome = ?status.outcome, "store failed; the rule's fail mode decided");
     if status.allowed
         && late
         && let Some(bucket) = bucket
@@ -136,4 +178,117 @@ fn fallback_for(
         shared.config.idle_timeout.as_micros() as u64,
         || Arc::new(LocalBucket::for_limit(&limit, 1.0 / nodes)),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::runtime::outcome::Outcome;
+    use crate::{NodeBuilder, Request};
+
+    const MODES: [FailMode; 3] = [FailMode::Open, FailMode::Closed, FailMode::Local];
+
+    #[test]
+    fn only_a_closed_rule_waits_through_a_stall_and_none_through_an_outage() {
+        for mode in MODES {
+            assert_eq!(
+                waits_through(mode, Late::Stalled),
+                mode == FailMode::Closed,
+                "{mode:?}, stalled"
+            );
+            assert!(!waits_through(mode, Late::Down), "{mode:?}, down");
+        }
+    }
+
+    #[test]
+    fn a_timeout_is_a_stall_and_every_other_failure_the_store_down() {
+        let budget = Duration::from_millis(5);
+        assert_eq!(Cause::of(&StoreError::Timeout { budget }), Cause::Stalled);
+        for error in [
+            StoreError::Unavailable("gone".into()),
+            StoreError::Refused("refused".into()),
+            StoreError::Full("full".into()),
+            StoreError::BadReply("what".into()),
+            StoreError::Rejected("no".into()),
+        ] {
+            assert_eq!(Cause::of(&error), Cause::Down, "{error}");
+        }
+        assert_eq!(Cause::from(Late::Stalled), Cause::Stalled);
+        assert_eq!(Cause::from(Late::Down), Cause::Down);
+    }
+
+    /// Every fail mode × cause, on a key this node has decided before (its bucket holds the
+    /// store's last answer) and on one it has not: what the rule says, and what is owed.
+    #[tokio::test]
+    async fn every_mode_and_cause_decides_as_the_table_says() {
+        let mut rules = String::from("domain: d\nrules:\n");
+        for mode in MODES {
+            let name = format!("{mode:?}").to_lowercase();
+            rules.push_str(&format!(
+                "  - {{id: {name}, match: {{mode: {name}, user: '*'}}, algorithm: TOKEN_BUCKET, \
+                 capacity: 10, refillPerSecond: 1, failMode: {}}}\n",
+                name.to_uppercase()
+            ));
+        }
+        let node = NodeBuilder::new()
+            .rules_text(rules)
+            .start()
+            .await
+            .expect("node");
+        let request = |mode: FailMode, user: &str| {
+            Request::new("d").descriptor(vec![
+                ("mode", format!("{mode:?}").to_lowercase()),
+                ("user", user.to_owned()),
+            ])
+        };
+        // (mode, cause, known key) → (allowed, outcome, units owed to the store)
+        use Cause::{Down, Stalled};
+        use FailMode::{Closed, Local, Open};
+        let table = [
+            (Open, Stalled, true, true, Outcome::Allowed, 1),
+            (Open, Stalled, false, true, Outcome::FailedOpen, 0),
+            (Open, Down, true, true, Outcome::FailedOpen, 0),
+            (Open, Down, false, true, Outcome::FailedOpen, 0),
+            (Closed, Stalled, true, false, Outcome::FailedClosed, 0),
+            (Closed, Stalled, false, false, Outcome::FailedClosed, 0),
+            (Closed, Down, true, false, Outcome::FailedClosed, 0),
+            (Closed, Down, false, false, Outcome::FailedClosed, 0),
+            (Local, Stalled, true, true, Outcome::LocalFallback, 1),
+            (Local, Stalled, false, true, Outcome::LocalFallback, 0),
+            (Local, Down, true, true, Outcome::LocalFallback, 0),
+            (Local, Down, false, true, Outcome::LocalFallback, 0),
+        ];
+        for (i, (mode, cause, known, allowed, outcome, owed)) in table.into_iter().enumerate() {
+            let user = format!("u{i}");
+            if known {
+                // A key earns a bucket (and an actor) when it is seen again.
+                for _ in 0..2 {
+                    assert!(
+                        node.check(&request(mode, &user))
+                            .await
+                            .expect("valid")
+                            .allowed
+                    );
+                }
+            }
+            let decided = node.decide_without_store(&request(mode, &user), cause);
+            let [(status, took)] = &decided[..] else {
+                panic!("one rule matched: {decided:?}");
+            };
+            let case = format!("{mode:?} × {cause:?}, key known: {known}");
+            assert_eq!(status.allowed, allowed, "{case}");
+            assert_eq!(status.outcome, Some(outcome), "{case}");
+            let owed_units: u64 = took
+                .iter()
+                .filter_map(|t| match t {
+                    crate::runtime::attempt::Taken::Owed(_, units) => Some(*units),
+                    _ => None,
+                })
+                .sum();
+            assert_eq!(owed_units, owed, "{case}: owed");
+        }
+        node.shutdown().await;
+    }
 }

@@ -359,6 +359,37 @@ impl Node {
         Ok(self.decide_at(hits, Route::Fastest, now).await)
     }
 
+    /// What the fail policy decides for each rule `request` matches, had the store not
+    /// answered for `cause` (the buckets this node holds for them, if any, taken into account):
+    /// the statuses and what was taken, nothing given back. For the policy's table test.
+    #[cfg(test)]
+    pub(crate) fn decide_without_store(
+        &self,
+        request: &Request,
+        cause: crate::runtime::fail_modes::Cause,
+    ) -> Vec<(RuleStatus, Vec<crate::runtime::attempt::Taken>)> {
+        let rules = self.inner.rules.load();
+        let now = self.now();
+        let hits = matching::hits(&rules, request, &self.inner.overrides, now).expect("valid");
+        hits.iter()
+            .map(|hit| {
+                let bucket = self
+                    .inner
+                    .shared
+                    .registry
+                    .bucket(&hit.bucket_id().local_key());
+                crate::runtime::fail_modes::decide(
+                    &self.inner.shared,
+                    &self.inner.fallbacks,
+                    hit,
+                    bucket.as_ref(),
+                    cause,
+                    now,
+                )
+            })
+            .collect()
+    }
+
     /// Counts (and now and then logs) the buckets of a request keyed by a digest: their
     /// identity was longer than [`crate::rules::identity::MAX_LITERAL_IDENTITY_BYTES`].
     pub(crate) fn note_long_identities(&self, hits: &[Hit], domain: &str) {

@@ -19,6 +19,7 @@ use tollgate_lease::{LeaseGrant, Micros, StoreError};
 
 use crate::runtime::background;
 use crate::runtime::debts::Debt;
+use crate::runtime::fail_modes::Cause;
 use crate::runtime::keys::book::{HeldLease, LeaseBook, Return};
 use crate::runtime::keys::bucket::{AcquireOutcome, Ask, KeyMsg};
 use crate::runtime::keys::bucket::{Bucket, NO_DEADLINE};
@@ -119,7 +120,7 @@ impl Actor for KeyActor {
                     && !waits_through(late, &wants)
                 {
                     // A call is out and late: only requests that wait through it queue on it.
-                    let _ = reply.send(AcquireOutcome::Failed(late_error(&state.shared, late)));
+                    let _ = reply.send(AcquireOutcome::Failed(late.into()));
                     return Ok(());
                 }
                 for want in &wants {
@@ -161,8 +162,7 @@ impl Actor for KeyActor {
                 // identity that do not wait through it are decided now, and new ones are until
                 // it ends.
                 state.late = Some(late);
-                let error = late_error(&state.shared, late);
-                state.waiters.fail_those_not_waiting_through(late, &error);
+                state.waiters.fail_those_not_waiting_through(late);
                 for bucket in &buckets {
                     bucket.wake_waiters();
                 }
@@ -241,7 +241,7 @@ impl Actor for KeyActor {
                             }
                             bucket.lease_failed(late);
                         }
-                        state.waiters.fail_all(&e);
+                        state.waiters.fail_all(Cause::of(&e));
                     }
                 }
                 if let Some(reply) = state.stopping.take() {
@@ -573,8 +573,7 @@ impl KeyState {
     ) {
         let mut returns = std::mem::take(&mut self.returns_first);
         returns.extend(self.book.give_back_all(now));
-        self.waiters
-            .fail_all(&StoreError::Unavailable("node shutting down".into()));
+        self.waiters.fail_all(Cause::Down);
         self.spawn_returns(returns, reply);
         myself.stop(Some("shutdown".into()));
     }
@@ -604,15 +603,5 @@ impl KeyState {
         myself.send_after(Duration::from_micros(at.saturating_sub(now)), || {
             KeyMsg::Tick
         });
-    }
-}
-
-/// What a request that does not wait through a late call is told.
-fn late_error(shared: &Shared, late: Late) -> StoreError {
-    match late {
-        Late::Stalled => StoreError::Timeout {
-            budget: shared.store.budget(),
-        },
-        Late::Down => StoreError::Unavailable("circuit breaker open".into()),
     }
 }

@@ -15,7 +15,8 @@ use std::time::Duration;
 use ractor::{ActorRef, RpcReplyPort};
 use tollgate_lease::{BucketKey, LeaseGrant, Limit, Micros, StoreError};
 
-use crate::rules::{CompiledRule, FailMode};
+use crate::rules::CompiledRule;
+use crate::runtime::fail_modes::{self, Cause};
 use crate::runtime::keys::last_answer::LastAnswer;
 use crate::runtime::lateness::Late;
 use crate::runtime::local::LocalBucket;
@@ -273,20 +274,11 @@ impl Bucket {
             // the answer, up to the patience: one late call must not deny a real user). A
             // bucket the store never answered for waits too: there is no last answer to take a
             // share of yet.
-            match self.lateness() {
-                Some(Late::Down) => {
-                    break RefillOutcome::Failed {
-                        late: Some(Late::Down),
-                    };
-                }
-                Some(Late::Stalled)
-                    if self.rule.fail_mode != FailMode::Closed && self.last.heard() =>
-                {
-                    break RefillOutcome::Failed {
-                        late: Some(Late::Stalled),
-                    };
-                }
-                _ => {}
+            if let Some(late) = self.lateness()
+                && !fail_modes::waits_through(self.rule.fail_mode, late)
+                && (late == Late::Down || self.last.heard())
+            {
+                break RefillOutcome::Failed { late: Some(late) };
             }
             if waited && !self.refill_pending() {
                 match self.failed.load(Ordering::Acquire) {
@@ -530,8 +522,8 @@ pub enum AcquireOutcome {
         /// When it will, as the store says.
         retry_after: Duration,
     },
-    /// The store could not answer.
-    Failed(StoreError),
+    /// The store could not answer, for this cause.
+    Failed(Cause),
 }
 
 /// Messages of the key actor.

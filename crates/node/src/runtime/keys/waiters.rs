@@ -7,9 +7,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use ractor::RpcReplyPort;
-use tollgate_lease::{Micros, StoreError};
+use tollgate_lease::Micros;
 
-use crate::rules::FailMode;
+use crate::runtime::fail_modes::{self, Cause};
 use crate::runtime::keys::bucket::{AcquireOutcome, Bucket, Want};
 use crate::runtime::lateness::Late;
 
@@ -115,22 +115,22 @@ impl Waiters {
             .any(|w| w.bucket.key == bucket.key && w.bucket.rule.uid != bucket.rule.uid)
     }
 
-    /// The call out is `late`: fails the waiters that do not wait through it with `error`.
-    pub(crate) fn fail_those_not_waiting_through(&mut self, late: Late, error: &StoreError) {
+    /// The call out is `late`: fails the waiters that do not wait through it.
+    pub(crate) fn fail_those_not_waiting_through(&mut self, late: Late) {
         let (stay, decided): (VecDeque<_>, VecDeque<_>) = self
             .queue
             .drain(..)
             .partition(|w| waits_through(late, &w.wants));
         self.queue = stay;
         for waiter in decided {
-            let _ = waiter.reply.send(AcquireOutcome::Failed(error.clone()));
+            let _ = waiter.reply.send(AcquireOutcome::Failed(late.into()));
         }
     }
 
-    /// Fails every waiter with `error`.
-    pub(crate) fn fail_all(&mut self, error: &StoreError) {
+    /// Fails every waiter, for `cause`.
+    pub(crate) fn fail_all(&mut self, cause: Cause) {
         for waiter in self.queue.drain(..) {
-            let _ = waiter.reply.send(AcquireOutcome::Failed(error.clone()));
+            let _ = waiter.reply.send(AcquireOutcome::Failed(cause));
         }
     }
 }
@@ -148,12 +148,10 @@ fn take_all(wants: &[Want], now: Micros) -> bool {
     true
 }
 
-/// Whether a request for `wants` waits through a late call: every request when the store is
-/// down does not; when it stalled, those under a CLOSED rule do (one late call must not deny a
-/// real user: they wait for the answer, up to the patience, or until the store is down).
+/// Whether a request for `wants` waits through a late call: when any of its rules does
+/// ([`fail_modes::waits_through`]).
 pub(crate) fn waits_through(late: Late, wants: &[Want]) -> bool {
-    late == Late::Stalled
-        && wants
-            .iter()
-            .any(|w| w.bucket.rule.fail_mode == FailMode::Closed)
+    wants
+        .iter()
+        .any(|w| fail_modes::waits_through(w.bucket.rule.fail_mode, late))
 }

@@ -10,14 +10,13 @@ use tollgate_lease::{Algorithm, CheckItem, CheckOutcome, CheckRequest, LeaseStor
 
 use super::{Node, Route};
 use crate::metrics::StoreOp;
-use crate::rules::FailMode;
 use crate::runtime::attempt::{Attempt, Taken};
 use crate::runtime::background::{self, hand_off};
 use crate::runtime::debts::Debt;
-use crate::runtime::fail_modes;
+use crate::runtime::fail_modes::{self, Cause};
 use crate::runtime::guarded::Waited;
 use crate::runtime::keys::bucket::Bucket;
-use crate::runtime::lateness::Wait;
+use crate::runtime::lateness::{Late, Wait};
 use crate::runtime::matching::Hit;
 use crate::runtime::outcome::Outcome;
 use crate::runtime::shared::Shared;
@@ -94,7 +93,7 @@ impl Node {
         let wait = if route == Route::Store
             || group
                 .iter()
-                .any(|&i| hits[i].rule.fail_mode == FailMode::Closed)
+                .any(|&i| fail_modes::waits_through(hits[i].rule.fail_mode, Late::Stalled))
         {
             Wait::UntilDown
         } else {
@@ -173,7 +172,7 @@ impl Node {
                         &self.inner.fallbacks,
                         &hits[i],
                         None,
-                        &error,
+                        Cause::of(&error),
                         self.inner.shared.clock.now_micros(),
                     ),
                 )

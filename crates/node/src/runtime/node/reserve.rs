@@ -8,15 +8,14 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
-use tollgate_lease::{Algorithm, StoreError};
+use tollgate_lease::Algorithm;
 
 use super::{Node, Route};
 use crate::runtime::attempt::{Attempt, Taken};
-use crate::runtime::fail_modes;
+use crate::runtime::fail_modes::{self, Cause};
 use crate::runtime::keys::bucket::{AcquireOutcome, KeyMsg, Want};
 use crate::runtime::keys::bucket::{Bucket, LocalTake, RefillOutcome};
 use crate::runtime::keys::lookup::Keys;
-use crate::runtime::lateness::Late;
 use crate::runtime::matching::{Hit, group_by_identity};
 use crate::runtime::outcome::Outcome;
 use crate::runtime::verdict::Denial;
@@ -175,13 +174,8 @@ impl Node {
                     return false;
                 }
                 RefillOutcome::Failed { late } => {
-                    let error = match late {
-                        Some(Late::Stalled) => StoreError::Timeout {
-                            budget: shared.store.budget(),
-                        },
-                        Some(Late::Down) => StoreError::Unavailable("circuit breaker open".into()),
-                        None => StoreError::Unavailable("the lease refill failed".into()),
-                    };
+                    // Not late but failed: the refill call failed (the store down).
+                    let cause = late.map_or(Cause::Down, Cause::from);
                     if !attempt.record_taken(
                         i,
                         fail_modes::decide(
@@ -189,7 +183,7 @@ impl Node {
                             &self.inner.fallbacks,
                             hit,
                             Some(&bucket),
-                            &error,
+                            cause,
                             self.inner.shared.clock.now_micros(),
                         ),
                     ) {
@@ -222,9 +216,8 @@ impl Node {
                 .await
             {
                 Ok(CallResult::Success(outcome)) => outcome,
-                Ok(CallResult::Timeout) => AcquireOutcome::Failed(StoreError::Timeout {
-                    budget: self.inner.actor_wait,
-                }),
+                // The actor did not answer in time: late, not known down.
+                Ok(CallResult::Timeout) => AcquireOutcome::Failed(Cause::Stalled),
                 Ok(CallResult::SenderError) | Err(_) => {
                     // The actor stopped (idle) after the bucket was looked up: forget it and
                     // decide these directly.
@@ -256,7 +249,7 @@ impl Node {
                     );
                     return false;
                 }
-                AcquireOutcome::Failed(error) => {
+                AcquireOutcome::Failed(cause) => {
                     for (i, b) in &group {
                         if !attempt.record_taken(
                             *i,
@@ -265,7 +258,7 @@ impl Node {
                                 &self.inner.fallbacks,
                                 &hits[*i],
                                 Some(b),
-                                &error,
+                                cause,
                                 self.inner.shared.clock.now_micros(),
                             ),
                         ) {

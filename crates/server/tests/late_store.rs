@@ -234,3 +234,38 @@ async fn a_closed_rule_waits_through_a_stall_for_the_stores_answer() {
     assert_eq!(verdict.statuses[0].outcome, Some(Outcome::FailedClosed));
     assert!(start.elapsed() < Duration::from_millis(10));
 }
+
+/// A key the store has never answered for has no last answer to take a share of: under an
+/// OPEN rule its requests wait through a stall for the first answer, up to the patience (as
+/// docs/fail-modes.md says), rather than being decided on nothing.
+#[tokio::test(start_paused = true)]
+async fn an_open_rule_waits_through_a_stall_for_a_keys_first_answer() {
+    let (store, clock) = linked();
+    let node = node_on(
+        Store::Linked(store.clone()),
+        OPEN,
+        RuntimeConfig::default(),
+        clock,
+    )
+    .await;
+    // Seen once (checked in the store directly): the next requests earn the key its bucket
+    // and actor, whose first lease call is the first the store would answer for it.
+    assert!(check(&node, &hot()).await.allowed);
+    store.link().set_condition(LinkCondition::Stalled);
+    let waiting: Vec<_> = (0..5)
+        .map(|_| {
+            let node = node.clone();
+            tokio::spawn(async move { check(&node, &hot()).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let decided = waiting.iter().filter(|w| w.is_finished()).count();
+    assert_eq!(decided, 0, "requests decided with no answer to decide by");
+    store.link().set_condition(LinkCondition::Up);
+    for w in waiting {
+        let verdict = w.await.expect("decision");
+        assert!(verdict.allowed, "{verdict:?}");
+        assert_eq!(verdict.statuses[0].outcome, Some(Outcome::Allowed));
+    }
+    node.shutdown().await;
+}

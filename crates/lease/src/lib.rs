@@ -65,5 +65,5 @@ pub use ops::reservation::{
 };
 pub use ops::slot::{SlotId, SlotRelease, SlotRenew};
 pub use redis::batch::{BatchConfig, BatchCounts};
-pub use redis::{RedisConfig, RedisStore};
+pub use redis::{ClusterSettings, RedisConfig, RedisStore};
 pub use store::{LeaseStore, Store};

@@ -114,7 +114,7 @@ fn store_health(node: &Node) -> serde_json::Value {
         .filter(|s| s.breaker != BreakerState::Closed)
         .map(|s| s.shard)
         .collect();
-    let cluster = node.store().cluster_settings().map(|settings| {
+    let cluster = node.store_cluster_settings().map(|settings| {
         use tollgate_lease::redis::ClusterSettings;
         let warning = settings.warning();
         match settings {

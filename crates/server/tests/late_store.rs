@@ -269,3 +269,35 @@ async fn an_open_rule_waits_through_a_stall_for_a_keys_first_answer() {
     }
     node.shutdown().await;
 }
+
+/// Every store call goes through the guard, an operator's too: with the store down, a reset,
+/// a lift and a read of the counters fail as any call does, counted by their operation (they
+/// used to go around the breaker, uncounted).
+#[tokio::test(start_paused = true)]
+async fn an_operators_calls_go_through_the_breaker() {
+    use tollgate_node::metrics::StoreOp;
+    const PENALIZED: &str = "domain: api\nrules:\n  - {id: login, match: {user: '*'}, algorithm: FIXED_WINDOW, limit: 5, window: 1m, penalty: {after: 3, within: 1m, block: 5m}}\n";
+    let (store, clock) = linked();
+    let node = node_on(
+        Store::Linked(store.clone()),
+        PENALIZED,
+        RuntimeConfig::default(),
+        clock,
+    )
+    .await;
+    let alice = Request::new("api").descriptor([("user", "alice")]);
+    assert!(check(&node, &alice).await.allowed);
+    store.link().set_condition(LinkCondition::Down);
+    let metrics = node.metrics();
+    assert!(node.reset_counters(&alice, None).await.is_err());
+    assert_eq!(metrics.store_failures_of(StoreOp::Reset), 1, "reset");
+    assert!(node.lift_penalties(&alice, None).await.is_err());
+    assert_eq!(metrics.store_failures_of(StoreOp::PenaltyLift), 1, "lift");
+    assert!(node.counters(&alice).await.is_err());
+    assert_eq!(
+        metrics.store_failures_of(StoreOp::Check),
+        1,
+        "counters' peek"
+    );
+    node.shutdown().await;
+}

@@ -103,6 +103,16 @@ pub enum StoreOp {
     Debit,
     /// `probe`: the breaker's own call that asks whether a stalled store answers again.
     Probe,
+    /// `settle`: a reservation settled at its actual cost.
+    Settle,
+    /// `note_denials`: denials counted towards a penalty (or a penalty read).
+    NoteDenials,
+    /// `reset`: an operator's reset of a bucket.
+    Reset,
+    /// `penalty_lift`: an operator's lift of a penalty block.
+    PenaltyLift,
+    /// `read`: an operator's read of what a bucket's leases hold.
+    Read,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -119,7 +129,7 @@ impl EncodeLabelValue for StoreOp {
 
 impl StoreOp {
     /// Every operation, in the order of [`StoreOp::index`].
-    pub const ALL: [StoreOp; 7] = [
+    pub const ALL: [StoreOp; 12] = [
         StoreOp::Check,
         StoreOp::LeaseAcquire,
         StoreOp::LeaseReturn,
@@ -127,6 +137,11 @@ impl StoreOp {
         StoreOp::SlotRenew,
         StoreOp::Debit,
         StoreOp::Probe,
+        StoreOp::Settle,
+        StoreOp::NoteDenials,
+        StoreOp::Reset,
+        StoreOp::PenaltyLift,
+        StoreOp::Read,
     ];
 
     /// Its place in [`StoreOp::ALL`].
@@ -139,6 +154,11 @@ impl StoreOp {
             StoreOp::SlotRenew => 4,
             StoreOp::Debit => 5,
             StoreOp::Probe => 6,
+            StoreOp::Settle => 7,
+            StoreOp::NoteDenials => 8,
+            StoreOp::Reset => 9,
+            StoreOp::PenaltyLift => 10,
+            StoreOp::Read => 11,
         }
     }
 
@@ -152,6 +172,11 @@ impl StoreOp {
             StoreOp::SlotRenew => "slot_renew",
             StoreOp::Debit => "debit",
             StoreOp::Probe => "probe",
+            StoreOp::Settle => "settle",
+            StoreOp::NoteDenials => "note_denials",
+            StoreOp::Reset => "reset",
+            StoreOp::PenaltyLift => "penalty_lift",
+            StoreOp::Read => "read",
         }
     }
 }

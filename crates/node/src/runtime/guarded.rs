@@ -12,6 +12,11 @@
 //! tells the caller when the call is late) and ended ([`GuardedStore::end`], which records
 //! its outcome): a caller that stops waiting may hand the call to a task of its own, whose
 //! late answer is still recorded (and settles what was admitted without it).
+//!
+//! This is the store's one way in: every operation the node makes, an operator's resets,
+//! lifts and reads and the penalty box's counts included, is a method here, and the store
+//! itself is not handed out (only what it says of itself: a Redis Cluster's settings, the
+//! batch counts, the in-memory store's size).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,8 +29,9 @@ use futures::FutureExt;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tollgate_lease::{
-    BucketKey, CheckOutcome, CheckRequest, DebitRequest, LeaseGrant, LeaseRequest, LeaseStore,
-    Micros, ReturnRequest, SharedClock, SlotRelease, SlotRenew, Store, StoreError,
+    BucketKey, CheckOutcome, CheckRequest, DebitRequest, HeldLeases, LeaseGrant, LeaseRequest,
+    LeaseStore, Lift, Micros, Penalty, PenaltyState, ReturnRequest, SettleRequest, Settlement,
+    SharedClock, SlotRelease, SlotRenew, Store, StoreError,
 };
 use tracing::Instrument;
 
@@ -285,6 +291,9 @@ impl Prober {
     }
 }
 
+/// The store's side of a call, owned (so that it can go on in a task of its own).
+pub(crate) type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send>>;
+
 /// What waiting for a call gave.
 #[derive(Debug)]
 pub(crate) enum Waited<T> {
@@ -325,9 +334,20 @@ impl GuardedStore {
         }
     }
 
-    /// The store itself (waited for up to the patience).
-    pub fn inner(&self) -> &Store {
-        &self.store
+    /// The in-memory store behind the guard, if that is what it guards (for its sweeper and
+    /// its size): not a way to call it.
+    pub fn memory(&self) -> Option<&tollgate_lease::MemoryStore> {
+        self.store.memory()
+    }
+
+    /// A Redis Cluster's settings, as last read (None for any other store).
+    pub fn cluster_settings(&self) -> Option<tollgate_lease::ClusterSettings> {
+        self.store.cluster_settings()
+    }
+
+    /// How the Redis store batched its calls (None for any other store).
+    pub fn batch_counts(&self) -> Option<tollgate_lease::BatchCounts> {
+        self.store.batch_counts()
     }
 
     /// How long a store that answers nothing is waited for.
@@ -822,6 +842,80 @@ impl GuardedStore {
         let key = &req.items()[0].key;
         self.call(StoreOp::Debit, key, Wait::UntilStall, self.store.debit(req))
             .await
+    }
+
+    /// [`LeaseStore::check`], begun through the breaker, for a caller that may stop waiting
+    /// and hand the call off (it goes on, in a task of its own, to its end): the call and the
+    /// store's side of it. Waited for with [`GuardedStore::wait`], ended with
+    /// [`GuardedStore::end`].
+    pub(crate) fn begin_check(
+        &self,
+        req: &CheckRequest,
+    ) -> Result<(Call, StoreFuture<CheckOutcome>), StoreError> {
+        let call = self.begin(StoreOp::Check, &req.items()[0].key)?;
+        let (store, req) = (self.store.clone(), req.clone());
+        Ok((call, Box::pin(async move { store.check(&req).await })))
+    }
+
+    /// [`LeaseStore::settle`] through the breaker. No request waits on a settle (it is made
+    /// after the response): it waits for the store through a stall, up to the patience.
+    pub async fn settle(&self, req: &SettleRequest) -> Result<Vec<Settlement>, StoreError> {
+        let key = &req.items()[0].key;
+        self.call(
+            StoreOp::Settle,
+            key,
+            Wait::UntilDown,
+            self.store.settle(req),
+        )
+        .await
+    }
+
+    /// [`LeaseStore::note_denials`] through the breaker: denials counted towards `key`'s
+    /// penalty (none: its record read), waited for through a stall, up to the patience (no
+    /// request waits on it).
+    pub async fn note_denials(
+        &self,
+        key: &BucketKey,
+        penalty: &Penalty,
+        denials: u64,
+        epoch: Option<u64>,
+    ) -> Result<PenaltyState, StoreError> {
+        self.call(
+            StoreOp::NoteDenials,
+            key,
+            Wait::UntilDown,
+            self.store.note_denials(key, penalty, denials, epoch),
+        )
+        .await
+    }
+
+    /// [`LeaseStore::reset`] through the breaker (an operator's call, waited for through a
+    /// stall).
+    pub async fn reset(&self, key: &BucketKey) -> Result<bool, StoreError> {
+        self.call(StoreOp::Reset, key, Wait::UntilDown, self.store.reset(key))
+            .await
+    }
+
+    /// [`LeaseStore::lift_block`] through the breaker (an operator's call).
+    pub async fn lift_block(&self, key: &BucketKey) -> Result<Lift, StoreError> {
+        self.call(
+            StoreOp::PenaltyLift,
+            key,
+            Wait::UntilDown,
+            self.store.lift_block(key),
+        )
+        .await
+    }
+
+    /// [`LeaseStore::held_leases`] through the breaker (an operator's read).
+    pub async fn held_leases(&self, key: &BucketKey) -> Result<HeldLeases, StoreError> {
+        self.call(
+            StoreOp::Read,
+            key,
+            Wait::UntilDown,
+            self.store.held_leases(key),
+        )
+        .await
     }
 
     /// Makes the store's next call one round trip (connected, scripts loaded, a cluster's

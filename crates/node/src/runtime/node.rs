@@ -133,7 +133,7 @@ impl Node {
         });
         let fallbacks = Fallbacks::new(shared.config.max_key_state_bytes / 8);
         let (supervisor, _) = Actor::spawn(None, KeySupervisor, shared.clone()).await?;
-        if let Some(memory) = shared.store.inner().memory() {
+        if let Some(memory) = shared.store.memory() {
             // Sweep expired keys so an in-memory node's memory follows its live keys.
             let memory = memory.clone();
             let handle = supervisor.clone();
@@ -249,7 +249,7 @@ impl Node {
     /// the in-memory store (it cannot fail, and is not asked while idle) or before any answer.
     pub fn store_last_answer_age(&self) -> Option<Duration> {
         let shared = &self.inner.shared;
-        if shared.store.inner().memory().is_some() {
+        if shared.store.memory().is_some() {
             return None;
         }
         let now = shared.clock.now_micros();
@@ -272,9 +272,9 @@ impl Node {
         self.inner.shared.store.breaker_states()
     }
 
-    /// The store (for readiness checks).
-    pub fn store(&self) -> &Store {
-        self.inner.shared.store.inner()
+    /// The Redis Cluster's settings, as the node last read them (None for any other store).
+    pub fn store_cluster_settings(&self) -> Option<tollgate_lease::ClusterSettings> {
+        self.inner.shared.store.cluster_settings()
     }
 
     /// Rules made from descriptor limit overrides, held for reuse.
@@ -294,7 +294,7 @@ impl Node {
         let metrics = &shared.metrics;
         let _one_at_a_time = metrics.refreshing.lock();
         let key_state = shared.registry.bytes() + self.inner.fallbacks.bytes();
-        if let Some(settings) = shared.store.inner().cluster_settings() {
+        if let Some(settings) = shared.store.cluster_settings() {
             use tollgate_lease::redis::ClusterSettings;
             metrics
                 .store_cluster_full_coverage_required
@@ -315,7 +315,7 @@ impl Node {
             .store_last_answer_age_seconds
             .set(oldest.as_secs_f64());
         metrics.key_state_bytes.set(key_state as i64);
-        if let Some(memory) = shared.store.inner().memory() {
+        if let Some(memory) = shared.store.memory() {
             metrics.memory_store_bytes.set(memory.bytes() as i64);
             metrics.memory_store_keys.set(memory.len() as i64);
             let evicted = memory.evictions();
@@ -324,7 +324,7 @@ impl Node {
                 .memory_store_evictions
                 .inc_by(evicted.saturating_sub(counted));
         }
-        if let Some(counts) = shared.store.inner().batch_counts() {
+        if let Some(counts) = shared.store.batch_counts() {
             let catch_up = |counter: &prometheus_client::metrics::counter::Counter, to: u64| {
                 counter.inc_by(to.saturating_sub(counter.get()));
             };

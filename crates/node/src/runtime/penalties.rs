@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use parking_lot::Mutex;
-use tollgate_lease::{BucketKey, LeaseStore, Micros};
+use tollgate_lease::{BucketKey, Micros};
 
 use crate::metrics::{PenaltyLabels, RuleLabels, UncountedDenialsLabels};
 use crate::rules::{CompiledRule, Mode};
@@ -371,7 +371,6 @@ async fn note_one(shared: &Shared, key: BucketKey, pending: Pending) {
     let (denials, under) = (pending.denials, pending.epoch);
     match shared
         .store
-        .inner()
         .note_denials(&key, &penalty, denials, Some(under))
         .await
     {
@@ -466,7 +465,7 @@ pub(crate) async fn impose(
     let Ok(one) = tollgate_lease::Penalty::new(1, penalty.within(), left) else {
         return false;
     };
-    match shared.store.inner().note_denials(&key, &one, 1, None).await {
+    match shared.store.note_denials(&key, &one, 1, None).await {
         Ok(state) if state.blocked() => {
             shared
                 .penalties

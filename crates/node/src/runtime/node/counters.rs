@@ -7,12 +7,13 @@
 
 use std::time::Duration;
 
-use tollgate_lease::{Algorithm, CheckRequest, HeldLeases, LeaseStore, StoreError};
+use tollgate_lease::{Algorithm, CheckRequest, HeldLeases, StoreError};
 
 use super::Node;
 use crate::rules::{Mode, RuleKind};
 use crate::runtime::keys::bucket::KeyMsg;
 use crate::runtime::keys::bucket_id::BucketId;
+use crate::runtime::lateness::Wait;
 use crate::runtime::matching::Charge;
 use crate::runtime::request::{Request, RequestError};
 
@@ -90,7 +91,7 @@ pub enum CounterError {
 impl Node {
     /// Every rule `request` matches, with its counter for the request's identity.
     pub async fn counters(&self, request: &Request) -> Result<Vec<Counter>, CounterError> {
-        let store = self.inner.shared.store.inner();
+        let store = &self.inner.shared.store;
         let mut out = vec![];
         for charge in self.charges(request)? {
             let rule = &charge.rule;
@@ -113,9 +114,8 @@ impl Node {
                 let key = id
                     .store_key()
                     .map_err(|e| CounterError::Key(e.to_string()))?;
-                let peek = store
-                    .check(&CheckRequest::single(key.clone(), limit, 0).map_err(invalid)?)
-                    .await?;
+                let peek = CheckRequest::single(key.clone(), limit, 0).map_err(invalid)?;
+                let peek = store.check(&peek, Wait::UntilDown).await?;
                 counter.algorithm = Some(limit.algorithm());
                 counter.limit = Some(limit.capacity());
                 counter.remaining = Some(peek.buckets[0].remaining);
@@ -150,7 +150,7 @@ impl Node {
         request: &Request,
         rule: Option<&str>,
     ) -> Result<Vec<Reset>, CounterError> {
-        let store = self.inner.shared.store.inner();
+        let store = &self.inner.shared.store;
         let mut out = vec![];
         for (charge, key) in self.buckets_named(request, rule, |r| r.limit().is_some())? {
             let existed = store.reset(&key).await?;
@@ -169,7 +169,7 @@ impl Node {
         request: &Request,
         rule: Option<&str>,
     ) -> Result<Vec<Reset>, CounterError> {
-        let store = self.inner.shared.store.inner();
+        let store = &self.inner.shared.store;
         let mut out = vec![];
         for (charge, key) in self.buckets_named(request, rule, |r| r.penalty.is_some())? {
             // Forgotten here first, so that denials this node has not counted yet are not

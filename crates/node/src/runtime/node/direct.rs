@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use tollgate_lease::{Algorithm, CheckItem, CheckOutcome, CheckRequest, LeaseStore, StoreError};
+use tollgate_lease::{Algorithm, CheckItem, CheckOutcome, CheckRequest, StoreError};
 
 use super::{Node, Route};
-use crate::metrics::StoreOp;
 use crate::runtime::attempt::{Attempt, Taken};
 use crate::runtime::background::{self, hand_off};
 use crate::runtime::debts::Debt;
@@ -191,16 +190,9 @@ impl Node {
     ) -> Result<impl std::future::Future<Output = Result<CheckOutcome, StoreError>>, StoreError>
     {
         let shared = self.inner.shared.clone();
-        let mut call = shared
-            .store
-            .begin(StoreOp::Check, &request.items()[0].key)?;
+        let (mut call, mut future) = shared.store.begin_check(request)?;
         let request = request.clone();
         Ok(async move {
-            let future: std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>> = {
-                let (shared, request) = (shared.clone(), request.clone());
-                Box::pin(async move { shared.store.inner().check(&request).await })
-            };
-            let mut future = future;
             match shared
                 .store
                 .wait(&mut call, future.as_mut(), |late| wait.stops_at(late))

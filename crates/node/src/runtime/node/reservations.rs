@@ -19,8 +19,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use tollgate_lease::{
-    Algorithm, BucketKey, LeaseStore, MAX_RESERVATION_TTL, Reserve, SettleItem, SettleRequest,
-    Settlement, StoreError,
+    Algorithm, BucketKey, MAX_RESERVATION_TTL, Reserve, SettleItem, SettleRequest, Settlement,
+    StoreError,
 };
 
 use super::{Node, Route};
@@ -196,8 +196,7 @@ impl Node {
         }
         // A settle is made after the response, no request waits on it: it waits for the
         // store as long as any call is waited for (the patience), not one call's budget.
-        let guarded = &self.inner.shared.store;
-        let store = guarded.inner().with_budget(guarded.patience());
+        let store = &self.inner.shared.store;
         let mut out = vec![];
         for (_, group) in by_identity {
             let (rules, items): (Vec<String>, Vec<SettleItem>) = group.into_iter().unzip();

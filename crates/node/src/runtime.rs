@@ -13,25 +13,20 @@
 //! - [`keys`]: the keys this node decides: buckets (the atomic lease counter of the hot
 //!   path), the per-identity actors that lease, refill and return, their messages, their
 //!   supervisor and the registry that finds them.
-//! - [`guarded`]: the store behind the circuit breaker, with metrics; [`lateness`]: what a
-//!   late store call is (a busy store or node, a stalled store, a store down); [`debts`]:
-//!   what was admitted while the store had stalled; [`background`]: store calls that outlive
-//!   their request (a late call handed off, debts debited when the store answers).
-//! - [`breaker`], [`sizing`], [`local`]: the pure pieces (breaker states, lease sizes, GCRA);
+//! - [`store_health`]: the store's one way in and what it knows of the store's health: the
+//!   guard (every call behind its shard's circuit breaker, with metrics, and the prober), the
+//!   breaker itself, what a late call is, what was admitted while the store had stalled, and
+//!   the calls that outlive their request.
+//! - [`sizing`], [`local`]: the pure pieces (lease sizes, GCRA);
 //!   [`top_denied`]: the most-denied keys, in fixed memory.
 //! - [`penalties`]: the penalty box on a node: blocks it knows, denials on their way to the
 //!   store.
 //! - [`shared`]: settings and what every part shares.
 
 pub mod attempt;
-pub(crate) mod background;
-pub mod breaker;
-pub mod debts;
 pub(crate) mod fail_modes;
 pub mod fallbacks;
-pub mod guarded;
 pub mod keys;
-pub mod lateness;
 pub mod local;
 pub mod matching;
 pub mod node;
@@ -41,13 +36,14 @@ pub mod prepared;
 pub mod request;
 pub mod shared;
 pub mod sizing;
+pub mod store_health;
 pub mod top_denied;
 pub mod verdict;
 
-pub use lateness::Late;
 pub use matching::{Charge, MAX_OVERRIDE_RULES};
 pub use node::Node;
 pub use prepared::{Decision, Prepared};
 pub use request::{Descriptor, LimitOverride, Matching, Request, RequestError};
 pub use shared::{RuntimeConfig, WarmUp};
+pub use store_health::lateness::Late;
 pub use verdict::{HeldSlot, Outcome, RuleStatus, Verdict};

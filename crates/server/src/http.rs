@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 
 use std::sync::Arc;
 use tollgate_node::rules::RuleKind;
-use tollgate_node::runtime::breaker::BreakerState;
+use tollgate_node::runtime::store_health::breaker::BreakerState;
 
 use crate::json_check::JsonCheck;
 use crate::listener::{Bounds, http1_connections, serve_http1};

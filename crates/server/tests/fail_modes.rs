@@ -13,7 +13,7 @@ use support::{Served, check, node_on, redis_store};
 use tollgate_lease::{RedisConfig, SharedClock, TokioClock};
 use tollgate_node::metrics::StoreFailure;
 use tollgate_node::runtime::Outcome;
-use tollgate_node::runtime::breaker::BreakerState;
+use tollgate_node::runtime::store_health::breaker::BreakerState;
 use tollgate_node::{Request, RuntimeConfig};
 use tollgate_server::config::Settings;
 use tollgate_testkit::RedisServer;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use support::{check, node_on, redis_store};
 use tollgate_lease::{RedisConfig, SharedClock, TokioClock};
 use tollgate_node::runtime::Outcome;
-use tollgate_node::runtime::breaker::BreakerState;
+use tollgate_node::runtime::store_health::breaker::BreakerState;
 use tollgate_node::{Node, Request, RuntimeConfig};
 use tollgate_testkit::RedisServer;
 

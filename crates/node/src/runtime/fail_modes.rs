@@ -12,14 +12,14 @@ use tollgate_lease::{Micros, StoreError};
 
 use crate::rules::FailMode;
 use crate::runtime::attempt::Taken;
-use crate::runtime::breaker::BreakerState;
 use crate::runtime::fallbacks::Fallbacks;
 use crate::runtime::keys::bucket::Bucket;
-use crate::runtime::lateness::Late;
 use crate::runtime::local::LocalBucket;
 use crate::runtime::matching::Hit;
 use crate::runtime::outcome::Outcome;
 use crate::runtime::shared::Shared;
+use crate::runtime::store_health::breaker::BreakerState;
+use crate::runtime::store_health::lateness::Late;
 use crate::runtime::verdict::{Denial, RuleStatus};
 
 /// Why the store did not answer a request's call, as the fail policy decides by it.

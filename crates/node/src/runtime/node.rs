@@ -30,10 +30,7 @@ use crate::metrics::Metrics;
 use crate::rules::watch::ActiveRules;
 use crate::rules::{Mode, RuleKind};
 use crate::runtime::attempt::{Attempt, Mark};
-use crate::runtime::breaker::BreakerState;
-use crate::runtime::debts::Debts;
 use crate::runtime::fallbacks::Fallbacks;
-use crate::runtime::guarded::GuardedStore;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::keys::bucket::KeyMsg;
 use crate::runtime::keys::registry::Registry;
@@ -42,6 +39,9 @@ use crate::runtime::matching::{self, Charge, Hit, OverrideRules};
 use crate::runtime::outcome::Outcome;
 use crate::runtime::request::{Request, RequestError};
 use crate::runtime::shared::{RuntimeConfig, Shared, WarmUp};
+use crate::runtime::store_health::breaker::BreakerState;
+use crate::runtime::store_health::debts::Debts;
+use crate::runtime::store_health::guarded::GuardedStore;
 use crate::runtime::top_denied::{TopDenied, TopDeniedReport};
 use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
 
@@ -241,7 +241,7 @@ impl Node {
     }
 
     /// Each store shard that has seen calls: its breaker, last answer and outage, by shard.
-    pub fn store_health(&self) -> Vec<crate::runtime::guarded::ShardHealth> {
+    pub fn store_health(&self) -> Vec<crate::runtime::store_health::guarded::ShardHealth> {
         self.inner.shared.store.shard_health()
     }
 

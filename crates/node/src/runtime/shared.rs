@@ -8,11 +8,11 @@ use tollgate_lease::{Algorithm, Allowance, Limit, Micros, SharedClock};
 
 use crate::metrics::Metrics;
 use crate::rules::CompiledRule;
-use crate::runtime::breaker::BreakerConfig;
-use crate::runtime::debts::Debts;
-use crate::runtime::guarded::GuardedStore;
 use crate::runtime::keys::registry::Registry;
 use crate::runtime::sizing::LeasePolicy;
+use crate::runtime::store_health::breaker::BreakerConfig;
+use crate::runtime::store_health::debts::Debts;
+use crate::runtime::store_health::guarded::GuardedStore;
 
 /// The default [`RuntimeConfig::store_patience`].
 pub const DEFAULT_STORE_PATIENCE: Duration = Duration::from_millis(250);

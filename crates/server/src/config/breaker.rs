@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tollgate_node::runtime::breaker::BreakerConfig;
+use tollgate_node::runtime::store_health::breaker::BreakerConfig;
 
 use super::defaults;
 use super::settings::{ConfigError, Settings, bad};

@@ -243,7 +243,7 @@ impl Comparison {
     ///   Through a stall they once swung 2x from run to run on both sides (real 0.08-0.17):
     ///   a probe whose caller stopped waiting left the breaker half-open for up to a second
     ///   after the store was back, by chance of which call the probe was. The breaker now keeps
-    ///   a probe of its own out (`runtime/guarded.rs`) and both sides give 0.18-0.21.
+    ///   a probe of its own out (`runtime/store_health/guarded.rs`) and both sides give 0.18-0.21.
     pub fn disagreements(&self) -> Vec<String> {
         let (r, s) = (&self.real, &self.sim);
         let mut out = vec![];

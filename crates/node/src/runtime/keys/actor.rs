@@ -17,8 +17,6 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tollgate_lease::{LeaseGrant, Micros, StoreError};
 
-use crate::runtime::background;
-use crate::runtime::debts::Debt;
 use crate::runtime::fail_modes::Cause;
 use crate::runtime::keys::book::{HeldLease, LeaseBook, Return};
 use crate::runtime::keys::bucket::{AcquireOutcome, Ask, KeyMsg};
@@ -28,8 +26,10 @@ use crate::runtime::keys::calls;
 use crate::runtime::keys::last_answer::holders_of;
 use crate::runtime::keys::registry::EVICTABLE_AFTER;
 use crate::runtime::keys::waiters::{Need, Waiters, waits_through};
-use crate::runtime::lateness::Late;
 use crate::runtime::shared::Shared;
+use crate::runtime::store_health::background;
+use crate::runtime::store_health::debts::Debt;
+use crate::runtime::store_health::lateness::Late;
 
 /// The actor's behaviour (stateless; state lives in [`KeyState`]).
 #[derive(Debug)]
@@ -535,7 +535,7 @@ impl KeyState {
     }
 
     /// Debits in the store what this identity's buckets admitted while it had stalled (see
-    /// `runtime/debts.rs`): the store answers again.
+    /// `runtime/store_health/debts.rs`): the store answers again.
     fn settle_owed(&mut self) {
         let now = self.shared.clock.now_micros();
         let owed: Vec<Debt> = self

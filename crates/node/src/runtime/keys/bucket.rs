@@ -18,8 +18,8 @@ use tollgate_lease::{BucketKey, LeaseGrant, Limit, Micros, StoreError};
 use crate::rules::CompiledRule;
 use crate::runtime::fail_modes::{self, Cause};
 use crate::runtime::keys::last_answer::LastAnswer;
-use crate::runtime::lateness::Late;
 use crate::runtime::local::LocalBucket;
+use crate::runtime::store_health::lateness::Late;
 
 /// No deadline: token bucket units may be spent whenever (they were taken from the global
 /// bucket when leased; spending them late never over-admits).

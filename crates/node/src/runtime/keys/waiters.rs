@@ -11,7 +11,7 @@ use tollgate_lease::Micros;
 
 use crate::runtime::fail_modes::{self, Cause};
 use crate::runtime::keys::bucket::{AcquireOutcome, Bucket, Want};
-use crate::runtime::lateness::Late;
+use crate::runtime::store_health::lateness::Late;
 
 #[derive(Debug)]
 struct Waiter {

@@ -13,9 +13,9 @@ use super::Node;
 use crate::rules::{Mode, RuleKind};
 use crate::runtime::keys::bucket::KeyMsg;
 use crate::runtime::keys::bucket_id::BucketId;
-use crate::runtime::lateness::Wait;
 use crate::runtime::matching::Charge;
 use crate::runtime::request::{Request, RequestError};
+use crate::runtime::store_health::lateness::Wait;
 
 /// One matched rule's counter for one identity.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,15 +10,15 @@ use tollgate_lease::{Algorithm, CheckItem, CheckOutcome, CheckRequest, StoreErro
 
 use super::{Node, Route};
 use crate::runtime::attempt::{Attempt, Taken};
-use crate::runtime::background::{self, hand_off};
-use crate::runtime::debts::Debt;
 use crate::runtime::fail_modes::{self, Cause};
-use crate::runtime::guarded::Waited;
 use crate::runtime::keys::bucket::Bucket;
-use crate::runtime::lateness::{Late, Wait};
 use crate::runtime::matching::Hit;
 use crate::runtime::outcome::Outcome;
 use crate::runtime::shared::Shared;
+use crate::runtime::store_health::background::{self, hand_off};
+use crate::runtime::store_health::debts::Debt;
+use crate::runtime::store_health::guarded::Waited;
+use crate::runtime::store_health::lateness::{Late, Wait};
 use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus};
 
 impl Node {

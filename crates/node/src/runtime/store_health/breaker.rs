@@ -11,7 +11,7 @@
 //! probe goes through: success closes the breaker, a refusal opens it again with a doubled
 //! cooldown, up to a maximum. A probe the store took and did not answer (it ran out of time,
 //! or its caller stopped waiting) keeps the breaker half-open while the guard keeps one probe
-//! of its own out (`runtime/guarded.rs`): a stalled store is asked again the moment the last
+//! of its own out (`runtime/store_health/guarded.rs`): a stalled store is asked again the moment the last
 //! question times out, so that the breaker closes as soon as it answers, not a cooldown later.
 
 use std::time::Duration;

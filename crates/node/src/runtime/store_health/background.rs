@@ -1,6 +1,6 @@
 //! Store calls that outlive the request that made them: a late call handed to a task of its
 //! own (its answer, when it comes, is still recorded and settles what was admitted without
-//! it), and debts (`runtime/debts.rs`) debited in a task of their own, tried again after
+//! it), and debts (`runtime/store_health/debts.rs`) debited in a task of their own, tried again after
 //! transient failures until their epoch ends.
 
 use std::future::Future;
@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use tollgate_lease::{Micros, StoreError};
 
-use crate::runtime::debts::{Debt, FIRST_PAUSE, MAX_PAUSE};
-use crate::runtime::guarded::Call;
 use crate::runtime::shared::Shared;
+use crate::runtime::store_health::debts::{Debt, FIRST_PAUSE, MAX_PAUSE};
+use crate::runtime::store_health::guarded::Call;
 
 /// A call handed to a task of its own once its caller stopped waiting: the answer, when it
 /// comes, is recorded and given to `settle`.

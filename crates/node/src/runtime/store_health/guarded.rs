@@ -1,7 +1,7 @@
 //! The store as the runtime sees it: every call passes through the circuit breaker of the
 //! shard its key lives on (one for a single Redis or the in-memory store, one per slot range
 //! of a Redis Cluster: a failing shard opens its own breaker only), is timed, and, when it is
-//! late, judged (`runtime/lateness.rs`): a store that answers other calls, or a node too busy
+//! late, judged (`runtime/store_health/lateness.rs`): a store that answers other calls, or a node too busy
 //! to read its answers, is waited for up to the patience; a store that answered nothing for a
 //! budget has stalled, and callers that decide by a fail mode that does not wait stop waiting;
 //! an open breaker means the store is down, and every caller stops waiting. Only failures count
@@ -36,8 +36,10 @@ use tollgate_lease::{
 use tracing::Instrument;
 
 use crate::metrics::{Metrics, StoreFailure, StoreOp};
-use crate::runtime::breaker::{Breaker, BreakerConfig, BreakerState};
-use crate::runtime::lateness::{self, CallTimes, Judgement, Late, Limits, Pulse, Wait};
+use crate::runtime::store_health::breaker::{Breaker, BreakerConfig, BreakerState};
+use crate::runtime::store_health::lateness::{
+    self, CallTimes, Judgement, Late, Limits, Pulse, Wait,
+};
 
 /// One shard as the runtime sees it: its breaker, its pulse and its calls out.
 #[derive(Debug)]
@@ -596,7 +598,7 @@ impl GuardedStore {
     }
 
     /// Waits for `future`, the store's side of `call`, judging it at every budget it is late
-    /// (see `runtime/lateness.rs`). `on_late` is told once that the store stalled and once
+    /// (see `runtime/store_health/lateness.rs`). `on_late` is told once that the store stalled and once
     /// that it is down, and says whether the caller stops waiting then.
     pub(crate) async fn wait<T, F>(
         &self,

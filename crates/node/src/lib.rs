@@ -9,6 +9,7 @@
 //! - [`metrics`]: Prometheus metrics.
 //! - [`telemetry`]: the spans of a decision (exported by the process that enables them).
 //! - [`builder`]: a node built in-process, for gateways that link this crate.
+//! - `test_support` (feature `test-support`): nodes on a store with inline rules, for tests.
 
 pub mod builder;
 pub mod headers;
@@ -16,6 +17,8 @@ pub mod metrics;
 pub mod rules;
 pub mod runtime;
 pub mod telemetry;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 
 pub use builder::NodeBuilder;
 pub use runtime::{

@@ -5,17 +5,15 @@
 //! be down; nodes deciding on the same last answer each take their share of it; a CLOSED rule
 //! waits through a stall and is decided by the store's answer.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{check, node_on};
 use tollgate_lease::{
     BucketKey, CheckRequest, Latency, LeaseStore, Limit, LinkCondition, LinkedStore, MemoryConfig,
     MemoryStore, SharedClock, Store, TokioClock,
 };
 use tollgate_node::runtime::Outcome;
+use tollgate_node::test_support::{check, node_on};
 use tollgate_node::{Node, Request, RuntimeConfig};
 
 const OPEN: &str = "domain: api\nrules:\n  - {id: hot, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 0.001, failMode: OPEN}\n";

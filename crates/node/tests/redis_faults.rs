@@ -3,15 +3,13 @@
 //! through a stall, at most the store patience, until the store is known down), the breaker
 //! opens, and decisions go back to the store on their own once Redis is back.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{check, node_on, redis_store};
 use tollgate_lease::{RedisConfig, SharedClock, TokioClock};
 use tollgate_node::runtime::Outcome;
 use tollgate_node::runtime::store_health::breaker::BreakerState;
+use tollgate_node::test_support::{check, node_on, redis_store};
 use tollgate_node::{Node, Request, RuntimeConfig};
 use tollgate_testkit::RedisServer;
 

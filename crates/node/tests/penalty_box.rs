@@ -5,17 +5,15 @@
 //! knows; the block ends on time; a SHADOW rule's penalty counts and blocks nobody; a lift is
 //! not undone by denials another node handed out before it and counted after it.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{check, memory_node, node_on, redis_store};
 use tokio::time::{Instant, sleep};
 use tollgate_lease::{
     BucketKey, CheckRequest, LeaseStore, Limit, RedisConfig, SharedClock, Store, TokioClock,
 };
 use tollgate_node::runtime::verdict::Denial;
+use tollgate_node::test_support::{check, memory_node, node_on, redis_store};
 use tollgate_node::{Node, Request, RuntimeConfig, Verdict};
 use tollgate_testkit::{RedisServer, TcpProxy};
 

@@ -3,16 +3,14 @@
 //! limit once the nodes stop and return their leases), few false denials, and far fewer store
 //! calls than decisions.
 
-mod support;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use support::{node_on, redis_store};
 use tollgate_lease::{
     BucketKey, CheckRequest, LeaseStore, Limit, RedisConfig, SharedClock, Store, TokioClock,
 };
+use tollgate_node::test_support::{node_on, redis_store};
 use tollgate_node::{Node, Request, RuntimeConfig};
 use tollgate_testkit::{RedisCluster, RedisServer};
 

@@ -2,17 +2,15 @@
 //! decides together, SHADOW never blocks, slots are held and released, the pre-limit rejects
 //! floods, and several nodes on paused time share one store without over-admitting.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::{allowed, check, memory_node, node_on};
 use tollgate_lease::{
     BucketKey, CheckRequest, LeaseStore, Limit, MemoryConfig, MemoryStore, SharedClock, Store,
     TokioClock,
 };
 use tollgate_node::runtime::Outcome;
+use tollgate_node::test_support::{allowed, check, memory_node, node_on};
 use tollgate_node::{Matching, Request, RuntimeConfig};
 
 const HOT: &str = "domain: api\nrules:\n  - {id: hot, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 1000, refillPerSecond: 0.001}\n";

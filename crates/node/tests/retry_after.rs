@@ -4,15 +4,13 @@
 //! and pre-limit settings on the in-memory store (node and store share tokio's paused clock,
 //! so "exactly" is exact), and the seed's login case on a real Redis.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
-use support::node_on;
 use tollgate_lease::{MemoryConfig, MemoryStore, SharedClock, Store, TokioClock};
 use tollgate_node::runtime::verdict::Denial;
+use tollgate_node::test_support::node_on;
 use tollgate_node::{Request, RuntimeConfig};
 
 /// A rule's limit as written in a rule file.

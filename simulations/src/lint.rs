@@ -112,7 +112,9 @@ async fn against_rules(scenario: &Scenario) -> Result<Vec<Finding>, RunError> {
     let metrics = Metrics::new();
     let loaded = crate::run::load_rules(&scenario.rules, "<scenario rules>")?;
     let rules = ActiveRules::new(metrics.clone());
-    rules.install(&loaded).map_err(RunError::Rules)?;
+    rules
+        .install(&loaded)
+        .map_err(|e| RunError::Rules(e.to_string()))?;
     if let [own, peer] = &scenario.topology.regions[..] {
         let config = RegionConfig::new(&own.name, &peer.name, "http://peer", "lint");
         rules
@@ -122,7 +124,7 @@ async fn against_rules(scenario: &Scenario) -> Result<Vec<Finding>, RunError> {
                 default_share: config.default_share,
                 peer_state: PeerState::Up,
             }))
-            .map_err(RunError::Rules)?;
+            .map_err(|e| RunError::Rules(e.to_string()))?;
     }
     let clock: SharedClock = Arc::new(TokioClock::new());
     let node = Node::start(

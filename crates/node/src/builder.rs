@@ -139,11 +139,11 @@ fn install(
     loaded: &LoadedRules,
     file: Option<&PathBuf>,
 ) -> Result<(), BuildError> {
-    rules.install(loaded).map_err(|message| {
+    rules.install(loaded).map_err(|error| {
         BuildError::Rules(crate::rules::RulesError {
             file: file.cloned().unwrap_or_default(),
             line: None,
-            message,
+            message: error.to_string(),
         })
     })?;
     Ok(())

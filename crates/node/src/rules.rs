@@ -6,6 +6,7 @@
 //! - [`native`]: Tollgate's rule document and file format (also the admin API's body).
 //! - [`envoy`]: envoyproxy/ratelimit's YAML configuration.
 //! - [`source`]: loading files, with errors that name the file, line and field.
+//! - [`errors`]: why rules are refused, as types.
 //! - [`overrides`]: mode overrides, the kill switch for rules from any source.
 //! - [`compiled`]: one compiled rule; [`set`]: the compiled, indexed rule set.
 //! - [`identity`]: a bucket's identity, bounded in bytes (a long one kept as its digest).
@@ -13,6 +14,7 @@
 
 pub mod compiled;
 pub mod envoy;
+pub mod errors;
 pub mod identity;
 pub mod model;
 pub mod native;
@@ -21,6 +23,7 @@ pub mod set;
 pub mod source;
 pub mod watch;
 
+pub use errors::{CompileError, EnvoyConfigError, FailModesError, OverrideError, ValueError};
 pub use model::{FailMode, Identity, Mode, Pattern, Rule};
 pub use native::{RuleDoc, RulesFile};
 pub use set::{CompiledRule, EnvoyFailModes, Matched, RuleKind, RuleSet};

@@ -189,7 +189,7 @@ impl TryFrom<Settings> for Config {
                 .as_deref()
                 .unwrap_or(defaults::ENVOY_FAIL_MODE),
         )
-        .map_err(|reason| settings::bad("envoy_fail_mode", reason))?;
+        .map_err(|reason| settings::bad("envoy_fail_mode", reason.to_string()))?;
         let rlqs_max_state_mb = s.rlqs_max_state_mb.unwrap_or(defaults::RLQS_MAX_STATE_MB);
         if !(1..=MAX_RLQS_STATE_MB).contains(&rlqs_max_state_mb) {
             return Err(settings::bad(

@@ -197,7 +197,7 @@ fn validate(files: &[std::path::PathBuf], strict: bool) -> Result<(), String> {
     ) {
         Ok(applied) => applied,
         Err(message) => {
-            errors.push(message);
+            errors.push(message.to_string());
             vec![]
         }
     };
@@ -209,7 +209,7 @@ fn validate(files: &[std::path::PathBuf], strict: bool) -> Result<(), String> {
             &tollgate_node::metrics::Metrics::new(),
         )
     {
-        errors.push(message);
+        errors.push(message.to_string());
     }
     let mut notes: Vec<String> = checked
         .empty

@@ -102,7 +102,9 @@ impl World {
             Metrics::new()
         };
         let rules = ActiveRules::new(metrics.clone());
-        rules.install(&self.rules).map_err(RunError::Rules)?;
+        rules
+            .install(&self.rules)
+            .map_err(|e| RunError::Rules(e.to_string()))?;
         let settings = &self.scenario.runtime;
         let mut config = RuntimeConfig {
             cluster_nodes: region.nodes as u32,
@@ -223,7 +225,9 @@ pub(super) async fn apply_fault(
         FaultKind::Rules { yaml } if begins => {
             world.rules = load_rules(yaml, "<rules fault>")?;
             for n in world.nodes.iter().filter_map(|n| n.node.as_ref()) {
-                n.rules().install(&world.rules).map_err(RunError::Rules)?;
+                n.rules()
+                    .install(&world.rules)
+                    .map_err(|e| RunError::Rules(e.to_string()))?;
             }
         }
         FaultKind::Crash { node } if begins => {

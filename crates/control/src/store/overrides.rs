@@ -126,7 +126,7 @@ impl RuleStore {
         let mode = body.mode.parse::<Mode>().map_err(|reason| {
             ControlError::Invalid(FieldError {
                 field: "mode".into(),
-                reason,
+                reason: reason.to_string(),
             })
         })?;
         let mut client = self.pool.get().await?;

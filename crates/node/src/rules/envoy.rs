@@ -28,6 +28,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::rules::errors::EnvoyConfigError;
+
 /// One configuration file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -163,9 +165,9 @@ pub struct ValidNode {
 
 impl EnvoyConfig {
     /// Validates the tree as envoyproxy/ratelimit does, naming the path of any error.
-    pub fn validate(&self) -> Result<Vec<ValidNode>, String> {
+    pub fn validate(&self) -> Result<Vec<ValidNode>, EnvoyConfigError> {
         if self.domain.is_empty() {
-            return Err("`domain` must not be empty".into());
+            return Err(EnvoyConfigError::at("", "`domain` must not be empty"));
         }
         validate_level(&self.descriptors, &self.domain, "descriptors")
     }
@@ -175,45 +177,51 @@ fn validate_level(
     level: &[EnvoyDescriptor],
     parent: &str,
     at: &str,
-) -> Result<Vec<ValidNode>, String> {
+) -> Result<Vec<ValidNode>, EnvoyConfigError> {
     let mut seen = HashMap::new();
     let mut out = Vec::with_capacity(level.len());
     for (i, d) in level.iter().enumerate() {
         let here = format!("{at}[{i}]");
         if d.key.is_empty() {
-            return Err(format!("{here}: `key` must not be empty"));
+            return Err(EnvoyConfigError::at(here, "`key` must not be empty"));
         }
         let composite = match &d.value {
             Some(v) => format!("{}_{v}", d.key),
             None => d.key.clone(),
         };
         if let Some(first) = seen.insert(composite.clone(), i) {
-            return Err(format!(
-                "{here}: duplicate descriptor {composite:?} (also at {at}[{first}])"
+            return Err(EnvoyConfigError::at(
+                here,
+                format!("duplicate descriptor {composite:?} (also at {at}[{first}])"),
             ));
         }
         if d.quota_mode {
-            return Err(format!("{here}: `quota_mode` is not supported by Tollgate"));
+            return Err(EnvoyConfigError::at(
+                here,
+                "`quota_mode` is not supported by Tollgate",
+            ));
         }
         if d.share_threshold && !d.value.as_deref().is_some_and(|v| v.contains('*')) {
-            return Err(format!(
-                "{here}: `share_threshold` needs a wildcard `*` in `value`"
+            return Err(EnvoyConfigError::at(
+                here,
+                "`share_threshold` needs a wildcard `*` in `value`",
             ));
         }
         let limit = match &d.rate_limit {
             None => None,
-            Some(rl) => Some(validate_limit(rl).map_err(|e| format!("{here}.rate_limit: {e}"))?),
+            Some(rl) => Some(validate_limit(rl, &format!("{here}.rate_limit"))?),
         };
         let penalty = match (&d.penalty, &limit) {
             (None, _) => None,
             (Some(p), Some(NodeLimit::Limited { requests, .. })) if *requests > 0 => Some(
                 p.validate(tollgate_lease::Algorithm::FixedWindow)
-                    .map_err(|e| format!("{here}.{e}"))?,
+                    .map_err(|e| EnvoyConfigError::at(format!("{here}.{}", e.field), e.reason))?,
             ),
             (Some(_), _) => {
-                return Err(format!(
-                    "{here}.penalty: needs a `rate_limit` with `requests_per_unit` above 0 at \
-                     the same descriptor"
+                return Err(EnvoyConfigError::at(
+                    format!("{here}.penalty"),
+                    "needs a `rate_limit` with `requests_per_unit` above 0 at the same \
+                     descriptor",
                 ));
             }
         };
@@ -233,27 +241,34 @@ fn validate_level(
     Ok(out)
 }
 
-fn validate_limit(rl: &EnvoyRateLimit) -> Result<NodeLimit, String> {
+/// A descriptor's `rate_limit`, at `here` in the file.
+fn validate_limit(rl: &EnvoyRateLimit, here: &str) -> Result<NodeLimit, EnvoyConfigError> {
+    let wrong = |reason: String| EnvoyConfigError::at(here, reason);
     for r in &rl.replaces {
         if r.name.is_empty() {
-            return Err("`replaces` names must not be empty".into());
+            return Err(wrong("`replaces` names must not be empty".into()));
         }
     }
     if rl.unlimited {
         if rl.unit.is_some() {
-            return Err("`unlimited` must not be set together with `unit`".into());
+            return Err(wrong(
+                "`unlimited` must not be set together with `unit`".into(),
+            ));
         }
         return Ok(NodeLimit::Unlimited);
     }
-    let unit_name = rl.unit.as_deref().ok_or("`unit` is required")?;
+    let unit_name = rl
+        .unit
+        .as_deref()
+        .ok_or_else(|| wrong("`unit` is required".into()))?;
     let unit = unit_duration(unit_name).ok_or_else(|| {
-        format!(
+        wrong(format!(
             "invalid `unit` {unit_name:?}; expected second, minute, hour, day, week, month or year"
-        )
+        ))
     })?;
     let requests = rl
         .requests_per_unit
-        .ok_or("`requests_per_unit` is required")?;
+        .ok_or_else(|| wrong("`requests_per_unit` is required".into()))?;
     Ok(NodeLimit::Limited {
         requests,
         unit,
@@ -266,9 +281,10 @@ fn validate_limit(rl: &EnvoyRateLimit) -> Result<NodeLimit, String> {
 mod tests {
     use super::*;
 
-    fn validate(yaml: &str) -> Result<Vec<ValidNode>, String> {
+    /// The tree of `yaml`, which parses; the error as the operator reads it.
+    fn validate(yaml: &str) -> Result<Vec<ValidNode>, EnvoyConfigError> {
         yaml_serde::from_str::<EnvoyConfig>(yaml)
-            .map_err(|e| e.to_string())?
+            .expect("parses")
             .validate()
     }
 
@@ -284,7 +300,14 @@ mod tests {
 
     #[test]
     fn config_errors_are_those_of_envoyproxy_ratelimit() {
-        let err = |yaml: &str| validate(yaml).expect_err("invalid");
+        // As the operator reads it (a field the format does not have fails to parse).
+        let err = |yaml: &str| match yaml_serde::from_str::<EnvoyConfig>(yaml) {
+            Ok(config) => config.validate().expect_err("invalid").to_string(),
+            Err(e) => e.to_string(),
+        };
+        let duplicate =
+            validate("domain: d\ndescriptors:\n  - key: a\n  - key: a\n").expect_err("duplicate");
+        assert_eq!(duplicate.at, "descriptors[1]", "{duplicate}");
         assert!(err("domain: d\ndescriptors:\n  - key: a\n  - key: a\n").contains("duplicate"));
         assert!(err("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n").contains("unit"));
         assert!(err("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, unlimited: true}\n").contains("unlimited"));
@@ -305,7 +328,14 @@ mod tests {
         let nodes = validate("domain: d\ndescriptors:\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5}\n    penalty: {after: 10, within: 1m, block: 15m}\n")
             .expect("valid");
         assert_eq!(nodes[0].penalty.map(|p| p.after()), Some(10));
-        let err = |yaml: &str| validate(yaml).expect_err("invalid");
+        // As the operator reads it (a field the format does not have fails to parse).
+        let err = |yaml: &str| match yaml_serde::from_str::<EnvoyConfig>(yaml) {
+            Ok(config) => config.validate().expect_err("invalid").to_string(),
+            Err(e) => e.to_string(),
+        };
+        let duplicate =
+            validate("domain: d\ndescriptors:\n  - key: a\n  - key: a\n").expect_err("duplicate");
+        assert_eq!(duplicate.at, "descriptors[1]", "{duplicate}");
         let alone = err(
             "domain: d\ndescriptors:\n  - key: ip\n    penalty: {after: 10, within: 1m, block: 15m}\n",
         );

@@ -1,6 +1,7 @@
 //! What a rule is: which requests it matches, how it keys its counters, its limit, and what
 //! happens when it would deny or when the store is down.
 
+use crate::rules::errors::ValueError;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -46,16 +47,17 @@ macro_rules! named_enum {
         }
 
         impl FromStr for $ty {
-            type Err = String;
+            type Err = crate::rules::errors::ValueError;
 
             /// Case-insensitive (`closed` is `CLOSED`).
-            fn from_str(s: &str) -> Result<Self, String> {
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
                 match s.to_ascii_uppercase().as_str() {
                     $($name => Ok($ty::$variant),)+
-                    other => Err(format!(
-                        concat!("unknown ", $what, " {:?}; expected one of ", $($name, " "),+),
-                        other
-                    )),
+                    other => Err(crate::rules::errors::ValueError::UnknownName {
+                        what: $what,
+                        value: other.to_owned(),
+                        expected: concat!($($name, " "),+),
+                    }),
                 }
             }
         }
@@ -179,15 +181,15 @@ pub struct Rule {
 
 /// Parses a duration written as `500ms`, `30s`, `5m`, `1h`, `1d`, `1w`, or a number of
 /// seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> Result<Duration, ValueError> {
     let text = text.trim();
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (write e.g. 500ms, 30s, 5m, 1h, 1d)"))?;
+    let value: f64 = number.parse().map_err(|_| ValueError::NotADuration {
+        text: text.to_owned(),
+    })?;
     let seconds = match unit.trim() {
         "ms" => value / 1000.0,
         "" | "s" => value,
@@ -196,13 +198,17 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "d" => value * 86_400.0,
         "w" => value * 604_800.0,
         other => {
-            return Err(format!(
-                "unknown duration unit {other:?} in {text:?} (use ms, s, m, h, d, w)"
-            ));
+            return Err(ValueError::UnknownUnit {
+                unit: other.to_owned(),
+                text: text.to_owned(),
+            });
         }
     };
     if !seconds.is_finite() || seconds <= 0.0 || seconds > 1e10 {
-        return Err(format!("{text:?} is not a positive duration"));
+        return Err(ValueError::NotPositive {
+            text: format!("{text:?}"),
+            what: "duration",
+        });
     }
     Ok(Duration::from_secs_f64(seconds))
 }
@@ -255,6 +261,15 @@ mod tests {
         );
         assert_eq!("Disabled".parse::<Mode>(), Ok(Mode::Disabled));
         let err = "MAYBE".parse::<FailMode>().expect_err("unknown");
+        assert_eq!(
+            err,
+            ValueError::UnknownName {
+                what: "failMode",
+                value: "MAYBE".into(),
+                expected: "OPEN CLOSED LOCAL "
+            }
+        );
+        let err = err.to_string();
         assert!(err.contains("OPEN") && err.contains("MAYBE"), "{err}");
     }
 }

@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 use tollgate_lease::{Algorithm, InvalidInput, LimitSpec, Penalty};
 use tollgate_regionsync::RegionalDoc;
 
+use crate::rules::errors::ValueError;
 use crate::rules::model::{FailMode, Identity, Mode, Pattern, Rule, parse_duration};
 
 /// A duration as written: `"30s"` or a number of seconds.
@@ -40,12 +41,15 @@ pub enum DurationValue {
 }
 
 impl DurationValue {
-    fn parse(&self) -> Result<Duration, String> {
+    fn parse(&self) -> Result<Duration, ValueError> {
         match self {
             DurationValue::Seconds(s) if s.is_finite() && *s > 0.0 && *s <= 1e10 => {
                 Ok(Duration::from_secs_f64(*s))
             }
-            DurationValue::Seconds(s) => Err(format!("{s} is not a positive number of seconds")),
+            DurationValue::Seconds(s) => Err(ValueError::NotPositive {
+                text: s.to_string(),
+                what: "number of seconds",
+            }),
             DurationValue::Text(t) => parse_duration(t),
         }
     }
@@ -160,11 +164,11 @@ impl PenaltyDoc {
         let within = self
             .within
             .parse()
-            .map_err(|e| field_error("penalty.within", e))?;
+            .map_err(|e| field_error("penalty.within", e.to_string()))?;
         let block = self
             .block
             .parse()
-            .map_err(|e| field_error("penalty.block", e))?;
+            .map_err(|e| field_error("penalty.block", e.to_string()))?;
         Penalty::new(self.after, within, block).map_err(|e| match e {
             InvalidInput::BadPenalty { field, reason } => {
                 field_error(format!("penalty.{field}"), reason)
@@ -369,14 +373,18 @@ impl RuleDoc {
         let mode = keep(
             &mut errors,
             match &self.mode {
-                Some(m) => m.parse().map_err(|e| field_error("mode", e)),
+                Some(m) => m
+                    .parse()
+                    .map_err(|e: ValueError| field_error("mode", e.to_string())),
                 None => Ok(Mode::Enforce),
             },
         );
         let fail_mode = keep(
             &mut errors,
             match &self.fail_mode {
-                Some(m) => m.parse().map_err(|e| field_error("failMode", e)),
+                Some(m) => m
+                    .parse()
+                    .map_err(|e: ValueError| field_error("failMode", e.to_string())),
                 None => Ok(FailMode::Open),
             },
         );
@@ -488,7 +496,7 @@ impl RuleDoc {
             v.ok_or_else(|| field_error(field, format!("is required for {algorithm}")))
         };
         let need_duration = |v: &Option<DurationValue>, field: &str| match v {
-            Some(d) => d.parse().map_err(|e| field_error(field, e)),
+            Some(d) => d.parse().map_err(|e| field_error(field, e.to_string())),
             None => Err(field_error(field, format!("is required for {algorithm}"))),
         };
         Ok(match algorithm {

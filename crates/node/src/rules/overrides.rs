@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::rules::envoy::ValidNode;
+use crate::rules::errors::OverrideError;
 use crate::rules::model::{Mode, Rule};
 use crate::rules::set::EnvoyDomainConfig;
 
@@ -63,7 +64,10 @@ impl OverrideDoc {
     /// Checks the id and mode; the field at fault and why otherwise.
     pub fn validate(&self, origin: String) -> Result<ModeOverride, (&'static str, String)> {
         check_id(&self.id).map_err(|e| ("id", e.to_owned()))?;
-        let mode = self.mode.parse::<Mode>().map_err(|e| ("mode", e))?;
+        let mode = self
+            .mode
+            .parse::<Mode>()
+            .map_err(|e| ("mode", e.to_string()))?;
         Ok(ModeOverride {
             id: self.id.clone(),
             mode,
@@ -104,16 +108,17 @@ pub fn apply(
     native: &mut [Rule],
     envoy: &mut [EnvoyDomainConfig],
     overrides: &[ModeOverride],
-) -> Result<Vec<AppliedOverride>, String> {
+) -> Result<Vec<AppliedOverride>, OverrideError> {
     let mut applied: HashMap<&str, AppliedOverride> = HashMap::new();
     let mut from_files: HashMap<&str, &str> = HashMap::new();
     for o in overrides {
         let from_file = !o.origin.starts_with("postgres");
         if from_file && let Some(first) = from_files.insert(&o.id, &o.origin) {
-            return Err(format!(
-                "{}: a second mode override of rule {:?} (the first is at {first})",
-                o.origin, o.id
-            ));
+            return Err(OverrideError {
+                origin: o.origin.clone(),
+                id: o.id.clone(),
+                first: first.to_owned(),
+            });
         }
         let entry = AppliedOverride {
             by: o.clone(),

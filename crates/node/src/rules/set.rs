@@ -16,6 +16,7 @@ use crate::metrics::{Metrics, RuleLabels};
 pub use crate::rules::compiled::{CompiledRule, RuleKind, override_identity, override_labels};
 use crate::rules::compiled::{push_piece, uid_of};
 use crate::rules::envoy::{NodeLimit, ValidNode};
+use crate::rules::errors::{CompileError, FailModesError};
 use crate::rules::model::{DEFAULT_IDENTITY_KEYS, FailMode, Identity, Mode, Pattern, Rule};
 
 /// A rule that matched a request: which rule, and the identity its counter is keyed by.
@@ -112,7 +113,7 @@ impl Default for EnvoyFailModes {
 impl EnvoyFailModes {
     /// Reads `CLOSED` (every domain), `public-api=CLOSED,edge=LOCAL` (those domains, the rest
     /// OPEN) or both (`LOCAL,edge=OPEN`); modes in any case.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, FailModesError> {
         let mut modes = EnvoyFailModes::default();
         let mut default_seen = false;
         for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
@@ -120,17 +121,21 @@ impl EnvoyFailModes {
                 Some((domain, mode)) => {
                     let domain = domain.trim();
                     if domain.is_empty() {
-                        return Err(format!("{item:?} names no domain"));
+                        return Err(FailModesError::NoDomain {
+                            item: item.to_owned(),
+                        });
                     }
                     let mode = mode.trim().parse()?;
                     if modes.domains.insert(domain.to_owned(), mode).is_some() {
-                        return Err(format!("domain {domain:?} is named twice"));
+                        return Err(FailModesError::DomainTwice {
+                            domain: domain.to_owned(),
+                        });
                     }
                 }
                 None if default_seen => {
-                    return Err(format!(
-                        "{item:?}: a second default (name a domain: domain=MODE)"
-                    ));
+                    return Err(FailModesError::SecondDefault {
+                        item: item.to_owned(),
+                    });
                 }
                 None => {
                     modes.default = item.parse()?;
@@ -155,7 +160,7 @@ impl RuleSet {
         envoy: &[EnvoyDomainConfig],
         version: u64,
         metrics: &Metrics,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, CompileError> {
         Self::compile_for(native, envoy, version, metrics, None)
     }
 
@@ -167,7 +172,7 @@ impl RuleSet {
         version: u64,
         metrics: &Metrics,
         view: Option<&RegionView>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, CompileError> {
         let mut set = RuleSet {
             version,
             ..RuleSet::default()
@@ -175,10 +180,11 @@ impl RuleSet {
         let mut ids: HashMap<&str, &str> = HashMap::default();
         for rule in native {
             if let Some(first) = ids.insert(&rule.id, &rule.origin) {
-                return Err(format!(
-                    "{}: duplicate rule id {:?} (first defined at {first})",
-                    rule.origin, rule.id
-                ));
+                return Err(CompileError::DuplicateId {
+                    origin: rule.origin.clone(),
+                    id: rule.id.clone(),
+                    first: first.to_owned(),
+                });
             }
             if rule.mode == Mode::Disabled {
                 continue;
@@ -241,10 +247,10 @@ impl RuleSet {
         for config in envoy {
             let domain = set.domains.entry(config.domain.clone()).or_default();
             if domain.envoy.is_some() {
-                return Err(format!(
-                    "{}: domain {:?} is configured twice",
-                    config.origin, config.domain
-                ));
+                return Err(CompileError::DomainTwice {
+                    origin: config.origin.clone(),
+                    domain: config.domain.clone(),
+                });
             }
             let mut compiler = EnvoyCompiler {
                 domain: &config.domain,
@@ -258,7 +264,7 @@ impl RuleSet {
             };
             let mut root_key = b"envoy:".to_vec();
             push_piece(&mut root_key, &config.domain);
-            let root_key = String::from_utf8(root_key).map_err(|_| "not UTF-8".to_owned())?;
+            let root_key = String::from_utf8(root_key).map_err(|_| CompileError::KeyNotUtf8)?;
             let root = compiler.level(&config.nodes, &root_key)?;
             domain.envoy = Some(EnvoyDomain {
                 nodes: compiler.nodes,
@@ -406,7 +412,7 @@ struct EnvoyCompiler<'a> {
 
 impl EnvoyCompiler<'_> {
     /// One level of the tree; `parent_key` is the counter key of the path above it.
-    fn level(&mut self, nodes: &[ValidNode], parent_key: &str) -> Result<EnvoyLevel, String> {
+    fn level(&mut self, nodes: &[ValidNode], parent_key: &str) -> Result<EnvoyLevel, CompileError> {
         let mut level = EnvoyLevel::default();
         for node in nodes {
             // The counter key: `envoy:` and the domain, then each entry's key and value as
@@ -420,7 +426,7 @@ impl EnvoyCompiler<'_> {
                 }
                 None => key.push(b'.'),
             }
-            let key = String::from_utf8(key).map_err(|_| "not UTF-8".to_owned())?;
+            let key = String::from_utf8(key).map_err(|_| CompileError::KeyNotUtf8)?;
             let rule = match &node.limit {
                 Some(limit) => Some(self.rule(node, limit, &key)?),
                 None => None,
@@ -460,7 +466,7 @@ impl EnvoyCompiler<'_> {
         node: &ValidNode,
         limit: &NodeLimit,
         key: &str,
-    ) -> Result<Arc<CompiledRule>, String> {
+    ) -> Result<Arc<CompiledRule>, CompileError> {
         let (kind, whole, name, replaces) = match limit {
             NodeLimit::Unlimited => (RuleKind::Unlimited, None, None, vec![]),
             NodeLimit::Limited {
@@ -480,11 +486,10 @@ impl EnvoyCompiler<'_> {
                     window: *unit,
                 }
                 .validate()
-                .map_err(|e| {
-                    format!(
-                        "{}: descriptor {}: rate_limit cannot be held: {e}",
-                        self.origin, node.path
-                    )
+                .map_err(|e| CompileError::LimitUnheld {
+                    origin: self.origin.to_owned(),
+                    path: node.path.clone(),
+                    reason: e.to_string(),
                 })?;
                 (
                     RuleKind::Limited(scale(limit, self.placement.share)),
@@ -495,13 +500,12 @@ impl EnvoyCompiler<'_> {
             }
         };
         if key.len() > tollgate_lease::key::MAX_RULE_BYTES {
-            return Err(format!(
-                "{}: descriptor {}: the path is too long to key a counter ({} bytes, at most {})",
-                self.origin,
-                node.path,
-                key.len(),
-                tollgate_lease::key::MAX_RULE_BYTES
-            ));
+            return Err(CompileError::PathTooLong {
+                origin: self.origin.to_owned(),
+                path: node.path.clone(),
+                bytes: key.len(),
+                most: tollgate_lease::key::MAX_RULE_BYTES,
+            });
         }
         let id = node.path.clone();
         let compiled = Arc::new(CompiledRule {
@@ -590,7 +594,7 @@ mod tests {
             ("edge=CLOSED,edge=OPEN", "named twice"),
             ("CLOSED,LOCAL", "a second default"),
         ] {
-            let err = EnvoyFailModes::parse(bad).expect_err(bad);
+            let err = EnvoyFailModes::parse(bad).expect_err(bad).to_string();
             assert!(err.contains(says), "{bad}: {err}");
         }
     }
@@ -695,11 +699,12 @@ mod tests {
         let rules = native(
             "domain: d\nrules:\n- {id: a, algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n- {id: a, algorithm: FIXED_WINDOW, limit: 2, window: 1s}\n",
         );
+        let err = RuleSet::compile(&rules, &[], 1, &Metrics::new()).expect_err("duplicate");
         assert!(
-            RuleSet::compile(&rules, &[], 1, &Metrics::new())
-                .expect_err("duplicate")
-                .contains("duplicate rule id")
+            matches!(&err, CompileError::DuplicateId { id, .. } if id == "a"),
+            "{err:?}"
         );
+        assert!(err.to_string().contains("duplicate rule id"), "{err}");
     }
 
     #[test]

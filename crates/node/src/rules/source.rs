@@ -270,14 +270,11 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
                 },
                 vec![],
             ),
-            Err(e) => {
-                // The message starts with the path at fault (`descriptors[0].rate_limit: ...`).
-                let path = e.split(": ").next().unwrap_or_default();
-                (
-                    LoadedRules::default(),
-                    vec![error(path_line(text, path), e.clone())],
-                )
-            }
+            // The error names the path at fault (`descriptors[0].rate_limit`): its line.
+            Err(e) => (
+                LoadedRules::default(),
+                vec![error(path_line(text, &e.at), e.to_string())],
+            ),
         }
     } else if top.is_null() {
         (LoadedRules::default(), vec![])

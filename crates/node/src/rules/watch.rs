@@ -10,6 +10,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 
 use crate::metrics::Metrics;
+use crate::rules::errors::CompileError;
 use crate::rules::overrides::{self, AppliedOverride};
 use crate::rules::set::{EnvoyFailModes, RuleSet};
 use crate::rules::source::{self, LoadedRules, RulesError};
@@ -85,7 +86,7 @@ impl ActiveRules {
 
     /// Compiles the installed rules again for `view` (the peer region went down or came back)
     /// and swaps them in, at the same version.
-    pub fn set_region_view(&self, view: Option<RegionView>) -> Result<(), String> {
+    pub fn set_region_view(&self, view: Option<RegionView>) -> Result<(), CompileError> {
         let installed = self.installed.lock();
         *self.region.lock() = view.clone();
         if let Some((rules, version)) = installed.as_ref() {
@@ -153,7 +154,7 @@ impl ActiveRules {
     }
 
     /// Compiles `rules` and swaps them in, or leaves the active set alone on error.
-    pub fn install(&self, rules: &LoadedRules) -> Result<u64, String> {
+    pub fn install(&self, rules: &LoadedRules) -> Result<u64, CompileError> {
         let version = self.next_version.fetch_add(1, Ordering::Relaxed);
         self.install_at(rules, version)
     }
@@ -165,7 +166,7 @@ impl ActiveRules {
     }
 
     /// Like [`ActiveRules::install`], with the version given (a rule store's revision).
-    pub fn install_at(&self, rules: &LoadedRules, version: u64) -> Result<u64, String> {
+    pub fn install_at(&self, rules: &LoadedRules, version: u64) -> Result<u64, CompileError> {
         let _span = tracing::debug_span!("rules_install", version).entered();
         let mut rules = rules.clone();
         let modes = self.envoy_fail_modes.lock().clone();
@@ -246,10 +247,10 @@ impl ActiveRules {
         // Seen before they are read: a change while they are read shows at the next look.
         let seen = fingerprint(paths);
         let loaded = source::load(paths)?;
-        let version = self.install(&loaded).map_err(|message| RulesError {
+        let version = self.install(&loaded).map_err(|error| RulesError {
             file: paths.first().cloned().unwrap_or_default(),
             line: None,
-            message,
+            message: error.to_string(),
         })?;
         *self.files_seen.lock() = seen;
         Ok(version)

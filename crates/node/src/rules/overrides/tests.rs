@@ -52,6 +52,8 @@ fn a_file_override_wins_over_postgres_and_two_files_are_an_error() {
         .expect("parses"),
     );
     let e = apply_to(&mut rules).expect_err("two files override a");
+    assert_eq!(e.id, "a");
+    let e = e.to_string();
     assert!(e.contains("u.yaml:2") && e.contains("t.yaml:2"), "{e}");
 }
 
@@ -92,6 +94,6 @@ fn a_bad_override_names_its_field_and_line() {
     assert!(e.message.contains("mode"), "{e}");
 }
 
-fn apply_to(rules: &mut LoadedRules) -> Result<Vec<AppliedOverride>, String> {
+fn apply_to(rules: &mut LoadedRules) -> Result<Vec<AppliedOverride>, OverrideError> {
     apply(&mut rules.native, &mut rules.envoy, &rules.overrides)
 }

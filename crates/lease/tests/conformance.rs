@@ -1726,6 +1726,22 @@ async fn denials_from_before_a_lift_count_nothing_after_it(b: &Backend) {
     assert!(b.store.lift_block(&key).await.expect("lift").was_blocked);
 }
 
+/// Reserves 1 of `limit` for `key` and settles 25 (10 a window, the limit: 15 past it); the
+/// denial's Retry-After and reset for one more unit.
+async fn settle_past_the_limit(b: &Backend, key: &BucketKey, limit: Limit) -> (Duration, Duration) {
+    assert!(reserve(b, key, limit, 1, "under", HOUR).await.allowed());
+    assert_eq!(
+        settle(b, key, limit, "under", 25).await,
+        Settlement::Settled {
+            refunded: 0,
+            charged: 24
+        }
+    );
+    let denied = check(b, key, limit, 1).await;
+    assert!(!denied.allowed());
+    (denied.buckets[0].retry_after, denied.buckets[0].reset_after)
+}
+
 /// A settlement's excess past a fixed window's limit is a debt: it carries into the windows
 /// after it (a limit's worth paid off by each), and the Retry-After says which has room.
 async fn a_fixed_windows_debt_carries_into_the_windows_after_it(b: &Backend) {
@@ -1733,18 +1749,8 @@ async fn a_fixed_windows_debt_carries_into_the_windows_after_it(b: &Backend) {
     let w = Duration::from_secs(1);
     let limit = Limit::fixed_window(10, w).expect("l");
     b.start_of_window(w, ms(5)).await;
-    assert!(reserve(b, &key, limit, 1, "under", HOUR).await.allowed());
-    assert_eq!(
-        settle(b, &key, limit, "under", 25).await,
-        Settlement::Settled {
-            refunded: 0,
-            charged: 24
-        }
-    );
     // 25 counted against 10: the next window starts at 15 (full), the one after at 5.
-    let denied = check(b, &key, limit, 1).await;
-    assert!(!denied.allowed());
-    let (retry, reset) = (denied.buckets[0].retry_after, denied.buckets[0].reset_after);
+    let (retry, reset) = settle_past_the_limit(b, &key, limit).await;
     if b.exact_time() {
         assert_eq!(retry, ms(1_995), "room in the window after next");
         assert_eq!(
@@ -1769,19 +1775,9 @@ async fn a_sliding_windows_debt_carries_into_the_windows_after_it(b: &Backend) {
     let w = Duration::from_secs(1);
     let limit = Limit::sliding_window(10, w).expect("l");
     b.start_of_window(w, ms(5)).await;
-    assert!(reserve(b, &key, limit, 1, "under", HOUR).await.allowed());
-    assert_eq!(
-        settle(b, &key, limit, "under", 25).await,
-        Settlement::Settled {
-            refunded: 0,
-            charged: 24
-        }
-    );
     // 25 counted against 10: the next window counts 10 decaying and 15, the one after 10 and
     // 5, where one unit fits once 4 of the decaying 10 are gone (60 % into it).
-    let denied = check(b, &key, limit, 1).await;
-    assert!(!denied.allowed());
-    let (retry, reset) = (denied.buckets[0].retry_after, denied.buckets[0].reset_after);
+    let (retry, reset) = settle_past_the_limit(b, &key, limit).await;
     if b.exact_time() {
         assert_eq!(retry, ms(2_595), "room 60 % into the window after next");
         assert_eq!(
@@ -1812,18 +1808,8 @@ async fn a_sliding_windows_debt_carries_into_the_windows_after_it(b: &Backend) {
 async fn a_logs_debt_counts_until_it_is_paid(b: &Backend) {
     let key = b.fresh_key("log-debt");
     let limit = Limit::sliding_window_log(10, Duration::from_secs(1)).expect("l");
-    assert!(reserve(b, &key, limit, 1, "under", HOUR).await.allowed());
-    assert_eq!(
-        settle(b, &key, limit, "under", 25).await,
-        Settlement::Settled {
-            refunded: 0,
-            charged: 24
-        }
-    );
     // 25 against 10: 10 count from now, the 15 owed from 2 s on, for a window.
-    let denied = check(b, &key, limit, 1).await;
-    assert!(!denied.allowed());
-    let (retry, reset) = (denied.buckets[0].retry_after, denied.buckets[0].reset_after);
+    let (retry, reset) = settle_past_the_limit(b, &key, limit).await;
     if b.exact_time() {
         assert_eq!(retry, ms(3_000), "room when the debt's entry leaves");
         assert_eq!(reset, ms(3_000));

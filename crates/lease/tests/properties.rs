@@ -705,36 +705,26 @@ proptest! {
     fn an_underestimating_client_is_charged_within_capacity_rate_and_one_excess(
         requests in proptest::collection::vec(priced(), 1..40),
     ) {
-        // A token bucket of 20 and 10 a second: within capacity + rate × time + one excess.
-        underestimated(&requests, Limit::token_bucket(20, 10.0).expect("l"), |start, end| {
-            20.0 + 10.0 * (end - start) as f64 / 1e6
-        })?;
-        // A fixed window of 20 each 2 s: within 20 for every window the run touched + one
-        // excess (a count past the limit is a debt, carried into the windows after it).
-        underestimated(
-            &requests,
-            Limit::fixed_window(20, Duration::from_secs(2)).expect("l"),
-            |start, end| {
-                let w = 2_000_000;
-                20.0 * (end / w - start / w + 1) as f64
-            },
-        )?;
-        // A sliding window of 20 each 2 s: its current count never passes the limit but by a
-        // debt, so the same bound holds (the debt carried on as a fixed window's).
-        underestimated(
-            &requests,
-            Limit::sliding_window(20, Duration::from_secs(2)).expect("l"),
-            |start, end| {
-                let w = 2_000_000;
-                20.0 * (end / w - start / w + 1) as f64
-            },
-        )?;
-        // A log of 20 each 2 s: 20 in any 2 s but by a debt, dated on until it is paid.
-        underestimated(
-            &requests,
-            Limit::sliding_window_log(20, Duration::from_secs(2)).expect("l"),
-            |start, end| 20.0 * ((end - start) / 2_000_000 + 1) as f64,
-        )?;
+        let (window, w) = (Duration::from_secs(2), 2_000_000);
+        // Windows: 20 for every window the run touched + one excess (a count past the limit
+        // is a debt, carried into the windows after it; a sliding window's current count never
+        // passes the limit but by a debt, so the same bound holds).
+        let per_window = |start: u64, end: u64| 20.0 * (end / w - start / w + 1) as f64;
+        let cases: [(Limit, &dyn Fn(u64, u64) -> f64); 4] = [
+            // A token bucket of 20 and 10 a second: capacity + rate × time + one excess.
+            (Limit::token_bucket(20, 10.0).expect("l"), &|start, end| {
+                20.0 + 10.0 * (end - start) as f64 / 1e6
+            }),
+            (Limit::fixed_window(20, window).expect("l"), &per_window),
+            (Limit::sliding_window(20, window).expect("l"), &per_window),
+            // A log: 20 in any 2 s but by a debt, dated on until it is paid.
+            (Limit::sliding_window_log(20, window).expect("l"), &|start, end| {
+                20.0 * ((end - start) / w + 1) as f64
+            }),
+        ];
+        for (limit, bound) in cases {
+            underestimated(&requests, limit, bound)?;
+        }
     }
 }
 

@@ -709,8 +709,8 @@ proptest! {
         // Windows: 20 for every window the run touched + one excess (a count past the limit
         // is a debt, carried into the windows after it; a sliding window's current count never
         // passes the limit but by a debt, so the same bound holds).
-        let per_window = |start: u64, end: u64| 20.0 * (end / w - start / w + 1) as f64;
-        let cases: [(Limit, &dyn Fn(u64, u64) -> f64); 4] = [
+        let per_window = move |start: u64, end: u64| 20.0 * (end / w - start / w + 1) as f64;
+        let cases: [(Limit, &Bound); 4] = [
             // A token bucket of 20 and 10 a second: capacity + rate × time + one excess.
             (Limit::token_bucket(20, 10.0).expect("l"), &|start, end| {
                 20.0 + 10.0 * (end - start) as f64 / 1e6
@@ -718,7 +718,7 @@ proptest! {
             (Limit::fixed_window(20, window).expect("l"), &per_window),
             (Limit::sliding_window(20, window).expect("l"), &per_window),
             // A log: 20 in any 2 s but by a debt, dated on until it is paid.
-            (Limit::sliding_window_log(20, window).expect("l"), &|start, end| {
+            (Limit::sliding_window_log(20, window).expect("l"), &move |start, end| {
                 20.0 * ((end - start) / w + 1) as f64
             }),
         ];
@@ -727,6 +727,9 @@ proptest! {
         }
     }
 }
+
+/// What a client may be charged over a run from `start` to `end` (µs), but for one excess.
+type Bound = dyn Fn(u64, u64) -> f64;
 
 /// Runs `requests` against `limit` (the in-memory store; the Redis scripts agree with it:
 /// differential.rs): what the client used and was charged for (each admitted estimate, less

@@ -587,7 +587,7 @@ async fn history(
 /// This node's 20 most-denied keys, overall and per rule (as the HTTP port's `/top-denied`).
 async fn top_denied(State(state): State<AdminState>) -> Response {
     match &state.node {
-        Some(node) => axum::Json(node.top_denied(20)).into_response(),
+        Some(node) => axum::Json(node.operator().top_denied(20)).into_response(),
         None => Problem::not_found("this admin API serves no node").into_response(),
     }
 }

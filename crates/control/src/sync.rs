@@ -91,10 +91,10 @@ impl RuleSync {
     fn forget(&self, notice: &ResetNotice) {
         if let (Some(node), Some(identity)) = (&self.node, notice.identity()) {
             if notice.penalty_only {
-                let known = node.forget_block(&notice.rule_key, &identity);
+                let known = node.operator().forget_block(&notice.rule_key, &identity);
                 tracing::debug!(rule = %notice.rule_key, known, "a penalty block was lifted");
             } else {
-                let held = node.forget_held(&notice.rule_key, &identity);
+                let held = node.operator().forget_held(&notice.rule_key, &identity);
                 tracing::debug!(rule = %notice.rule_key, held, "a counter was reset");
             }
         }

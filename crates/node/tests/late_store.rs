@@ -287,11 +287,11 @@ async fn an_operators_calls_go_through_the_breaker() {
     assert!(check(&node, &alice).await.allowed);
     store.link().set_condition(LinkCondition::Down);
     let metrics = node.metrics();
-    assert!(node.reset_counters(&alice, None).await.is_err());
+    assert!(node.operator().reset_counters(&alice, None).await.is_err());
     assert_eq!(metrics.store_failures_of(StoreOp::Reset), 1, "reset");
-    assert!(node.lift_penalties(&alice, None).await.is_err());
+    assert!(node.operator().lift_penalties(&alice, None).await.is_err());
     assert_eq!(metrics.store_failures_of(StoreOp::PenaltyLift), 1, "lift");
-    assert!(node.counters(&alice).await.is_err());
+    assert!(node.operator().counters(&alice).await.is_err());
     assert_eq!(
         metrics.store_failures_of(StoreOp::Check),
         1,

@@ -253,7 +253,8 @@ async fn denials_from_before_a_lift_on_another_node_do_not_block_again() {
         assert!(!v.allowed && !penalized(&v), "{v:?}");
     }
     // Meanwhile an operator lifts the client's penalty on a.
-    a.lift_penalties(&client("203.0.113.7"), None)
+    a.operator()
+        .lift_penalties(&client("203.0.113.7"), None)
         .await
         .expect("lifted");
     link.release();

@@ -101,7 +101,7 @@ async fn fail_modes_hold(node: &Node, round: &str) -> Duration {
     let m = node.metrics();
     assert!(m.breaker_opened.get() >= 1, "the breaker opened");
     assert!(matches!(
-        node.breaker_state(),
+        node.store().breaker_state(),
         BreakerState::Open { .. } | BreakerState::HalfOpen { .. }
     ));
     assert!(m.decisions("api", "open", Outcome::FailedOpen) >= 20);
@@ -230,7 +230,7 @@ async fn a_paused_redis_decides_again_as_soon_as_it_answers() {
         assert!(
             back <= Duration::from_millis(100),
             "decisions came back to the store {back:?} after Redis answered again: {:?}",
-            node.breaker_state()
+            node.store().breaker_state()
         );
     }
     node.shutdown().await;

@@ -251,7 +251,7 @@ async fn failover(full_coverage: bool) {
     for node in &nodes {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
         let settings = loop {
-            if let Some(settings) = node.store_cluster_settings() {
+            if let Some(settings) = node.store().cluster_settings() {
                 break settings;
             }
             assert!(

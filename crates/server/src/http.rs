@@ -47,7 +47,7 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
         "rulesSource": rules.source(),
         "rulesStalenessSeconds": node.metrics().rules_staleness_seconds.get(),
         "store": store,
-        "breaker": node.breaker_state().as_str(),
+        "breaker": node.store().breaker_state().as_str(),
     });
     let rlqs = &node.metrics().rlqs;
     body["rlqs"] = serde_json::json!({
@@ -90,7 +90,7 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
 /// heartbeat it sends a quiet store every second: true at any traffic.
 fn store_health(node: &Node) -> serde_json::Value {
     let now = node.now_micros();
-    let shards = node.store_health();
+    let shards = node.store().shards();
     let ms = |us: u64| us / 1000;
     let not_answering: Vec<serde_json::Value> = shards
         .iter()
@@ -107,14 +107,15 @@ fn store_health(node: &Node) -> serde_json::Value {
         })
         .collect();
     let last_answer_age_ms = node
-        .store_last_answer_age()
+        .store()
+        .last_answer_age()
         .map(|age| age.as_millis() as u64);
     let open: Vec<u16> = shards
         .iter()
         .filter(|s| s.breaker != BreakerState::Closed)
         .map(|s| s.shard)
         .collect();
-    let cluster = node.store_cluster_settings().map(|settings| {
+    let cluster = node.store().cluster_settings().map(|settings| {
         use tollgate_lease::redis::ClusterSettings;
         let warning = settings.warning();
         match settings {
@@ -136,7 +137,7 @@ fn store_health(node: &Node) -> serde_json::Value {
         "cluster": cluster,
         "answering": not_answering.is_empty(),
         "lastAnswerAgeMs": last_answer_age_ms,
-        "breaker": node.breaker_state().as_str(),
+        "breaker": node.store().breaker_state().as_str(),
         "shardsOpen": open,
         "shardsNotAnswering": not_answering,
         "startup": startup(node),
@@ -147,7 +148,7 @@ fn store_health(node: &Node) -> serde_json::Value {
 /// `{"answered": false, "error": "..."}` when the node started serving without it (deciding by
 /// fail modes until it answers).
 fn startup(node: &Node) -> serde_json::Value {
-    match node.store_warm_up() {
+    match node.store().warm_up() {
         Some(WarmUp::Answered(took)) => {
             serde_json::json!({"answered": true, "tookMs": took.as_millis() as u64})
         }
@@ -261,7 +262,8 @@ async fn top_denied(
         )
         .into_response();
     }
-    let body = serde_json::to_string(&node.top_denied(20)).unwrap_or_else(|_| "{}".into());
+    let body =
+        serde_json::to_string(&node.operator().top_denied(20)).unwrap_or_else(|_| "{}".into());
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 

@@ -158,18 +158,31 @@ async fn support_reads_a_key_and_a_reset_takes_effect_on_every_node() {
     // Node a spends until it leases ahead (a node hearing its own reset notice between two
     // requests gives its fresh lease back, so the first few may leave it holding nothing).
     let mut spent = 0u64;
-    while a.node.counters(&key("k1")).await.expect("counters")[0].held_here == 0 {
+    while a
+        .node
+        .operator()
+        .counters(&key("k1"))
+        .await
+        .expect("counters")[0]
+        .held_here
+        == 0
+    {
         assert!(spent < 50, "node a never leased more than it spent");
         assert_eq!(allowed(&a.node, &key("k1"), 1).await, 1);
         spent += 1;
     }
     assert!(
-        a.node.forget_held("per-key", b"k1"),
+        a.node.operator().forget_held("per-key", b"k1"),
         "node a holds the bucket"
     );
     let deadline = Instant::now() + Duration::from_secs(2);
     loop {
-        let k1_now = &a.node.counters(&key("k1")).await.expect("counters")[0];
+        let k1_now = &a
+            .node
+            .operator()
+            .counters(&key("k1"))
+            .await
+            .expect("counters")[0];
         if k1_now.held_here == 0 && k1_now.remaining == Some(100 - spent) {
             break;
         }
@@ -216,6 +229,7 @@ async fn support_reads_a_key_and_a_reset_takes_effect_on_every_node() {
     loop {
         let held = b
             .node
+            .operator()
             .counters(&key("k2"))
             .await
             .expect("counters")

@@ -120,7 +120,7 @@ async fn readiness_stays_while_the_store_is_down_and_reports_it() {
         assert!(!v.allowed);
     }
     assert!(matches!(
-        served.node.breaker_state(),
+        served.node.store().breaker_state(),
         BreakerState::Open { .. } | BreakerState::HalfOpen { .. }
     ));
     let (status, body) = served.get("/readyz").await;
@@ -240,7 +240,7 @@ async fn a_flood_of_new_keys_under_one_rule_does_not_fill_the_store_for_others()
     let v = check(node, &existing).await;
     assert_eq!(v.statuses[0].outcome, Some(Outcome::Allowed));
     assert_eq!(
-        node.breaker_state(),
+        node.store().breaker_state(),
         BreakerState::Closed,
         "a full store is up"
     );

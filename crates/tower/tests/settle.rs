@@ -84,6 +84,7 @@ async fn call(addr: SocketAddr, path: &str, key: &str, estimate: u64) -> reqwest
 /// What `key`'s token bucket holds.
 async fn left(node: &Node, key: &str) -> u64 {
     let counters = node
+        .operator()
         .counters(&Request::new("llm").descriptor([("api_key", key)]))
         .await
         .expect("counters");

@@ -13,7 +13,7 @@ use super::{AdminState, Caller, body_json, query_problem};
 use crate::problem::Problem;
 use crate::store::{ResetNotice, ResetRecord};
 use tollgate_node::Request;
-use tollgate_node::runtime::node::counters::{Counter, CounterError};
+use tollgate_node::runtime::node::operator::{Counter, CounterError};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -143,7 +143,11 @@ pub(super) async fn read(
         .ok_or_else(|| bad("descriptor", "is required (key=value,key=value)"))?;
     let entries = parse_descriptor(&descriptor)?;
     let request = request_of(&domain, entries.clone())?;
-    let counters = node.counters(&request).await.map_err(counter_problem)?;
+    let counters = node
+        .operator()
+        .counters(&request)
+        .await
+        .map_err(counter_problem)?;
     Ok(axum::Json(json!({
         "domain": domain,
         "descriptor": entries.into_iter().map(|(k, v)| json!([k, v])).collect::<Vec<_>>(),
@@ -195,8 +199,16 @@ async fn reset_or_lift(
     let entries = entries_of(&body.descriptor)?;
     let request = request_of(&body.domain, entries)?;
     let resets = match clearing {
-        Clearing::Counters => node.reset_counters(&request, body.rule.as_deref()).await,
-        Clearing::Penalties => node.lift_penalties(&request, body.rule.as_deref()).await,
+        Clearing::Counters => {
+            node.operator()
+                .reset_counters(&request, body.rule.as_deref())
+                .await
+        }
+        Clearing::Penalties => {
+            node.operator()
+                .lift_penalties(&request, body.rule.as_deref())
+                .await
+        }
     }
     .map_err(counter_problem)?;
     let records: Vec<ResetRecord> = resets

@@ -14,7 +14,10 @@
 //!   path, refills waited for, one actor call per identity);
 //! - `node/direct.rs`: store checks without a lease (keys without a bucket, peeks, slots) and the
 //!   store's word behind a pre-limit denial;
-//! - `node/counters.rs`, `node/reservations.rs`: the operator's counters and reserve/settle;
+//! - `node/operator.rs`: the operator's face (`node.operator()`: counters, resets, lifts);
+//! - `node/reservations.rs`: reserve and settle;
+//! - `node/store_view.rs`: the store as the node sees it (`node.store()`: breakers, shards,
+//!   the last answer's age, a cluster's settings);
 //! - `node/region.rs`: the node's side of region sync;
 //! - `../fail_modes.rs` (beside this file): what each rule does when the store cannot answer.
 
@@ -39,13 +42,14 @@ use crate::runtime::matching::{self, Charge, Hit, OverrideRules};
 use crate::runtime::outcome::Outcome;
 use crate::runtime::request::{Request, RequestError};
 use crate::runtime::shared::{RuntimeConfig, Shared, WarmUp};
-use crate::runtime::store_health::breaker::BreakerState;
 use crate::runtime::store_health::debts::Debts;
 use crate::runtime::store_health::guarded::GuardedStore;
-use crate::runtime::top_denied::{TopDenied, TopDeniedReport};
+use crate::runtime::top_denied::TopDenied;
 use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus, Verdict};
 
-pub mod counters;
+pub mod operator;
+pub mod store_view;
+
 mod direct;
 pub(crate) mod region;
 pub mod reservations;
@@ -220,11 +224,6 @@ impl Node {
         self.inner.fallbacks.counts()
     }
 
-    /// How the store answered when the node started (None: it was not warmed up).
-    pub fn store_warm_up(&self) -> Option<&WarmUp> {
-        self.inner.shared.warm_up.get()
-    }
-
     /// The active rules.
     pub fn rules(&self) -> &Arc<ActiveRules> {
         &self.inner.rules
@@ -235,56 +234,15 @@ impl Node {
         &self.inner.shared.metrics
     }
 
-    /// The store's circuit breaker state: the worst over its shards.
-    pub fn breaker_state(&self) -> BreakerState {
-        self.inner.shared.store.breaker_state()
-    }
-
-    /// Each store shard that has seen calls: its breaker, last answer and outage, by shard.
-    pub fn store_health(&self) -> Vec<crate::runtime::store_health::guarded::ShardHealth> {
-        self.inner.shared.store.shard_health()
-    }
-
-    /// How long ago the store last answered (the shard that answered longest ago); None for
-    /// the in-memory store (it cannot fail, and is not asked while idle) or before any answer.
-    pub fn store_last_answer_age(&self) -> Option<Duration> {
-        let shared = &self.inner.shared;
-        if shared.store.memory().is_some() {
-            return None;
-        }
-        let now = shared.clock.now_micros();
-        shared
-            .store
-            .shard_health()
-            .iter()
-            .filter(|s| s.last_answer > 0)
-            .map(|s| Duration::from_micros(now.saturating_sub(s.last_answer)))
-            .max()
-    }
-
-    /// The node clock's now (µs), against which [`Node::store_health`]'s times are read.
+    /// The node clock's now (µs), against which [`store_view::StoreView::shards`]' times are
+    /// read.
     pub fn now_micros(&self) -> tollgate_lease::Micros {
         self.inner.shared.clock.now_micros()
-    }
-
-    /// Each store shard's circuit breaker (those that have seen calls), by shard.
-    pub fn breaker_states(&self) -> Vec<(u16, BreakerState)> {
-        self.inner.shared.store.breaker_states()
-    }
-
-    /// The Redis Cluster's settings, as the node last read them (None for any other store).
-    pub fn store_cluster_settings(&self) -> Option<tollgate_lease::ClusterSettings> {
-        self.inner.shared.store.cluster_settings()
     }
 
     /// Rules made from descriptor limit overrides, held for reuse.
     pub fn override_rules(&self) -> usize {
         self.inner.overrides.len()
-    }
-
-    /// The `n` most-denied keys overall and per rule, since the node started.
-    pub fn top_denied(&self, n: usize) -> TopDeniedReport {
-        self.inner.top_denied.report(n)
     }
 
     /// Brings the metrics read from their owners up to date: the memory figures (the registry,
@@ -310,7 +268,7 @@ impl Node {
         metrics
             .store_answering
             .set(i64::from(health.iter().all(|s| s.answering())));
-        let oldest = self.store_last_answer_age().unwrap_or_default();
+        let oldest = self.store().last_answer_age().unwrap_or_default();
         metrics
             .store_last_answer_age_seconds
             .set(oldest.as_secs_f64());

@@ -1,9 +1,11 @@
-//! The counters a request is charged against, as support meets them: read
-//! (`GET /admin/v1/counters`) and reset (`POST /admin/v1/counters/reset`). A read peeks at
+//! What an operator does to a node's keys, through `node.operator()`: the counters a request
+//! is charged against, as support meets them, read (`GET /admin/v1/counters`) and reset
+//! (`POST /admin/v1/counters/reset`), penalties lifted, what this node holds of a key
+//! forgotten when another node reset or lifted it, and the most-denied keys. A read peeks at
 //! each matched rule's bucket in the store and at the leases nodes hold of it; a reset forgets
 //! the bucket in the store (its leases too, so what nodes give back credits nothing) and drops
 //! what this node holds of it. The other nodes drop theirs when told
-//! ([`Node::forget_held`]; the control plane tells them over PostgreSQL).
+//! ([`Operator::forget_held`]; the control plane tells them over PostgreSQL).
 
 use std::time::Duration;
 
@@ -88,12 +90,31 @@ pub enum CounterError {
     Store(#[from] StoreError),
 }
 
+/// A node as its operator sees it (the admin API, the control plane's notices): borrowed from
+/// the node by [`Node::operator`].
+#[derive(Debug, Clone, Copy)]
+pub struct Operator<'a> {
+    node: &'a Node,
+}
+
 impl Node {
+    /// The operator's face of this node: counters, resets, penalty lifts, the most-denied keys.
+    pub fn operator(&self) -> Operator<'_> {
+        Operator { node: self }
+    }
+}
+
+impl Operator<'_> {
+    /// The `n` most-denied keys overall and per rule, since the node started.
+    pub fn top_denied(&self, n: usize) -> crate::runtime::top_denied::TopDeniedReport {
+        self.node.inner.top_denied.report(n)
+    }
+
     /// Every rule `request` matches, with its counter for the request's identity.
     pub async fn counters(&self, request: &Request) -> Result<Vec<Counter>, CounterError> {
-        let store = &self.inner.shared.store;
+        let store = &self.node.inner.shared.store;
         let mut out = vec![];
-        for charge in self.charges(request)? {
+        for charge in self.node.charges(request)? {
             let rule = &charge.rule;
             let id = BucketId::new(rule, &charge.identity);
             let mut counter = Counter {
@@ -131,6 +152,7 @@ impl Node {
                     counter.penalty = Some(store.note_denials(&key, &penalty, 0, None).await?);
                 }
                 counter.held_here = self
+                    .node
                     .inner
                     .shared
                     .registry
@@ -150,7 +172,7 @@ impl Node {
         request: &Request,
         rule: Option<&str>,
     ) -> Result<Vec<Reset>, CounterError> {
-        let store = &self.inner.shared.store;
+        let store = &self.node.inner.shared.store;
         let mut out = vec![];
         for (charge, key) in self.buckets_named(request, rule, |r| r.limit().is_some())? {
             let existed = store.reset(&key).await?;
@@ -163,25 +185,29 @@ impl Node {
     /// Lifts the penalty blocks of `request`'s identity: under the matched rule with id `rule`,
     /// or under every matched rule with a penalty when None. Each block is lifted in the store
     /// (its denial count forgotten, the bucket untouched) and on this node; the other nodes
-    /// forget it when told ([`Node::forget_block`]).
+    /// forget it when told ([`Operator::forget_block`]).
     pub async fn lift_penalties(
         &self,
         request: &Request,
         rule: Option<&str>,
     ) -> Result<Vec<Reset>, CounterError> {
-        let store = &self.inner.shared.store;
+        let store = &self.node.inner.shared.store;
         let mut out = vec![];
         for (charge, key) in self.buckets_named(request, rule, |r| r.penalty.is_some())? {
             // Forgotten here first, so that denials this node has not counted yet are not
             // flushed into the store after the lift; and those already on their way land
             // before it (both would count towards a fresh block and start it again).
             self.forget_block(&charge.rule.key, &charge.identity);
-            self.inner.shared.penalties.settled(&key).await;
+            self.node.inner.shared.penalties.settled(&key).await;
             let lift = store.lift_block(&key).await?;
             self.forget_block(&charge.rule.key, &charge.identity);
             // The denials this node hands out from now on count under the lift's epoch;
             // those other nodes handed out before it count nothing (`penalties`).
-            self.inner.shared.penalties.learn_epoch(&key, lift.epoch);
+            self.node
+                .inner
+                .shared
+                .penalties
+                .learn_epoch(&key, lift.epoch);
             out.push(Reset::of(charge, lift.was_blocked));
         }
         Ok(out)
@@ -196,6 +222,7 @@ impl Node {
         kept: impl Fn(&crate::rules::CompiledRule) -> bool,
     ) -> Result<Vec<(Charge, tollgate_lease::BucketKey)>, CounterError> {
         let charges: Vec<_> = self
+            .node
             .charges(request)?
             .into_iter()
             .filter(|c| kept(&c.rule))
@@ -224,12 +251,13 @@ impl Node {
         let Ok(key) = tollgate_lease::BucketKey::new(identity, rule_key) else {
             return false;
         };
-        let penalties = &self.inner.shared.penalties;
-        let known = penalties.blocked_for(&key, self.now()).is_some();
+        let penalties = &self.node.inner.shared.penalties;
+        let known = penalties.blocked_for(&key, self.node.now()).is_some();
         penalties.forget(&key);
-        let rules = self.inner.rules.load();
+        let rules = self.node.inner.rules.load();
         if let Some(rule) = rules.rule(rule_key)
             && let Some(bucket) = self
+                .node
                 .inner
                 .shared
                 .registry
@@ -247,17 +275,17 @@ impl Node {
     /// denial it remembers are forgotten, and its pre-limit and LOCAL fallback start full.
     /// The next request asks the store. Returns whether the node held the bucket.
     pub fn forget_held(&self, rule_key: &str, identity: &[u8]) -> bool {
-        let rules = self.inner.rules.load();
+        let rules = self.node.inner.rules.load();
         let Some(rule) = rules.rule(rule_key) else {
             return false;
         };
         let id = BucketId::new(rule, identity);
         if let Ok(key) = id.store_key() {
             // A reset lifts a block too.
-            self.inner.shared.penalties.forget(&key);
+            self.node.inner.shared.penalties.forget(&key);
         }
         let local = id.local_key();
-        let Some(bucket) = self.inner.shared.registry.bucket(&local) else {
+        let Some(bucket) = self.node.inner.shared.registry.bucket(&local) else {
             return false;
         };
         // The bucket's actor gives back what the leases hold (a lease granted since the reset

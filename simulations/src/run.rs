@@ -293,7 +293,7 @@ async fn simulate(
                 .nodes
                 .iter()
                 .filter_map(|n| n.node.as_ref())
-                .map(|n| n.held().0 as u64)
+                .map(|n| n.operator().held().0 as u64)
                 .sum();
             let regions = region_second(&world, &tally, per_second.len());
             let mut t = tally.lock();
@@ -497,7 +497,7 @@ fn region_second(
         for n in world.nodes.iter().filter(|n| n.region == r) {
             let Some(node) = &n.node else { continue };
             sample[r].get_or_insert(node);
-            if let Some(sync) = node.region() {
+            if let Some(sync) = node.region().link() {
                 let status = sync.status();
                 figures.peer_up += u64::from(status.peer_up);
                 if let Some(lag) = status.lag_ms {
@@ -509,7 +509,7 @@ fn region_second(
     }
     // SPLIT: while a node of each region sees the other up, their shares fit in the limit.
     if let [Some(a), Some(b)] = sample[..] {
-        let up = |n: &Node| n.region().is_some_and(|r| r.status().peer_up);
+        let up = |n: &Node| n.region().link().is_some_and(|r| r.status().peer_up);
         if up(a) && up(b) {
             let (ra, rb) = (a.rules().load(), b.rules().load());
             for x in ra.rules() {

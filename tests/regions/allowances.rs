@@ -131,7 +131,7 @@ async fn until_allowances(regions: &TwoRegions, want: Allowances) {
             .nodes
             .iter()
             .chain(&regions.eu.nodes)
-            .all(|n| n.node.region().expect("region").allowances() == want);
+            .all(|n| n.node.region().link().expect("region").allowances() == want);
         if all {
             return;
         }
@@ -268,6 +268,7 @@ async fn version_1_front(region: &Region) -> Front {
     let service = region.nodes[0]
         .node
         .region()
+        .link()
         .expect("region")
         .service()
         .into_server();

@@ -256,7 +256,7 @@ async fn the_link_reports_the_truth_and_serves_only_what_is_the_peers() {
     };
     let mut eu = Running::start(settings, rules).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let status = eu.node.region().expect("region").status();
+    let status = eu.node.region().link().expect("region").status();
     assert_eq!(status.peer_state, "unreached", "never heard from: not up");
     assert!(!status.peer_up);
     assert_eq!(eu.node.metrics().region.peer_up.get(), 0);

@@ -202,7 +202,7 @@ impl TwoRegions {
                     let m = n.node.metrics();
                     format!(
                         "{name}: peer {:?}, breaker opened {}, failed open {}, slow store {}, owed {}, stalls {}, late leases {}, lease waits {}, rules generation {}, region {:?}",
-                        n.node.region().map(|r| r.peer_state()),
+                        n.node.region().link().map(|r| r.peer_state()),
                         m.breaker_opened.get(),
                         n.node
                             .rules()
@@ -217,7 +217,7 @@ impl TwoRegions {
                         m.late_leases.get(),
                         m.lease_waits.get(),
                         n.node.rules().generation(),
-                        n.node.region().map(|r| r.status()),
+                        n.node.region().link().map(|r| r.status()),
                     )
                 })
                 .collect::<Vec<_>>()
@@ -251,7 +251,7 @@ impl TwoRegions {
                 .nodes
                 .iter()
                 .chain(&self.eu.nodes)
-                .all(|n| n.node.region().expect("region").peer_state() == state);
+                .all(|n| n.node.region().link().expect("region").peer_state() == state);
             if all {
                 return;
             }

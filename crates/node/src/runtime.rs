@@ -2,9 +2,12 @@
 //! fail modes, and the node that ties them together.
 //!
 //! # Layout
-//! - [`node`]: the node; decides what a request matched, all or nothing.
+//! - [`node`]: the node a gateway calls (check, prepare, draw, slots), with its faces for the
+//!   operator, the store's health and the region link.
 //! - [`matching`]: what a request matches (rules, identities, costs; limit overrides).
-//! - [`attempt`]: one request's statuses and what it took, rolled back all or nothing.
+//! - `decision`: the one owner of a decision: a request's matched rules in, a verdict out,
+//!   all or nothing (the lease, the store, the fail modes, the region placement; what a
+//!   request took, rolled back).
 //! - [`prepared`]: a request resolved once, decided from leases with atomics only.
 //! - [`request`], [`verdict`]: what goes in and what comes out; [`outcome`]: what happened at
 //!   one rule, and why it denied.
@@ -23,7 +26,7 @@
 //!   store.
 //! - [`shared`]: settings and what every part shares.
 
-pub mod attempt;
+pub(crate) mod decision;
 pub(crate) mod fail_modes;
 pub mod fallbacks;
 pub mod keys;

@@ -268,7 +268,7 @@ async fn failover(full_coverage: bool) {
             }
         );
         assert_eq!(settings.warning().is_some(), full_coverage);
-        node.refresh_figures();
+        node.operator().refresh_figures();
         assert_eq!(
             node.metrics().store_cluster_full_coverage_required.get(),
             i64::from(full_coverage)

@@ -199,12 +199,12 @@ impl App {
                     // as a late lease does; judged by the 5 ms budget, a busy node's batches
                     // were refused and the peer counted down.
                     store.with_budget(config.runtime.store_patience),
-                    node.region_host(),
+                    node.region().host(),
                     metrics.region.clone(),
                     clock,
                 )
                 .await?;
-                let _ = node.attach_region(region.clone());
+                let _ = node.region().attach(region.clone());
                 if let Err(e) = node.rules().set_region_view(Some(region.view())) {
                     tracing::error!(error = %e, "rules do not compile for the regions' state");
                 }
@@ -436,7 +436,7 @@ impl App {
                 let mut stop = stop_rx.clone();
                 async move {
                     tokio::select! {
-                        () = node.follow_region_view() => {}
+                        () = node.region().follow_view() => {}
                         _ = stop.wait_for(|s| *s) => {}
                     }
                 }

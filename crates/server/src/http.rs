@@ -60,7 +60,7 @@ async fn readyz(State(node): State<Node>) -> impl IntoResponse {
     if let Some(problem) = rules.problem() {
         body["rulesProblem"] = serde_json::Value::String(problem);
     }
-    if let Some(region) = node.region() {
+    if let Some(region) = node.region().link() {
         let status = region.status();
         body["region"] = serde_json::json!({
             "region": status.region,
@@ -158,7 +158,7 @@ fn startup(node: &Node) -> serde_json::Value {
 }
 
 async fn metrics(State(node): State<Node>) -> impl IntoResponse {
-    node.refresh_figures();
+    node.operator().refresh_figures();
     (
         [(
             header::CONTENT_TYPE,

@@ -93,7 +93,7 @@ async fn overrides_are_bounded_and_never_become_metric_labels() {
         !after.contains("svc-4999"),
         "a request's domain became a label"
     );
-    let cached = served.node.override_rules();
+    let cached = served.node.operator().override_rules();
     assert!(
         cached <= tollgate_node::runtime::MAX_OVERRIDE_RULES,
         "{cached} override rules held"
@@ -214,13 +214,13 @@ async fn a_flood_of_new_long_identities_stays_within_the_key_state_budget() {
             );
         }
         if i % 500 == 0 {
-            node.refresh_figures();
+            node.operator().refresh_figures();
             most_bytes = most_bytes.max(node.metrics().key_state_bytes.get());
-            most_actors = most_actors.max(node.held().0);
+            most_actors = most_actors.max(node.operator().held().0);
         }
     }
     let grown = rss_bytes().saturating_sub(before);
-    node.refresh_figures();
+    node.operator().refresh_figures();
     let metrics = node.metrics();
     most_bytes = most_bytes.max(metrics.key_state_bytes.get());
     assert!(
@@ -240,6 +240,10 @@ async fn a_flood_of_new_long_identities_stays_within_the_key_state_budget() {
     assert!(grown < 64 << 20, "RSS grew by {} MiB", grown >> 20);
     // Idle past the idle timeout: every actor stopped, its budget given back.
     tokio::time::sleep(Duration::from_millis(4_500)).await;
-    assert_eq!(node.held(), (0, 0), "actors and buckets after the flood");
+    assert_eq!(
+        node.operator().held(),
+        (0, 0),
+        "actors and buckets after the flood"
+    );
     served.stop().await;
 }

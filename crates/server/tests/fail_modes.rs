@@ -216,7 +216,7 @@ async fn a_flood_of_new_keys_under_one_rule_does_not_fill_the_store_for_others()
     for i in 0..20_000 {
         check(node, &request("open", &format!("flood-{i}"))).await;
     }
-    node.refresh_figures();
+    node.operator().refresh_figures();
     let metrics = node.metrics();
     assert!(
         metrics.memory_store_evictions.get() > 10_000,
@@ -282,7 +282,7 @@ async fn local_fallback_buckets_are_bounded_and_swept_between_outages() {
     for i in 0..200 {
         check(&node, &request("local", &format!("outage-1-{i}"))).await;
     }
-    let (fallbacks, overflow) = node.fallback_buckets();
+    let (fallbacks, overflow) = node.operator().fallback_buckets();
     assert!(
         fallbacks <= 10,
         "{fallbacks} fallback buckets for room for 10"

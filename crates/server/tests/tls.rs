@@ -452,7 +452,7 @@ async fn two_regions_talk_over_mutual_tls_and_refuse_a_caller_without_a_certific
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let up = |s: &Served| {
-            let r = s.node.region().expect("region");
+            let r = s.node.region().link().expect("region");
             r.peer_state() == PeerState::Up && r.status().peer_up
         };
         if up(&us) && up(&eu) {
@@ -461,8 +461,8 @@ async fn two_regions_talk_over_mutual_tls_and_refuse_a_caller_without_a_certific
         assert!(
             tokio::time::Instant::now() < deadline,
             "the regions never reached each other over mutual TLS: us {:?}, eu {:?}",
-            us.node.region().map(|r| r.status()),
-            eu.node.region().map(|r| r.status())
+            us.node.region().link().map(|r| r.status()),
+            eu.node.region().link().map(|r| r.status())
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

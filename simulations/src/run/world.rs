@@ -172,13 +172,13 @@ impl World {
             config,
             client,
             store,
-            node.region_host(),
+            node.region().host(),
             node.metrics().region.clone(),
             self.clock.clone(),
         )
         .await
         .map_err(|e| failed(e.to_string()))?;
-        let _ = node.attach_region(sync.clone());
+        let _ = node.region().attach(sync.clone());
         node.rules()
             .set_region_view(Some(sync.view()))
             .map_err(|e| failed(e.to_string()))?;
@@ -187,7 +187,7 @@ impl World {
         let server = tokio::spawn(wire::serve(wire.clone(), sync.service(), incoming));
         let follow = tokio::spawn({
             let node = node.clone();
-            async move { node.follow_region_view().await }
+            async move { node.region().follow_view().await }
         });
         Ok((node, vec![server, follow], cpu))
     }
@@ -239,7 +239,7 @@ pub(super) async fn apply_fault(
                     sim.carried.0 += m.lease_units_acquired.get();
                     sim.carried.1 += m.lease_units_returned.get();
                     n.crash();
-                    if let Some(region) = n.region() {
+                    if let Some(region) = n.region().link() {
                         region.kill();
                     }
                     for task in sim.tasks.drain(..) {

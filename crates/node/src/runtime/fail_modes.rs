@@ -11,7 +11,7 @@ use std::time::Duration;
 use tollgate_lease::{Micros, StoreError};
 
 use crate::rules::FailMode;
-use crate::runtime::attempt::Taken;
+use crate::runtime::decision::attempt::Taken;
 use crate::runtime::fallbacks::Fallbacks;
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::local::LocalBucket;
@@ -283,7 +283,7 @@ mod tests {
             let owed_units: u64 = took
                 .iter()
                 .filter_map(|t| match t {
-                    crate::runtime::attempt::Taken::Owed(_, units) => Some(*units),
+                    crate::runtime::decision::attempt::Taken::Owed(_, units) => Some(*units),
                     _ => None,
                 })
                 .sum();

@@ -94,7 +94,7 @@ pub enum CounterError {
 /// the node by [`Node::operator`].
 #[derive(Debug, Clone, Copy)]
 pub struct Operator<'a> {
-    node: &'a Node,
+    pub(super) node: &'a Node,
 }
 
 impl Node {
@@ -107,12 +107,12 @@ impl Node {
 impl Operator<'_> {
     /// The `n` most-denied keys overall and per rule, since the node started.
     pub fn top_denied(&self, n: usize) -> crate::runtime::top_denied::TopDeniedReport {
-        self.node.inner.top_denied.report(n)
+        self.node.inner.decider.top_denied.report(n)
     }
 
     /// Every rule `request` matches, with its counter for the request's identity.
     pub async fn counters(&self, request: &Request) -> Result<Vec<Counter>, CounterError> {
-        let store = &self.node.inner.shared.store;
+        let store = &self.node.inner.decider.shared.store;
         let mut out = vec![];
         for charge in self.node.charges(request)? {
             let rule = &charge.rule;
@@ -154,6 +154,7 @@ impl Operator<'_> {
                 counter.held_here = self
                     .node
                     .inner
+                    .decider
                     .shared
                     .registry
                     .bucket(&id.local_key())
@@ -172,7 +173,7 @@ impl Operator<'_> {
         request: &Request,
         rule: Option<&str>,
     ) -> Result<Vec<Reset>, CounterError> {
-        let store = &self.node.inner.shared.store;
+        let store = &self.node.inner.decider.shared.store;
         let mut out = vec![];
         for (charge, key) in self.buckets_named(request, rule, |r| r.limit().is_some())? {
             let existed = store.reset(&key).await?;
@@ -191,20 +192,21 @@ impl Operator<'_> {
         request: &Request,
         rule: Option<&str>,
     ) -> Result<Vec<Reset>, CounterError> {
-        let store = &self.node.inner.shared.store;
+        let store = &self.node.inner.decider.shared.store;
         let mut out = vec![];
         for (charge, key) in self.buckets_named(request, rule, |r| r.penalty.is_some())? {
             // Forgotten here first, so that denials this node has not counted yet are not
             // flushed into the store after the lift; and those already on their way land
             // before it (both would count towards a fresh block and start it again).
             self.forget_block(&charge.rule.key, &charge.identity);
-            self.node.inner.shared.penalties.settled(&key).await;
+            self.node.inner.decider.shared.penalties.settled(&key).await;
             let lift = store.lift_block(&key).await?;
             self.forget_block(&charge.rule.key, &charge.identity);
             // The denials this node hands out from now on count under the lift's epoch;
             // those other nodes handed out before it count nothing (`penalties`).
             self.node
                 .inner
+                .decider
                 .shared
                 .penalties
                 .learn_epoch(&key, lift.epoch);
@@ -251,7 +253,7 @@ impl Operator<'_> {
         let Ok(key) = tollgate_lease::BucketKey::new(identity, rule_key) else {
             return false;
         };
-        let penalties = &self.node.inner.shared.penalties;
+        let penalties = &self.node.inner.decider.shared.penalties;
         let known = penalties.blocked_for(&key, self.node.now()).is_some();
         penalties.forget(&key);
         let rules = self.node.inner.rules.load();
@@ -259,6 +261,7 @@ impl Operator<'_> {
             && let Some(bucket) = self
                 .node
                 .inner
+                .decider
                 .shared
                 .registry
                 .bucket(&BucketId::new(rule, identity).local_key())
@@ -282,10 +285,10 @@ impl Operator<'_> {
         let id = BucketId::new(rule, identity);
         if let Ok(key) = id.store_key() {
             // A reset lifts a block too.
-            self.node.inner.shared.penalties.forget(&key);
+            self.node.inner.decider.shared.penalties.forget(&key);
         }
         let local = id.local_key();
-        let Some(bucket) = self.node.inner.shared.registry.bucket(&local) else {
+        let Some(bucket) = self.node.inner.decider.shared.registry.bucket(&local) else {
             return false;
         };
         // The bucket's actor gives back what the leases hold (a lease granted since the reset

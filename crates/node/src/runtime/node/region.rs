@@ -7,40 +7,21 @@ use tollgate_lease::Limit;
 use tollgate_regionsync::messages::{ForwardReply, ForwardRequest};
 use tollgate_regionsync::{ForwardError, RegionSync};
 
-use super::{Inner, Node, Route};
+use super::{Inner, Node};
+use crate::runtime::decision::Route;
 use crate::runtime::matching::Hit;
 use crate::runtime::verdict::Verdict;
 
 impl Node {
-    /// Attaches region sync: consumption of ASYNC_SYNC rules is recorded for the peer and
-    /// HOME_REGION decisions are forwarded. Once per node.
-    pub fn attach_region(&self, region: Arc<RegionSync>) -> Result<(), Arc<RegionSync>> {
-        self.inner.shared.region.set(region)
-    }
-
-    /// Keeps the rules compiled for the regions' state: the peer going down or coming back
-    /// moves SPLIT shares. Runs until region sync ends; spawn it beside the node.
-    pub async fn follow_region_view(&self) {
-        let Some(region) = self.region().cloned() else {
-            return;
-        };
-        let rules = self.rules().clone();
-        let mut changes = region.subscribe();
-        while changes.changed().await.is_ok() {
-            if let Err(e) = rules.set_region_view(Some(region.view())) {
-                tracing::error!(error = %e, "rules do not compile for the regions' state");
-            }
-        }
-    }
-
-    /// Region sync, if attached.
-    pub fn region(&self) -> Option<&Arc<RegionSync>> {
-        self.inner.shared.region.get()
+    /// The node's face to region sync: attaching it, following the regions' state, and the
+    /// handle region sync calls back into.
+    pub fn region(&self) -> Region<'_> {
+        Region { node: self }
     }
 
     /// Decides one rule for one identity, as the home region of a HOME_REGION rule does for
     /// the peer. None when the rule is unknown here or is not a HOME_REGION rule homed here.
-    pub async fn check_rule(&self, rule_key: &str, identity: &[u8], cost: u64) -> Option<Verdict> {
+    async fn check_rule(&self, rule_key: &str, identity: &[u8], cost: u64) -> Option<Verdict> {
         let rule = self.inner.rules.load().rule(rule_key)?.clone();
         // Only a HOME_REGION rule homed here is the peer's to ask about: any other rule's
         // counter is this region's own (a SPLIT share, an ASYNC_SYNC budget), not the peer's.
@@ -54,13 +35,53 @@ impl Node {
             identity: identity.to_vec(),
             cost,
         };
-        Some(self.decide(vec![hit], Route::Fastest).await)
+        let now = self.now();
+        Some(
+            self.inner
+                .decider
+                .decide(vec![hit], Route::Fastest, now)
+                .await,
+        )
+    }
+}
+
+/// The node's face to region sync ([`Node::region`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Region<'a> {
+    node: &'a Node,
+}
+
+impl<'a> Region<'a> {
+    /// Attaches region sync: consumption of ASYNC_SYNC rules is recorded for the peer and
+    /// HOME_REGION decisions are forwarded. Once per node.
+    pub fn attach(&self, sync: Arc<RegionSync>) -> Result<(), Arc<RegionSync>> {
+        self.node.inner.decider.shared.region.set(sync)
+    }
+
+    /// Region sync, if attached.
+    pub fn link(self) -> Option<&'a Arc<RegionSync>> {
+        self.node.inner.decider.shared.region.get()
+    }
+
+    /// Keeps the rules compiled for the regions' state: the peer going down or coming back
+    /// moves SPLIT shares. Runs until region sync ends; spawn it beside the node.
+    pub async fn follow_view(self) {
+        let Some(sync) = self.link().cloned() else {
+            return;
+        };
+        let rules = self.node.rules().clone();
+        let mut changes = sync.subscribe();
+        while changes.changed().await.is_ok() {
+            if let Err(e) = rules.set_region_view(Some(sync.view())) {
+                tracing::error!(error = %e, "rules do not compile for the regions' state");
+            }
+        }
     }
 
     /// A handle region sync calls back into (holding the node weakly).
-    pub fn region_host(&self) -> Arc<dyn tollgate_regionsync::RegionHost> {
+    pub fn host(&self) -> Arc<dyn tollgate_regionsync::RegionHost> {
         Arc::new(RegionHostOf {
-            node: Arc::downgrade(&self.inner),
+            node: Arc::downgrade(&self.node.inner),
         })
     }
 }
@@ -115,7 +136,8 @@ impl tollgate_regionsync::RegionHost for RegionHostOf {
             let Some(compiled) = inner.rules.load().rule(&rule).cloned() else {
                 return false;
             };
-            crate::runtime::penalties::impose(&inner.shared, &compiled, &identity, left).await
+            crate::runtime::penalties::impose(&inner.decider.shared, &compiled, &identity, left)
+                .await
         })
     }
 }

@@ -23,8 +23,9 @@ use tollgate_lease::{
     StoreError,
 };
 
-use super::{Node, Route};
+use super::Node;
 use crate::rules::RuleKind;
+use crate::runtime::decision::Route;
 use crate::runtime::keys::bucket_id::BucketId;
 use crate::runtime::matching;
 use crate::runtime::request::{Request, RequestError};
@@ -113,7 +114,7 @@ impl Node {
             ));
         }
         let rules = self.inner.rules.load();
-        let hits = matching::hits(&rules, request, &self.inner.overrides, self.now())?;
+        let hits = matching::hits(&rules, request, &self.inner.decider.overrides, self.now())?;
         self.note_long_identities(&hits, &request.domain);
         for hit in &hits {
             if let RuleKind::Limited(limit) = hit.rule.kind {
@@ -139,7 +140,12 @@ impl Node {
             }
         }
         let reserve = Reserve { nonce: id, ttl };
-        let verdict = self.decide(hits, Route::Reserve(&reserve)).await;
+        let now = self.now();
+        let verdict = self
+            .inner
+            .decider
+            .decide(hits, Route::Reserve(&reserve), now)
+            .await;
         let id = verdict.allowed.then_some(reserve.nonce);
         Ok((verdict, id))
     }
@@ -196,7 +202,7 @@ impl Node {
         }
         // A settle is made after the response, no request waits on it: it waits for the
         // store as long as any call is waited for (the patience), not one call's budget.
-        let store = &self.inner.shared.store;
+        let store = &self.inner.decider.shared.store;
         let mut out = vec![];
         for (_, group) in by_identity {
             let (rules, items): (Vec<String>, Vec<SettleItem>) = group.into_iter().unzip();
@@ -204,7 +210,11 @@ impl Node {
                 SettleRequest::new(items).map_err(|e| invalid("descriptors", e.to_string()))?;
             let settled = store.settle(&req).await?;
             for (rule, settlement) in rules.into_iter().zip(settled) {
-                self.inner.shared.metrics.settlement(&rule, &settlement);
+                self.inner
+                    .decider
+                    .shared
+                    .metrics
+                    .settlement(&rule, &settlement);
                 out.push(RuleSettlement { rule, settlement });
             }
         }

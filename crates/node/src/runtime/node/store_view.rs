@@ -26,24 +26,24 @@ impl Node {
 impl StoreView<'_> {
     /// The circuit breaker's state: the worst over the shards.
     pub fn breaker_state(&self) -> BreakerState {
-        self.node.inner.shared.store.breaker_state()
+        self.node.inner.decider.shared.store.breaker_state()
     }
 
     /// Each shard's circuit breaker (those that have seen calls), by shard.
     pub fn breaker_states(&self) -> Vec<(u16, BreakerState)> {
-        self.node.inner.shared.store.breaker_states()
+        self.node.inner.decider.shared.store.breaker_states()
     }
 
     /// Each shard that has seen calls: its breaker, last answer and outage, by shard (times
     /// on the node's clock: [`Node::now_micros`]).
     pub fn shards(&self) -> Vec<ShardHealth> {
-        self.node.inner.shared.store.shard_health()
+        self.node.inner.decider.shared.store.shard_health()
     }
 
     /// How long ago the store last answered (the shard that answered longest ago); None for
     /// the in-memory store (it cannot fail, and is not asked while idle) or before any answer.
     pub fn last_answer_age(&self) -> Option<Duration> {
-        let shared = &self.node.inner.shared;
+        let shared = &self.node.inner.decider.shared;
         if shared.store.memory().is_some() {
             return None;
         }
@@ -59,11 +59,11 @@ impl StoreView<'_> {
 
     /// A Redis Cluster's settings, as the node last read them (None for any other store).
     pub fn cluster_settings(&self) -> Option<tollgate_lease::ClusterSettings> {
-        self.node.inner.shared.store.cluster_settings()
+        self.node.inner.decider.shared.store.cluster_settings()
     }
 
     /// How the store answered when the node started (None: it was not warmed up).
     pub fn warm_up(&self) -> Option<&WarmUp> {
-        self.node.inner.shared.warm_up.get()
+        self.node.inner.decider.shared.warm_up.get()
     }
 }

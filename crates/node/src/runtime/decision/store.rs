@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use tollgate_lease::{Algorithm, CheckItem, CheckOutcome, CheckRequest, StoreError};
 
-use super::{Node, Route};
-use crate::runtime::attempt::{Attempt, Taken};
+use super::{Decider, Route};
+use crate::runtime::decision::attempt::{Attempt, Taken};
 use crate::runtime::fail_modes::{self, Cause};
 use crate::runtime::keys::bucket::Bucket;
 use crate::runtime::matching::Hit;
@@ -20,8 +20,10 @@ use crate::runtime::store_health::debts::Debt;
 use crate::runtime::store_health::guarded::Waited;
 use crate::runtime::store_health::lateness::{Late, Wait};
 use crate::runtime::verdict::{Denial, HeldSlot, RuleStatus};
+use std::collections::HashMap;
+use tollgate_lease::{BucketKey, SlotRelease};
 
-impl Node {
+impl Decider {
     /// Decides hits by one store check (their buckets share an identity; a request charges a
     /// bucket once, so each bucket is one item).
     pub(super) async fn check_directly(
@@ -54,7 +56,7 @@ impl Node {
                 let hit = &hits[i];
                 hit.rule
                     .limit()
-                    .and_then(|l| self.inner.shared.allowance_of(&hit.rule, &l))
+                    .and_then(|l| self.shared.allowance_of(&hit.rule, &l))
             })
             .collect();
         let penalized = group
@@ -113,7 +115,7 @@ impl Node {
                         if b.allowed {
                             hits[i].admitted(Outcome::Allowed, b.remaining, b.reset_after)
                         } else if !b.blocked_for.is_zero() {
-                            let shared = &self.inner.shared;
+                            let shared = &self.shared;
                             shared.penalties.learn(
                                 request.items()[at].key.clone(),
                                 b.blocked_for,
@@ -139,10 +141,10 @@ impl Node {
                 }
                 if allowed {
                     // What the store admitted directly is this region's consumption.
-                    let now = self.inner.shared.clock.now_micros();
+                    let now = self.shared.clock.now_micros();
                     for hit in group.iter().map(|&i| &hits[i]) {
                         if let Some(limit) = hit.rule.limit() {
-                            self.inner.shared.record_for_peer(
+                            self.shared.record_for_peer(
                                 &hit.rule,
                                 &hit.identity,
                                 &limit,
@@ -153,7 +155,7 @@ impl Node {
                     }
                     for (item, b) in request.items().iter().zip(outcome.buckets) {
                         if let Some(slot) = b.slot {
-                            self.inner.shared.metrics.slots_taken.inc();
+                            self.shared.metrics.slots_taken.inc();
                             attempt.took(Taken::Slot(HeldSlot {
                                 key: item.key.clone(),
                                 slot,
@@ -163,19 +165,9 @@ impl Node {
                 }
                 allowed
             }
-            Err(error) => group.iter().all(|&i| {
-                attempt.record_taken(
-                    i,
-                    fail_modes::decide(
-                        &self.inner.shared,
-                        &self.inner.fallbacks,
-                        &hits[i],
-                        None,
-                        Cause::of(&error),
-                        self.inner.shared.clock.now_micros(),
-                    ),
-                )
-            }),
+            Err(error) => group
+                .iter()
+                .all(|&i| self.decide_by_fail_mode(&hits[i], i, None, Cause::of(&error), attempt)),
         }
     }
 
@@ -189,7 +181,7 @@ impl Node {
         wait: Wait,
     ) -> Result<impl std::future::Future<Output = Result<CheckOutcome, StoreError>>, StoreError>
     {
-        let shared = self.inner.shared.clone();
+        let shared = self.shared.clone();
         let (mut call, mut future) = shared.store.begin_check(request)?;
         let request = request.clone();
         Ok(async move {
@@ -257,14 +249,13 @@ impl Node {
         if need == 0 || bucket.room_seen(need, now) {
             return Duration::ZERO;
         }
-        let allowance = self.inner.shared.allowance_of(&bucket.rule, &bucket.limit);
+        let allowance = self.shared.allowance_of(&bucket.rule, &bucket.limit);
         let Ok(peek) = CheckRequest::single(bucket.key.clone(), bucket.limit, need)
             .and_then(|r| r.with_allowances(vec![allowance]))
         else {
             return Duration::ZERO;
         };
         match self
-            .inner
             .shared
             .store
             .check(&peek.peek(), Wait::UntilStall)
@@ -276,7 +267,7 @@ impl Node {
             }
             Ok(outcome) => {
                 let retry = outcome.buckets[0].retry_after;
-                bucket.deny_until(need, retry, self.inner.shared.config.lease.ttl, now);
+                bucket.deny_until(need, retry, self.shared.config.lease.ttl, now);
                 retry
             }
             Err(_) => Duration::ZERO,
@@ -314,4 +305,32 @@ fn settle_late_check(
         })
         .collect();
     background::settle(shared.clone(), owed);
+}
+
+/// Releases concurrency slots (idempotent). Returns how many were still held.
+pub(crate) async fn release_slots(
+    shared: &Shared,
+    slots: &[HeldSlot],
+) -> Result<usize, StoreError> {
+    let mut by_identity: HashMap<&str, Vec<(BucketKey, tollgate_lease::SlotId)>> = HashMap::new();
+    for s in slots {
+        by_identity
+            .entry(s.key.identity_prefix())
+            .or_default()
+            .push((s.key.clone(), s.slot.clone()));
+    }
+    let mut released = 0;
+    let metrics = &shared.metrics;
+    for (_, items) in by_identity {
+        let req = SlotRelease::of_keys(items)?;
+        for held in shared.store.release_slots(&req).await? {
+            if held {
+                released += 1;
+                metrics.slots_released.inc();
+            } else {
+                metrics.slots_release_missed.inc();
+            }
+        }
+    }
+    Ok(released)
 }

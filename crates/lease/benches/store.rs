@@ -197,11 +197,15 @@ fn main() {
                             key: key(i, "tb"),
                             limit: huge,
                             cost: 1,
+                            allowance: None,
+                            penalized: false,
                         },
                         CheckItem {
                             key: key(i, "fw"),
                             limit: fw,
                             cost: 1,
+                            allowance: None,
+                            penalized: false,
                         },
                     ])
                     .expect("req")
@@ -217,6 +221,8 @@ fn main() {
                         want: 50,
                         min: 1,
                         max_share: 0.5,
+                        allowance: None,
+                        penalized: false,
                     };
                     LeaseRequest::new(vec![ask], Duration::from_secs(1)).expect("req")
                 })

@@ -16,14 +16,26 @@ use crate::ops::reservation::{SettleRequest, Settlement};
 use crate::ops::slot::{SlotRelease, SlotRenew};
 
 /// A store of global rate-limit state. Each operation is atomic for the one identity its
-/// request serves. Implemented by [`MemoryStore`](crate::memory::MemoryStore) and
+/// request serves. The operations are grouped by purpose: deciding, leases, slots, regions
+/// and penalties, the operator's. Implemented by [`MemoryStore`](crate::memory::MemoryStore) and
 /// [`RedisStore`](crate::redis::RedisStore), which pass the same conformance suite.
 pub trait LeaseStore: Send + Sync {
+    // ---- Deciding: a check of one identity's buckets, its reservation settled.
+
     /// Consumes each item's cost from its bucket if every bucket has room, else nothing.
     fn check(
         &self,
         req: &CheckRequest,
     ) -> impl Future<Output = Result<CheckOutcome, StoreError>> + Send;
+
+    /// Settles a reservation made by a reserving check, one bucket per item, exactly once per
+    /// bucket and nonce (see [`crate::ops::reservation`]).
+    fn settle(
+        &self,
+        req: &SettleRequest,
+    ) -> impl Future<Output = Result<Vec<Settlement>, StoreError>> + Send;
+
+    // ---- Leases: units taken in a batch, spent on a node, and what was not spent given back.
 
     /// Grants each ask independently: up to `want` units, at least `min`, or none.
     fn acquire_leases(
@@ -38,6 +50,8 @@ pub trait LeaseStore: Send + Sync {
         req: &ReturnRequest,
     ) -> impl Future<Output = Result<Vec<u64>, StoreError>> + Send;
 
+    // ---- Concurrency slots held by requests still running.
+
     /// Releases concurrency slots; returns per item whether the slot was still held.
     fn release_slots(
         &self,
@@ -50,6 +64,8 @@ pub trait LeaseStore: Send + Sync {
         &self,
         req: &SlotRenew,
     ) -> impl Future<Output = Result<Vec<bool>, StoreError>> + Send;
+
+    // ---- Regions and penalties: what was consumed elsewhere, what nodes asked for, denials counted.
 
     /// Subtracts units consumed elsewhere; returns the units applied per item (0 when they
     /// belong to a window that has ended).
@@ -65,19 +81,8 @@ pub trait LeaseStore: Send + Sync {
         req: &DemandRequest,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// The live leases on `key`'s bucket (whatever its algorithm): how many, and the units
-    /// they were granted.
-    fn held_leases(
-        &self,
-        key: &BucketKey,
-    ) -> impl Future<Output = Result<HeldLeases, StoreError>> + Send;
-
-    /// Forgets `key`'s bucket: its state under every algorithm, its live leases (a return of
-    /// one credits nothing after this) and its regional allowance. The next call finds the
-    /// bucket full. Returns whether there was anything to forget.
-    fn reset(&self, key: &BucketKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// Adds `denials` to the count of `key`'s identity under `penalty` (0: reads its standing),
+    /// Adds `denials` to the count of `key`'s identity under `penalty` (0: reads its standing,
+    /// as [`Self::penalty_standing`] does),
     /// starting a block when the count reaches the penalty's `after` (see
     /// [`crate::ops::penalty`]). `epoch` is the lift epoch the denials were handed out under:
     /// under another than the store's they count nothing (None: counted whatever it is). The
@@ -90,12 +95,30 @@ pub trait LeaseStore: Send + Sync {
         epoch: Option<u64>,
     ) -> impl Future<Output = Result<PenaltyState, StoreError>> + Send;
 
-    /// Settles a reservation made by a reserving check, one bucket per item, exactly once per
-    /// bucket and nonce (see [`crate::ops::reservation`]).
-    fn settle(
+    // ---- The operator's: a bucket's live leases and penalty standing read, a bucket reset, a block lifted.
+
+    /// The live leases on `key`'s bucket (whatever its algorithm): how many, and the units
+    /// they were granted.
+    fn held_leases(
         &self,
-        req: &SettleRequest,
-    ) -> impl Future<Output = Result<Vec<Settlement>, StoreError>> + Send;
+        key: &BucketKey,
+    ) -> impl Future<Output = Result<HeldLeases, StoreError>> + Send;
+
+    /// The standing of `key`'s identity under `penalty`: the block's time left, or the denials
+    /// counted in the current window; writes nothing. (A [`Self::note_denials`] of none, which
+    /// every store answers without a write: one read, not a second script to keep in step.)
+    fn penalty_standing(
+        &self,
+        key: &BucketKey,
+        penalty: &Penalty,
+    ) -> impl Future<Output = Result<PenaltyState, StoreError>> + Send {
+        self.note_denials(key, penalty, 0, None)
+    }
+
+    /// Forgets `key`'s bucket: its state under every algorithm, its live leases (a return of
+    /// one credits nothing after this) and its regional allowance. The next call finds the
+    /// bucket full. Returns whether there was anything to forget.
+    fn reset(&self, key: &BucketKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Lifts `key`'s identity's penalty block and forgets its denial counts (a SHADOW rule's
     /// too), starting a new lift epoch; the bucket is untouched.

@@ -40,6 +40,7 @@ pub mod error;
 pub mod key;
 mod lease_store;
 pub mod limit;
+#[cfg(feature = "linked")]
 pub mod link;
 pub mod memory;
 pub mod ops;
@@ -50,6 +51,7 @@ pub use clock::{Clock, ManualClock, Micros, SharedClock, SystemClock, TokioClock
 pub use error::{InvalidInput, StoreError};
 pub use key::{BucketKey, KeyError};
 pub use limit::{Algorithm, Limit, LimitError, LimitSpec};
+#[cfg(feature = "linked")]
 pub use link::{Latency, Ledger, LinkCalls, LinkCondition, LinkedStore, NodeCpu, Setup, StoreLink};
 pub use memory::DEFAULT_MAX_BYTES as DEFAULT_MEMORY_MAX_BYTES;
 pub use memory::{MemoryConfig, MemoryStore};

@@ -78,40 +78,24 @@ pub(crate) fn validate_keys<'a>(
     Ok(())
 }
 
-/// Checks the allowances given to a request's items: one per item (or none), each valid, and
-/// only on buckets that can carry one (token buckets and the two counting windows).
-pub(crate) fn check_allowances<'a>(
-    items: impl ExactSizeIterator<Item = (&'a BucketKey, &'a crate::limit::Limit)>,
-    allowances: &[Option<allowance::Allowance>],
+/// Whether `allowance` fits `key`'s bucket under `limit` (window logs and concurrency slots
+/// take none).
+pub(crate) fn check_allowance(
+    key: &BucketKey,
+    limit: &crate::limit::Limit,
+    allowance: Option<&allowance::Allowance>,
 ) -> Result<(), InvalidInput> {
-    if allowances.len() != items.len() {
+    let Some(a) = allowance else {
+        return Ok(());
+    };
+    a.validate(key)?;
+    if matches!(
+        limit.algorithm(),
+        crate::limit::Algorithm::SlidingWindowLog | crate::limit::Algorithm::Concurrency
+    ) {
         return Err(InvalidInput::BadAllowance {
-            key: String::new(),
-            reason: format!("{} allowances for {} items", allowances.len(), items.len()),
-        });
-    }
-    for ((key, limit), a) in items.zip(allowances) {
-        let Some(a) = a else { continue };
-        a.validate(key)?;
-        if matches!(
-            limit.algorithm(),
-            crate::limit::Algorithm::SlidingWindowLog | crate::limit::Algorithm::Concurrency
-        ) {
-            return Err(InvalidInput::BadAllowance {
-                key: key.to_string(),
-                reason: format!("{:?} buckets take no allowance", limit.algorithm()),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Checks that per-item marks (penalized) come one per item.
-pub(crate) fn check_marks(items: usize, marks: usize) -> Result<(), InvalidInput> {
-    if items != marks {
-        return Err(InvalidInput::BadPenalty {
-            field: "penalized",
-            reason: format!("{marks} marks for {items} items"),
+            key: key.to_string(),
+            reason: format!("{:?} buckets take no allowance", limit.algorithm()),
         });
     }
     Ok(())

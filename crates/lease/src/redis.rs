@@ -560,11 +560,18 @@ impl LeaseStore for RedisStore {
                 args.push(String::new());
             }
         }
-        for ((item, a), penalized) in items.iter().zip(req.allowances()).zip(req.penalized()) {
+        for item in items {
             limit_args(&item.limit, &mut args);
             args.push(item.cost.to_string());
-            allowance_args(&item.key, a.as_ref(), &mut extra, &mut args, items.len());
-            penalty_arg(&item.key, *penalized, &mut extra, &mut args, items.len());
+            let a = item.allowance.as_ref();
+            allowance_args(&item.key, a, &mut extra, &mut args, items.len());
+            penalty_arg(
+                &item.key,
+                item.penalized,
+                &mut extra,
+                &mut args,
+                items.len(),
+            );
         }
         keys.extend(extra);
         if let Some(r) = req.reservation() {
@@ -585,15 +592,22 @@ impl LeaseStore for RedisStore {
         let mut extra = vec![];
         args.push(nonce());
         args.push((req.ttl().as_micros() as u64).to_string());
-        for ((ask, a), penalized) in asks.iter().zip(req.allowances()).zip(req.penalized()) {
+        for ask in asks {
             keys.push(state_key(&ask.key, &ask.limit).into_owned());
             keys.push(ask.key.lease_key());
             limit_args(&ask.limit, &mut args);
             args.push(ask.want.to_string());
             args.push(ask.min.to_string());
             args.push(format!("{:?}", ask.max_share));
-            allowance_args(&ask.key, a.as_ref(), &mut extra, &mut args, 2 * asks.len());
-            penalty_arg(&ask.key, *penalized, &mut extra, &mut args, 2 * asks.len());
+            let a = ask.allowance.as_ref();
+            allowance_args(&ask.key, a, &mut extra, &mut args, 2 * asks.len());
+            penalty_arg(
+                &ask.key,
+                ask.penalized,
+                &mut extra,
+                &mut args,
+                2 * asks.len(),
+            );
         }
         keys.extend(extra);
         let reply = self.run(BatchOp::LeaseAcquire, keys, args).await?;
@@ -605,7 +619,8 @@ impl LeaseStore for RedisStore {
         let mut keys = Vec::with_capacity(2 * items.len());
         let mut args = Vec::with_capacity(9 * items.len());
         let mut extra = vec![];
-        for (item, a) in items.iter().zip(req.allowances()) {
+        for item in items {
+            let a = &item.allowance;
             keys.push(state_key(&item.key, &item.limit).into_owned());
             keys.push(item.key.lease_key());
             limit_args(&item.limit, &mut args);

@@ -2,6 +2,7 @@
 
 use crate::error::StoreError;
 use crate::key::BucketKey;
+#[cfg(feature = "linked")]
 use crate::link::LinkedStore;
 use crate::memory::MemoryStore;
 use crate::ops::allowance::DemandRequest;
@@ -23,7 +24,8 @@ pub enum Store {
     /// Redis, single or cluster.
     Redis(RedisStore),
     /// The in-memory store behind a link that can be slowed, stalled or cut (the chaos
-    /// simulations' store).
+    /// simulations' store; with the `linked` feature).
+    #[cfg(feature = "linked")]
     Linked(LinkedStore),
 }
 
@@ -32,6 +34,7 @@ impl Store {
     pub fn memory(&self) -> Option<&MemoryStore> {
         match self {
             Store::Memory(memory) => Some(memory),
+            #[cfg(feature = "linked")]
             Store::Linked(linked) => Some(linked.memory()),
             Store::Redis(_) => None,
         }
@@ -43,16 +46,18 @@ impl Store {
         match self {
             Store::Memory(s) => Store::Memory(s.clone()),
             Store::Redis(s) => Store::Redis(s.with_budget(budget)),
+            #[cfg(feature = "linked")]
             Store::Linked(s) => Store::Linked(s.with_budget(budget)),
         }
     }
 
     /// Makes the next call cost one round trip (see [`RedisStore::warm_up`]); the in-memory
     /// store is always ready, a linked one as its node's session says
-    /// ([`LinkedStore::warm_up`]).
+    /// (`LinkedStore::warm_up`).
     pub async fn warm_up(&self, timeout: std::time::Duration) -> Result<(), StoreError> {
         match self {
             Store::Memory(_) => Ok(()),
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.warm_up(timeout).await,
             Store::Redis(s) => s.warm_up(timeout).await,
         }
@@ -61,9 +66,10 @@ impl Store {
     /// Lets the runtime run what is queued before the calling task, twice (a batched call's
     /// answer takes two hops to its caller): how long it takes says how long the node's
     /// runnable tasks queue. A linked store's node has a simulated CPU in place of a run queue
-    /// ([`LinkedStore::yield_to_runtime`]).
+    /// (`LinkedStore::yield_to_runtime`).
     pub async fn yield_to_runtime(&self) {
         match self {
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.yield_to_runtime().await,
             Store::Memory(_) | Store::Redis(_) => {
                 tokio::task::yield_now().await;
@@ -77,7 +83,9 @@ impl Store {
     pub fn batch_counts(&self) -> Option<crate::BatchCounts> {
         match self {
             Store::Redis(s) => s.batch_counts(),
-            Store::Memory(_) | Store::Linked(_) => None,
+            Store::Memory(_) => None,
+            #[cfg(feature = "linked")]
+            Store::Linked(_) => None,
         }
     }
 
@@ -85,14 +93,18 @@ impl Store {
     pub fn cluster_settings(&self) -> Option<crate::redis::ClusterSettings> {
         match self {
             Store::Redis(s) => s.cluster_settings(),
-            Store::Memory(_) | Store::Linked(_) => None,
+            Store::Memory(_) => None,
+            #[cfg(feature = "linked")]
+            Store::Linked(_) => None,
         }
     }
 
     /// Every shard, as [`Store::shard_of`] names them.
     pub fn shards(&self) -> Vec<u16> {
         match self {
-            Store::Memory(_) | Store::Linked(_) => vec![0],
+            Store::Memory(_) => vec![0],
+            #[cfg(feature = "linked")]
+            Store::Linked(_) => vec![0],
             Store::Redis(s) => s.shards(),
         }
     }
@@ -101,7 +113,9 @@ impl Store {
     /// say nothing of the others.
     pub fn shard_of(&self, key: &BucketKey) -> u16 {
         match self {
-            Store::Memory(_) | Store::Linked(_) => 0,
+            Store::Memory(_) => 0,
+            #[cfg(feature = "linked")]
+            Store::Linked(_) => 0,
             Store::Redis(s) => s.shard_of(key),
         }
     }
@@ -112,6 +126,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.check(req).await,
             Store::Redis(s) => s.check(req).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.check(req).await,
         }
     }
@@ -120,6 +135,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.acquire_leases(req).await,
             Store::Redis(s) => s.acquire_leases(req).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.acquire_leases(req).await,
         }
     }
@@ -128,6 +144,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.return_leases(req).await,
             Store::Redis(s) => s.return_leases(req).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.return_leases(req).await,
         }
     }
@@ -136,6 +153,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.release_slots(req).await,
             Store::Redis(s) => s.release_slots(req).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.release_slots(req).await,
         }
     }
@@ -144,6 +162,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.renew_slots(req).await,
             Store::Redis(s) => s.renew_slots(req).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.renew_slots(req).await,
         }
     }
@@ -152,6 +171,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.debit(req).await,
             Store::Redis(s) => s.debit(req).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.debit(req).await,
         }
     }
@@ -160,6 +180,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.report_demand(req).await,
             Store::Redis(s) => s.report_demand(req).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.report_demand(req).await,
         }
     }
@@ -168,6 +189,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.held_leases(key).await,
             Store::Redis(s) => s.held_leases(key).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.held_leases(key).await,
         }
     }
@@ -176,6 +198,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.reset(key).await,
             Store::Redis(s) => s.reset(key).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.reset(key).await,
         }
     }
@@ -190,6 +213,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.note_denials(key, penalty, denials, epoch).await,
             Store::Redis(s) => s.note_denials(key, penalty, denials, epoch).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.note_denials(key, penalty, denials, epoch).await,
         }
     }
@@ -201,6 +225,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.settle(req).await,
             Store::Redis(s) => s.settle(req).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.settle(req).await,
         }
     }
@@ -209,6 +234,7 @@ impl LeaseStore for Store {
         match self {
             Store::Memory(s) => s.lift_block(key).await,
             Store::Redis(s) => s.lift_block(key).await,
+            #[cfg(feature = "linked")]
             Store::Linked(s) => s.lift_block(key).await,
         }
     }

@@ -135,6 +135,8 @@ fn requests_that_could_never_succeed_are_refused() {
         want,
         min,
         max_share: share,
+        allowance: None,
+        penalized: false,
     };
     let lease = |a, ttl| LeaseRequest::new(vec![a], ttl);
     assert!(matches!(
@@ -173,6 +175,8 @@ fn requests_must_serve_one_identity_with_each_bucket_once() {
         key: key(id, rule),
         limit: tb(5),
         cost: 1,
+        allowance: None,
+        penalized: false,
     };
     assert_eq!(CheckRequest::new(vec![]), Err(InvalidInput::NoBuckets));
     assert!(matches!(
@@ -202,6 +206,8 @@ fn operations_an_algorithm_cannot_do_are_refused() {
         want: 1,
         min: 1,
         max_share: 1.0,
+        allowance: None,
+        penalized: false,
     };
     assert!(matches!(
         LeaseRequest::new(vec![ask], Duration::from_secs(1)),
@@ -223,6 +229,7 @@ fn operations_an_algorithm_cannot_do_are_refused() {
         limit: conc,
         lease: LeaseId::forged("x"),
         unspent: 1,
+        allowance: None,
     };
     assert!(matches!(
         ReturnRequest::new(vec![ret]),
@@ -288,4 +295,51 @@ fn invalid_input_is_not_transient() {
     assert!(StoreError::Unavailable("refused".into()).is_transient());
     assert!(!StoreError::BadReply("?".into()).is_transient());
     assert!(!StoreError::Rejected("CROSSSLOT".into()).is_transient());
+}
+
+#[test]
+fn an_allowance_travels_with_its_item_and_is_checked_there() {
+    let allowance = |share: f64| tollgate_lease::Allowance {
+        region: "us".into(),
+        interval_us: 1_000_000,
+        unknown_share: share,
+    };
+    let log = Limit::sliding_window_log(5, Duration::from_secs(1)).expect("limit");
+    // A window log keeps no allowance: refused, and the item that carries it is named.
+    let item = CheckItem::new(key("u", "log"), log, 1).with_allowance(Some(allowance(0.5)));
+    match CheckRequest::new(vec![CheckItem::new(key("u", "tb"), tb(5), 1), item]) {
+        Err(InvalidInput::BadAllowance { key, .. }) => assert!(key.contains("log"), "{key}"),
+        other => panic!("{other:?}"),
+    }
+    // A share outside (0, 1] is refused on a lease ask and on a return alike.
+    let ask = LeaseAsk {
+        key: key("u", "tb"),
+        limit: tb(5),
+        want: 2,
+        min: 1,
+        max_share: 1.0,
+        allowance: Some(allowance(0.0)),
+        penalized: false,
+    };
+    assert!(matches!(
+        LeaseRequest::new(vec![ask], Duration::from_secs(1)),
+        Err(InvalidInput::BadAllowance { .. })
+    ));
+    let ret = LeaseReturn {
+        key: key("u", "tb"),
+        limit: tb(5),
+        lease: LeaseId::forged("x"),
+        unspent: 1,
+        allowance: Some(allowance(1.5)),
+    };
+    assert!(matches!(
+        ReturnRequest::new(vec![ret]),
+        Err(InvalidInput::BadAllowance { .. })
+    ));
+    // Well formed, it is kept on its item.
+    let fine = CheckItem::new(key("u", "tb"), tb(5), 1)
+        .with_allowance(Some(allowance(0.5)))
+        .with_penalty(true);
+    let req = CheckRequest::new(vec![fine]).expect("valid");
+    assert!(req.items()[0].allowance.is_some() && req.items()[0].penalized);
 }

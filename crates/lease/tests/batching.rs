@@ -63,6 +63,8 @@ async fn calls_at_the_same_instant_share_batches_and_count_exactly() {
                 want: 6,
                 min: 1,
                 max_share: 1.0,
+                allowance: None,
+                penalized: false,
             }],
             Duration::from_secs(60),
         )

@@ -56,6 +56,8 @@ async fn lease(
             want,
             min,
             max_share: share,
+            allowance: None,
+            penalized: false,
         }],
         ttl,
     )
@@ -77,6 +79,7 @@ async fn give_back(
         limit,
         lease: lease.clone(),
         unspent,
+        allowance: None,
     }])
     .expect("valid return");
     b.store.return_leases(&req).await.expect("return")[0]
@@ -184,11 +187,15 @@ async fn all_rules_or_none(b: &Backend) {
                 key: wide.clone(),
                 limit: lw,
                 cost: 1,
+                allowance: None,
+                penalized: false,
             },
             CheckItem {
                 key: narrow.clone(),
                 limit: ln,
                 cost: 1,
+                allowance: None,
+                penalized: false,
             },
         ])
         .expect("valid")
@@ -659,11 +666,15 @@ async fn a_denied_reservation_records_nothing(b: &Backend) {
                 key: wide.clone(),
                 limit: big,
                 cost,
+                allowance: None,
+                penalized: false,
             },
             CheckItem {
                 key: narrow.clone(),
                 limit: small,
                 cost,
+                allowance: None,
+                penalized: false,
             },
         ])
         .expect("valid")
@@ -995,11 +1006,15 @@ async fn a_denied_request_takes_no_slot(b: &Backend) {
                 key: tb.clone(),
                 limit: lt,
                 cost: 1,
+                allowance: None,
+                penalized: false,
             },
             CheckItem {
                 key: conc.clone(),
                 limit: lc,
                 cost: 1,
+                allowance: None,
+                penalized: false,
             },
         ])
         .expect("valid")
@@ -1431,6 +1446,12 @@ async fn largest_cost_is_exact(b: &Backend) {
 /// Instantiates every case for the memory, linked (memory behind the simulations' link) and
 /// single-Redis backends (one test each), and runs
 /// all of them in one test against one cluster (forming a cluster takes seconds).
+/// A check of one unit of `key`'s bucket, marked as under a penalty.
+fn penalized_check(key: &BucketKey, limit: Limit) -> CheckRequest {
+    let item = CheckItem::new(key.clone(), limit, 1).with_penalty(true);
+    CheckRequest::new(vec![item]).expect("valid request")
+}
+
 fn allowance(interval: Duration) -> Allowance {
     Allowance {
         region: "us".into(),
@@ -1447,10 +1468,11 @@ async fn lease_under(b: &Backend, key: &BucketKey, limit: Limit, a: &Allowance) 
             want: limit.capacity(),
             min: 1,
             max_share: 1.0,
+            allowance: Some(a.clone()),
+            penalized: false,
         }],
         HOUR,
     )
-    .and_then(|r| r.with_allowances(vec![Some(a.clone())]))
     .expect("valid lease request");
     b.store.acquire_leases(&req).await.expect("lease").remove(0)
 }
@@ -1491,8 +1513,8 @@ async fn allowance_splits_a_burst_and_follows_demand(b: &Backend) {
         limit,
         lease: more.lease.clone().expect("lease"),
         unspent: more.units,
+        allowance: Some(a.clone()),
     }])
-    .and_then(|r| r.with_allowances(vec![Some(a.clone())]))
     .expect("valid return");
     assert_eq!(
         b.store.return_leases(&req).await.expect("return"),
@@ -1532,9 +1554,7 @@ async fn a_penalty_blocks_at_its_count_and_a_blocked_identity_spends_nothing(b: 
         assert_eq!(s.blocked_for, Duration::from_secs(2));
     }
     // A penalized check is denied, says so, and consumes nothing.
-    let req = check1(&key, limit, 1)
-        .with_penalized(vec![true])
-        .expect("marks");
+    let req = penalized_check(&key, limit);
     let out = b.store.check(&req).await.expect("check");
     let status = &out.buckets[0];
     assert!(!out.allowed() && !status.blocked_for.is_zero(), "{out:?}");
@@ -1552,11 +1572,10 @@ async fn a_penalty_blocks_at_its_count_and_a_blocked_identity_spends_nothing(b: 
         want: 5,
         min: 1,
         max_share: 1.0,
+        allowance: None,
+        penalized: true,
     };
-    let req = LeaseRequest::new(vec![ask], ms(500))
-        .expect("lease")
-        .with_penalized(vec![true])
-        .expect("marks");
+    let req = LeaseRequest::new(vec![ask], ms(500)).expect("lease");
     let grant = &b.store.acquire_leases(&req).await.expect("lease")[0];
     assert_eq!(grant.units, 0, "{grant:?}");
     assert!(grant.blocked_for > Duration::from_secs(1), "{grant:?}");
@@ -1573,15 +1592,13 @@ async fn a_penalty_blocks_at_its_count_and_a_blocked_identity_spends_nothing(b: 
     assert!(s.blocked() && !s.started);
     // The block ends on time, and the identity starts from a clean count.
     b.advance(Duration::from_millis(2_100)).await;
-    let req = check1(&key, limit, 1)
-        .with_penalized(vec![true])
-        .expect("marks");
+    let req = penalized_check(&key, limit);
     let out = b.store.check(&req).await.expect("check");
     assert!(
         out.allowed() && out.buckets[0].blocked_for.is_zero(),
         "{out:?}"
     );
-    let s = b.store.note_denials(&key, &p, 0, None).await.expect("read");
+    let s = b.store.penalty_standing(&key, &p).await.expect("read");
     assert_eq!(s, PenaltyState::default());
 }
 
@@ -1620,7 +1637,7 @@ async fn penalty_denials_from_many_callers_add_up_to_one_block(b: &Backend) {
     assert!(b.store.reset(&key).await.expect("reset"));
     assert!(
         !b.store
-            .note_denials(&key, &p, 0, None)
+            .penalty_standing(&key, &p)
             .await
             .expect("read")
             .blocked()
@@ -1642,17 +1659,15 @@ async fn a_shadow_penalty_is_counted_apart_and_never_enforced(b: &Backend) {
     );
     // The rule turned ENFORCE: its own record is clean, and nothing refuses the identity.
     assert_eq!(
-        b.store.note_denials(&key, &p, 0, None).await.expect("read"),
+        b.store.penalty_standing(&key, &p).await.expect("read"),
         PenaltyState::default()
     );
-    let req = check1(&key, limit, 1)
-        .with_penalized(vec![true])
-        .expect("marks");
+    let req = penalized_check(&key, limit);
     assert!(b.store.check(&req).await.expect("check").allowed());
     assert!(b.store.reset(&key).await.expect("reset"));
     assert!(
         !b.store
-            .note_denials(&key, &p.shadowed(), 0, None)
+            .penalty_standing(&key, &p.shadowed())
             .await
             .expect("read")
             .blocked()

@@ -77,6 +77,8 @@ impl Run {
                             key: key.clone(),
                             limit: *limit,
                             cost: rng.random_range(0..=4),
+                            allowance: None,
+                            penalized: false,
                         });
                     }
                 }
@@ -146,6 +148,8 @@ impl Run {
                     want,
                     min: rng.random_range(1..=want),
                     max_share: [0.25, 0.5, 1.0][rng.random_range(0..3)],
+                    allowance: None,
+                    penalized: false,
                 };
                 let req = LeaseRequest::new(vec![ask], Duration::from_secs(600)).expect("valid");
                 let m = self.memory.acquire_leases(&req).await.expect("m").remove(0);
@@ -179,6 +183,7 @@ impl Run {
                         limit,
                         lease,
                         unspent,
+                        allowance: None,
                     }])
                     .expect("valid")
                 };

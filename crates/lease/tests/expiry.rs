@@ -61,6 +61,8 @@ async fn redis_keys_live_until_their_state_is_neutral_plus_a_margin() {
         want: 5,
         min: 1,
         max_share: 1.0,
+        allowance: None,
+        penalized: false,
     };
     b.store
         .acquire_leases(&LeaseRequest::new(vec![ask], Duration::from_secs(1)).expect("req"))

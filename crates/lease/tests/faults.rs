@@ -231,6 +231,8 @@ fn lease_request(key: &BucketKey, want: u64) -> LeaseRequest {
             want,
             min: 1,
             max_share: 1.0,
+            allowance: None,
+            penalized: false,
         }],
         Duration::from_secs(60),
     )
@@ -307,6 +309,7 @@ async fn a_redis_at_its_maxmemory_refuses_new_state_and_takes_leases_back() {
                 limit: limit(),
                 lease,
                 unspent: 10,
+                allowance: None,
             }])
             .expect("return"),
         )

@@ -115,6 +115,8 @@ async fn the_ledger_books_grants_and_returns() {
         want: 10,
         min: 1,
         max_share: 1.0,
+        allowance: None,
+        penalized: false,
     };
     let req = LeaseRequest::new(vec![ask], Duration::from_secs(1)).expect("lease");
     let grant = s.acquire_leases(&req).await.expect("grants").remove(0);
@@ -124,6 +126,7 @@ async fn the_ledger_books_grants_and_returns() {
         limit,
         lease: grant.lease.expect("a lease"),
         unspent: 4,
+        allowance: None,
     }])
     .expect("return");
     assert_eq!(s.return_leases(&back).await.expect("credits"), vec![4]);

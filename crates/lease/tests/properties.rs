@@ -129,6 +129,8 @@ fn run(limit: Limit, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     want,
                     min: 1,
                     max_share: share,
+                    allowance: None,
+                    penalized: false,
                 };
                 let req = LeaseRequest::new(vec![ask], Duration::from_millis(ttl_ms)).expect("req");
                 let grant = rt
@@ -159,6 +161,7 @@ fn run(limit: Limit, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     limit,
                     lease: issued.id.clone(),
                     unspent,
+                    allowance: None,
                 };
                 let credited = rt
                     .block_on(store.return_leases(&ReturnRequest::new(vec![ret]).expect("req")))
@@ -194,6 +197,7 @@ fn run(limit: Limit, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     limit,
                     lease: LeaseId::forged(&format!("{now}:5:0:1:0")),
                     unspent: 5,
+                    allowance: None,
                 };
                 let credited = rt
                     .block_on(store.return_leases(&ReturnRequest::new(vec![ret]).expect("req")))

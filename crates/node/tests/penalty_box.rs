@@ -225,7 +225,7 @@ async fn denials_from_before_a_lift_on_another_node_do_not_block_again() {
             .expect("penalty");
     let standing = || async {
         observer
-            .note_denials(&key, &penalty, 0, None)
+            .penalty_standing(&key, &penalty)
             .await
             .expect("read")
     };

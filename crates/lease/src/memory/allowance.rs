@@ -9,10 +9,9 @@ use crate::ops::allowance::{Allowance, Demand, share_of};
 
 /// The allowance and demand keys a request may create.
 pub(super) fn allowance_keys<'a>(
-    keys: impl Iterator<Item = &'a BucketKey>,
-    allowances: &[Option<Allowance>],
+    items: impl Iterator<Item = (&'a BucketKey, Option<&'a Allowance>)>,
 ) -> Vec<String> {
-    keys.zip(allowances)
+    items
         .filter(|(_, a)| a.is_some())
         .flat_map(|(k, _)| [k.allowance_key(), k.demand_key()])
         .collect()

@@ -136,7 +136,7 @@ impl LeaseStore for MemoryStore {
             String::new()
         };
         let state_keys: Vec<_> = items.iter().map(|i| state_key(&i.key, &i.limit)).collect();
-        let mut extra = allowance_keys(items.iter().map(|i| &i.key), req.allowances());
+        let mut extra = allowance_keys(items.iter().map(|i| (&i.key, i.allowance.as_ref())));
         if req.reservation().is_some() {
             extra.extend(items.iter().map(|i| i.key.reservations_key()));
         }
@@ -148,11 +148,11 @@ impl LeaseStore for MemoryStore {
         self.with_shard(&items[0].key, &creates, |keys, now| {
             let buckets: Vec<(std::borrow::Cow<str>, Bucket, Option<Allowed>)> = items
                 .iter()
-                .zip(req.allowances())
-                .map(|(i, a)| {
+                .map(|i| {
                     let k = state_key(&i.key, &i.limit);
                     let b = Bucket::load(keys, &k, &i.limit, now);
-                    let allowed = a
+                    let allowed = i
+                        .allowance
                         .as_ref()
                         .map(|a| Allowed::load(keys, &i.key, &i.limit, a, now));
                     (k, b, allowed)
@@ -172,9 +172,8 @@ impl LeaseStore for MemoryStore {
                 .collect();
             let blocks: Vec<u64> = items
                 .iter()
-                .zip(req.penalized())
-                .map(|(i, penalized)| {
-                    if *penalized {
+                .map(|i| {
+                    if i.penalized {
                         block_left(keys, &i.key, now)
                     } else {
                         0
@@ -267,7 +266,7 @@ impl LeaseStore for MemoryStore {
             .iter()
             .flat_map(|a| [state_key(&a.key, &a.limit).into_owned(), a.key.lease_key()])
             .collect();
-        let extra = allowance_keys(asks.iter().map(|a| &a.key), req.allowances());
+        let extra = allowance_keys(asks.iter().map(|a| (&a.key, a.allowance.as_ref())));
         let creates: Vec<&str> = names
             .iter()
             .chain(extra.iter())
@@ -275,10 +274,9 @@ impl LeaseStore for MemoryStore {
             .collect();
         self.with_shard(&asks[0].key, &creates, |keys, now| {
             asks.iter()
-                .zip(req.allowances())
-                .zip(req.penalized())
                 .enumerate()
-                .map(|(position, ((ask, allowance), penalized))| {
+                .map(|(position, ask)| {
+                    let (allowance, penalized) = (&ask.allowance, &ask.penalized);
                     let lease_key = ask.key.lease_key();
                     let mut leases = keys.take_sorted(&lease_key, now);
                     leases.remove_up_to(now);
@@ -381,8 +379,8 @@ impl LeaseStore for MemoryStore {
         self.with_shard(&items[0].key, &[], |keys, now| {
             items
                 .iter()
-                .zip(req.allowances())
-                .map(|(item, allowance)| {
+                .map(|item| {
+                    let allowance = &item.allowance;
                     let lease_key = item.key.lease_key();
                     let mut leases = keys.take_sorted(&lease_key, now);
                     let Some(expiry) = leases.score(item.lease.as_str()) else {

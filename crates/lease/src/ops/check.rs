@@ -7,7 +7,7 @@ use crate::key::BucketKey;
 use crate::limit::{Algorithm, Limit};
 use crate::ops::allowance::Allowance;
 use crate::ops::slot::SlotId;
-use crate::ops::{Repeats, check_allowances, check_marks, check_units, validate_keys};
+use crate::ops::{Repeats, check_allowance, check_units, validate_keys};
 
 /// One bucket of a check.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +18,35 @@ pub struct CheckItem {
     pub limit: Limit,
     /// Units to consume; 0 peeks without consuming.
     pub cost: u64,
+    /// Its region's allowance, if its rule has one: the item must also fit this region's
+    /// share of the limit (see [`crate::ops::allowance`]).
+    pub allowance: Option<Allowance>,
+    /// Whether its rule has a penalty: the item is denied while its identity is blocked (see
+    /// [`crate::ops::penalty`]), and the request consumes nothing.
+    pub penalized: bool,
+}
+
+impl CheckItem {
+    /// `cost` of `key`'s bucket under `limit`, with no allowance and no penalty.
+    pub fn new(key: BucketKey, limit: Limit, cost: u64) -> Self {
+        Self {
+            key,
+            limit,
+            cost,
+            allowance: None,
+            penalized: false,
+        }
+    }
+
+    /// This item under its region's `allowance` (None: none).
+    pub fn with_allowance(self, allowance: Option<Allowance>) -> Self {
+        Self { allowance, ..self }
+    }
+
+    /// This item, denied while its identity is under a penalty block when `penalized`.
+    pub fn with_penalty(self, penalized: bool) -> Self {
+        Self { penalized, ..self }
+    }
 }
 
 /// A validated check of one identity's buckets.
@@ -25,14 +54,13 @@ pub struct CheckItem {
 pub struct CheckRequest {
     items: Vec<CheckItem>,
     peek: bool,
-    allowances: Vec<Option<Allowance>>,
-    penalized: Vec<bool>,
     reserve: Option<crate::ops::reservation::Reserve>,
 }
 
 impl CheckRequest {
-    /// Validates the items: one identity, each bucket once, and no cost above a bucket's
-    /// capacity (such a request could never be admitted, so it is refused rather than denied).
+    /// Validates the items: one identity, each bucket once, no cost above a bucket's capacity
+    /// (such a request could never be admitted, so it is refused rather than denied), and each
+    /// allowance fit for its bucket.
     pub fn new(items: Vec<CheckItem>) -> Result<Self, InvalidInput> {
         validate_keys(items.iter().map(|i| &i.key), Repeats::Forbidden)?;
         for item in &items {
@@ -44,46 +72,13 @@ impl CheckRequest {
                     capacity: item.limit.capacity(),
                 });
             }
+            check_allowance(&item.key, &item.limit, item.allowance.as_ref())?;
         }
-        let allowances = vec![None; items.len()];
-        let penalized = vec![false; items.len()];
         Ok(Self {
             items,
             peek: false,
-            allowances,
-            penalized,
             reserve: None,
         })
-    }
-
-    /// This request with a regional allowance per item (None: the item has none): an item
-    /// with one must also fit its region's share of the limit (see [`crate::ops::allowance`]).
-    pub fn with_allowances(
-        mut self,
-        allowances: Vec<Option<Allowance>>,
-    ) -> Result<Self, InvalidInput> {
-        check_allowances(self.items.iter().map(|i| (&i.key, &i.limit)), &allowances)?;
-        self.allowances = allowances;
-        Ok(self)
-    }
-
-    /// The allowance of each item.
-    pub fn allowances(&self) -> &[Option<Allowance>] {
-        &self.allowances
-    }
-
-    /// This request with the items whose rule has a penalty marked: such an item is denied
-    /// while its identity is blocked (see [`crate::ops::penalty`]), and the request consumes
-    /// nothing.
-    pub fn with_penalized(mut self, penalized: Vec<bool>) -> Result<Self, InvalidInput> {
-        check_marks(self.items.len(), penalized.len())?;
-        self.penalized = penalized;
-        Ok(self)
-    }
-
-    /// Per item, whether a penalty block denies it.
-    pub fn penalized(&self) -> &[bool] {
-        &self.penalized
     }
 
     /// This request as a peek: judged exactly as a check (allowed, remaining, and when denied
@@ -133,7 +128,7 @@ impl CheckRequest {
 
     /// A check of a single bucket.
     pub fn single(key: BucketKey, limit: Limit, cost: u64) -> Result<Self, InvalidInput> {
-        Self::new(vec![CheckItem { key, limit, cost }])
+        Self::new(vec![CheckItem::new(key, limit, cost)])
     }
 
     /// The items, in request order.

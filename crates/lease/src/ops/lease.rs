@@ -9,7 +9,7 @@ use crate::error::InvalidInput;
 use crate::key::BucketKey;
 use crate::limit::{Algorithm, Limit};
 use crate::ops::allowance::Allowance;
-use crate::ops::{Repeats, check_allowances, check_marks, check_units, validate_keys};
+use crate::ops::{Repeats, check_allowance, check_units, validate_keys};
 
 /// The longest a lease may live.
 pub const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
@@ -29,6 +29,12 @@ pub struct LeaseAsk {
     /// The largest share of what remains one grant may take, in (0, 1], so that one node
     /// cannot starve the others. At least `min` is granted whenever `min` units are available.
     pub max_share: f64,
+    /// Its region's allowance, if its rule has one: a grant then also fits this region's
+    /// share of the limit, and is taken from both.
+    pub allowance: Option<Allowance>,
+    /// Whether its rule has a penalty: nothing is granted while its identity is blocked (see
+    /// [`crate::ops::penalty`]).
+    pub penalized: bool,
 }
 
 /// A validated lease request for one identity's buckets. Each bucket is granted independently.
@@ -36,8 +42,6 @@ pub struct LeaseAsk {
 pub struct LeaseRequest {
     asks: Vec<LeaseAsk>,
     ttl: Duration,
-    allowances: Vec<Option<Allowance>>,
-    penalized: Vec<bool>,
 }
 
 impl LeaseRequest {
@@ -78,6 +82,7 @@ impl LeaseRequest {
                     ask.max_share
                 )));
             }
+            check_allowance(&ask.key, &ask.limit, ask.allowance.as_ref())?;
         }
         if ttl < Duration::from_millis(1) || ttl > MAX_LEASE_TTL {
             return Err(InvalidInput::BadLease {
@@ -85,43 +90,7 @@ impl LeaseRequest {
                 reason: format!("ttl must be between 1 ms and {MAX_LEASE_TTL:?}, got {ttl:?}"),
             });
         }
-        let allowances = vec![None; asks.len()];
-        let penalized = vec![false; asks.len()];
-        Ok(Self {
-            asks,
-            ttl,
-            allowances,
-            penalized,
-        })
-    }
-
-    /// This request with a regional allowance per ask (None: the ask has none): a grant then
-    /// also fits this region's share of the limit, and is taken from both.
-    pub fn with_allowances(
-        mut self,
-        allowances: Vec<Option<Allowance>>,
-    ) -> Result<Self, InvalidInput> {
-        check_allowances(self.asks.iter().map(|a| (&a.key, &a.limit)), &allowances)?;
-        self.allowances = allowances;
-        Ok(self)
-    }
-
-    /// The allowance of each ask.
-    pub fn allowances(&self) -> &[Option<Allowance>] {
-        &self.allowances
-    }
-
-    /// This request with the asks whose rule has a penalty marked: such an ask is granted
-    /// nothing while its identity is blocked (see [`crate::ops::penalty`]).
-    pub fn with_penalized(mut self, penalized: Vec<bool>) -> Result<Self, InvalidInput> {
-        check_marks(self.asks.len(), penalized.len())?;
-        self.penalized = penalized;
-        Ok(self)
-    }
-
-    /// Per ask, whether a penalty block refuses it.
-    pub fn penalized(&self) -> &[bool] {
-        &self.penalized
+        Ok(Self { asks, ttl })
     }
 
     /// The asks, in request order.
@@ -193,13 +162,15 @@ pub struct LeaseReturn {
     pub lease: LeaseId,
     /// Units not spent. The store credits at most what the lease granted.
     pub unspent: u64,
+    /// The allowance the lease was taken under (None: none, or the region's allowance is no
+    /// longer in force): the unspent units go back to it too.
+    pub allowance: Option<Allowance>,
 }
 
 /// Validated returns for one identity's buckets.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReturnRequest {
     items: Vec<LeaseReturn>,
-    allowances: Vec<Option<Allowance>>,
 }
 
 impl ReturnRequest {
@@ -215,25 +186,9 @@ impl ReturnRequest {
                     key: item.key.to_string(),
                 });
             }
+            check_allowance(&item.key, &item.limit, item.allowance.as_ref())?;
         }
-        let allowances = vec![None; items.len()];
-        Ok(Self { items, allowances })
-    }
-
-    /// These returns with the allowance each lease was taken under (None: none, or the
-    /// region's allowance is no longer in force): the unspent units go back to it too.
-    pub fn with_allowances(
-        mut self,
-        allowances: Vec<Option<Allowance>>,
-    ) -> Result<Self, InvalidInput> {
-        check_allowances(self.items.iter().map(|i| (&i.key, &i.limit)), &allowances)?;
-        self.allowances = allowances;
-        Ok(self)
-    }
-
-    /// The allowance of each return.
-    pub fn allowances(&self) -> &[Option<Allowance>] {
-        &self.allowances
+        Ok(Self { items })
     }
 
     /// The returns, in request order.

@@ -4,7 +4,7 @@
 //!
 //! - [`LeaseStore::note_denials`](crate::LeaseStore::note_denials) adds the denials a node
 //!   handed out and starts the block when the count reaches `after`;
-//! - a check or a lease whose item is marked penalized (`with_penalized`) is refused while the
+//! - a check or a lease whose item is marked penalized (`CheckItem::penalized`, `LeaseAsk::penalized`) is refused while the
 //!   block lasts, before anything is judged, and consumes nothing;
 //! - a lift ([`LeaseStore::lift_block`](crate::LeaseStore::lift_block)) or a reset starts a new
 //!   *lift epoch* (`<key>:penalty:epoch`, the store's time of it): a flush of denials says

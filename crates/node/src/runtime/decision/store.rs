@@ -46,32 +46,14 @@ impl Decider {
                 key,
                 limit,
                 cost: hit.cost,
+                allowance: self.shared.allowance_of(&hit.rule, &limit),
+                penalized: hit.rule.enforces_penalty(),
             });
         }
-        let allowances = group
-            .iter()
-            .zip(&item_of)
-            .filter(|(_, item)| item.is_some())
-            .map(|(&i, _)| {
-                let hit = &hits[i];
-                hit.rule
-                    .limit()
-                    .and_then(|l| self.shared.allowance_of(&hit.rule, &l))
-            })
-            .collect();
-        let penalized = group
-            .iter()
-            .zip(&item_of)
-            .filter(|(_, item)| item.is_some())
-            .map(|(&i, _)| hits[i].rule.enforces_penalty())
-            .collect();
-        let request = match CheckRequest::new(items)
-            .and_then(|r| r.with_allowances(allowances))
-            .and_then(|r| r.with_penalized(penalized))
-            .and_then(|r| match route {
-                Route::Reserve(reserve) => r.reserve(&reserve.nonce, reserve.ttl),
-                _ => Ok(r),
-            }) {
+        let request = match CheckRequest::new(items).and_then(|r| match route {
+            Route::Reserve(reserve) => r.reserve(&reserve.nonce, reserve.ttl),
+            _ => Ok(r),
+        }) {
             Ok(r) => r,
             Err(e) => {
                 // Only a cost above a bucket's capacity is refused here: it can never fit.
@@ -250,9 +232,8 @@ impl Decider {
             return Duration::ZERO;
         }
         let allowance = self.shared.allowance_of(&bucket.rule, &bucket.limit);
-        let Ok(peek) = CheckRequest::single(bucket.key.clone(), bucket.limit, need)
-            .and_then(|r| r.with_allowances(vec![allowance]))
-        else {
+        let item = CheckItem::new(bucket.key.clone(), bucket.limit, need).with_allowance(allowance);
+        let Ok(peek) = CheckRequest::new(vec![item]) else {
             return Duration::ZERO;
         };
         match self

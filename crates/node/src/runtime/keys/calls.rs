@@ -29,19 +29,11 @@ pub(crate) fn lease(
             want: a.want,
             min: a.min,
             max_share: policy.max_share,
+            allowance: shared.allowance_of(&a.bucket.rule, &a.bucket.limit),
+            penalized: a.bucket.rule.enforces_penalty(),
         })
         .collect();
-    let allowances = asks
-        .iter()
-        .map(|a| shared.allowance_of(&a.bucket.rule, &a.bucket.limit))
-        .collect();
-    let penalized = asks
-        .iter()
-        .map(|a| a.bucket.rule.enforces_penalty())
-        .collect();
-    let request = LeaseRequest::new(lease_asks, policy.ttl)
-        .and_then(|r| r.with_allowances(allowances))
-        .and_then(|r| r.with_penalized(penalized));
+    let request = LeaseRequest::new(lease_asks, policy.ttl);
     let shared = shared.clone();
     let myself = myself.clone();
     let identity = identity.to_vec();
@@ -107,13 +99,10 @@ async fn return_units(shared: &Shared, identity: &[u8], returns: Vec<Return>) {
             limit: r.bucket.limit,
             lease: r.lease.clone(),
             unspent: r.units,
+            allowance: shared.allowance_of(&r.bucket.rule, &r.bucket.limit),
         })
         .collect();
-    let allowances = returns
-        .iter()
-        .map(|r| shared.allowance_of(&r.bucket.rule, &r.bucket.limit))
-        .collect();
-    let Ok(req) = ReturnRequest::new(items).and_then(|r| r.with_allowances(allowances)) else {
+    let Ok(req) = ReturnRequest::new(items) else {
         return;
     };
     match shared.store.return_leases(&req).await {

@@ -149,7 +149,7 @@ impl Operator<'_> {
                     } else {
                         penalty
                     };
-                    counter.penalty = Some(store.note_denials(&key, &penalty, 0, None).await?);
+                    counter.penalty = Some(store.penalty_standing(&key, &penalty).await?);
                 }
                 counter.held_here = self
                     .node

@@ -134,7 +134,7 @@ impl GuardedStore {
     }
 
     /// [`LeaseStore::note_denials`] through the breaker: denials counted towards `key`'s
-    /// penalty (none: its record read), waited for through a stall, up to the patience (no
+    /// penalty, waited for through a stall, up to the patience (no
     /// request waits on it).
     pub async fn note_denials(
         &self,
@@ -148,6 +148,22 @@ impl GuardedStore {
             key,
             Wait::UntilDown,
             self.store.note_denials(key, penalty, denials, epoch),
+        )
+        .await
+    }
+
+    /// [`LeaseStore::penalty_standing`] through the breaker (an operator's read, waited for
+    /// through a stall; counted with the denials, whose script answers it).
+    pub async fn penalty_standing(
+        &self,
+        key: &BucketKey,
+        penalty: &Penalty,
+    ) -> Result<PenaltyState, StoreError> {
+        self.call(
+            StoreOp::NoteDenials,
+            key,
+            Wait::UntilDown,
+            self.store.penalty_standing(key, penalty),
         )
         .await
     }

@@ -249,6 +249,7 @@ pub(crate) fn uniform(state: &BucketState, strategy: Strategy) -> Vec<Decided> {
 
 /// What one open stream is to be told: its strategy, and what its first fill costs when the
 /// Envoy gets a new token bucket (it starts full).
+#[derive(Debug)]
 pub(crate) struct Decided {
     pub(crate) stream: u64,
     pub(crate) strategy: Strategy,
@@ -408,3 +409,6 @@ pub(crate) fn pay(
     state.paid_rate = held;
     state.paid_until = Some(now + tick);
 }
+
+#[cfg(test)]
+mod tests;

@@ -318,6 +318,12 @@ impl Node {
         Some(out)
     }
 
+    /// What decides this node's requests (for the runtime's unit tests).
+    #[cfg(test)]
+    pub(crate) fn decider(&self) -> &crate::runtime::decision::Decider {
+        &self.inner.decider
+    }
+
     pub(crate) fn shared(&self) -> &Shared {
         &self.inner.decider.shared
     }

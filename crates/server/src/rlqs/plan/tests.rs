@@ -41,15 +41,24 @@ fn rules(lines: &[String]) -> String {
 #[test]
 fn a_plan_shares_the_tightest_enforced_rate_and_burst() {
     let plan = Plan::of(charges(&rules(&[
-        rule("wide", "algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 50"),
-        rule("narrow", "algorithm: TOKEN_BUCKET, capacity: 20, refillPerSecond: 10"),
+        rule(
+            "wide",
+            "algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 50",
+        ),
+        rule(
+            "narrow",
+            "algorithm: TOKEN_BUCKET, capacity: 20, refillPerSecond: 10",
+        ),
         // Neither counts: a SHADOW rule never limits, and an Envoy's reports carry nothing
         // of requests in flight.
         rule(
             "trial",
             "algorithm: TOKEN_BUCKET, capacity: 1, refillPerSecond: 1, mode: SHADOW",
         ),
-        rule("slots", "algorithm: CONCURRENCY, maxInFlight: 1, slotTtl: 30s"),
+        rule(
+            "slots",
+            "algorithm: CONCURRENCY, maxInFlight: 1, slotTtl: 30s",
+        ),
     ])));
     let Plan::Shares {
         charges,
@@ -72,7 +81,10 @@ fn a_bucket_no_enforced_rule_limits_is_allowed_whole() {
             "trial",
             "algorithm: TOKEN_BUCKET, capacity: 1, refillPerSecond: 1, mode: SHADOW",
         ),
-        rule("slots", "algorithm: CONCURRENCY, maxInFlight: 1, slotTtl: 30s"),
+        rule(
+            "slots",
+            "algorithm: CONCURRENCY, maxInFlight: 1, slotTtl: 30s",
+        ),
     ] {
         assert!(matches!(Plan::of(charges(&rules(&[only]))), Plan::AllowAll));
     }
@@ -112,7 +124,10 @@ fn one_rule(capacity: u64, per_second: u64) -> Vec<Charge> {
 }
 
 fn rate_of(decided: &[Decided], stream: u64) -> u64 {
-    let d = decided.iter().find(|d| d.stream == stream).expect("decided");
+    let d = decided
+        .iter()
+        .find(|d| d.stream == stream)
+        .expect("decided");
     d.strategy.per_second().unwrap_or(0)
 }
 
@@ -132,7 +147,11 @@ async fn shares_are_fair_per_host_before_per_stream() {
     let state = state(&streams, 1_000.0, &charges, 1_000.0, now);
     let all: HashSet<u64> = [1, 2, 3, 4].into();
     let decided = share_out(&state, &charges, 12.0, 100, now, TICK, &all);
-    assert_eq!(rate_of(&decided, 4), 6, "host b gets a host's half: {decided:?}");
+    assert_eq!(
+        rate_of(&decided, 4),
+        6,
+        "host b gets a host's half: {decided:?}"
+    );
     let a: u64 = [1, 2, 3].iter().map(|&s| rate_of(&decided, s)).sum();
     assert_eq!(a, 6, "host a's three streams share the other half");
     // New Envoy buckets start full: an even share of the rule's burst each.

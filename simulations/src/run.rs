@@ -21,26 +21,20 @@ mod world;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rand_distr::Zipf;
 use tokio::time::Instant;
-use tollgate_lease::{
-    Latency, LinkedStore, MemoryConfig, MemoryStore, Micros, SharedClock, TokioClock,
-};
+use tollgate_lease::Micros;
 use tollgate_node::{Node, RuntimeConfig};
 
-use crate::report::{self, FaultWindow, Invariant, Report, Second};
-use crate::scenario::{Keys, Scenario};
-use crate::wire::{Listeners, Wire};
-use invariants::{bound_invariant, first_few, ledger_invariant};
-use tally::{Fixed, Tally};
+use crate::report::{self, FaultWindow, Report, Second};
+use crate::scenario::Scenario;
+use tally::Tally;
 use traffic::{Caller, Job, Stream};
-use world::{SimNode, World, apply_fault, derive};
+use world::{World, apply_fault, derive};
 
 pub(crate) use traffic::stream_request;
 pub use world::RunError;
@@ -69,121 +63,13 @@ async fn simulate(
     progress: &mut dyn FnMut(u64),
 ) -> Result<Report, RunError> {
     let findings = crate::lint::findings(scenario).await?;
-    let clock: SharedClock = Arc::new(TokioClock::starting_at(EPOCH));
-    let rules = load_rules(&scenario.rules, "<scenario rules>")?;
-    let stores = scenario
-        .topology
-        .regions
-        .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let store = LinkedStore::new(
-                MemoryStore::with_clock(
-                    clock.clone(),
-                    MemoryConfig {
-                        id_seed: Some(derive(seed, "ids", i as u64)),
-                        max_bytes: r
-                            .store_memory_mb
-                            .map_or(tollgate_lease::DEFAULT_MEMORY_MAX_BYTES, |mb| mb << 20),
-                        ..MemoryConfig::default()
-                    },
-                ),
-                Latency {
-                    median: r.store_latency.median,
-                    p99: r.store_latency.p99,
-                },
-                derive(seed, "store", i as u64),
-            );
-            store.keep_ledger();
-            store.memory().keep_eviction_record();
-            store
-        })
-        .collect();
-    let mut nodes = vec![];
-    for (r, region) in scenario.topology.regions.iter().enumerate() {
-        for i in 0..region.nodes {
-            nodes.push(SimNode {
-                name: format!("{}-{i}", region.name),
-                region: r,
-                index: i,
-                node: None,
-                life: 0,
-                carried: (0, 0),
-                alive: Arc::new(AtomicBool::new(true)),
-                tasks: vec![],
-                cpu: None,
-            });
-        }
-    }
-    let mut world = World {
-        scenario: scenario.clone(),
-        seed,
-        clock,
-        stores,
-        nodes,
-        rules,
-        wire: (scenario.topology.regions.len() == 2)
-            .then(|| Wire::new(scenario.topology.link_latency, derive(seed, "wire", 0))),
-        listeners: scenario
-            .topology
-            .regions
-            .iter()
-            .map(|r| Listeners::new(r.nodes))
-            .collect(),
-    };
-    // Every node starts (and warms its store up) at once, as a deployment's pods do.
-    let started =
-        futures::future::join_all((0..world.nodes.len()).map(|i| world.start_node(i, 0))).await;
-    for (i, started) in started.into_iter().enumerate() {
-        let (node, tasks, cpu) = started?;
-        world.nodes[i].node = Some(node);
-        world.nodes[i].tasks = tasks;
-        world.nodes[i].cpu = cpu;
-    }
+    let mut world = World::build(scenario, seed).await?;
 
     let mut rng = StdRng::seed_from_u64(derive(seed, "traffic", 0));
-    let mut streams: Vec<Stream> = scenario
-        .traffic
-        .iter()
-        .map(|t| Stream {
-            zipf: match t.keys {
-                Keys::Zipf { n, s } => Zipf::new(n as f64, s).ok(),
-                _ => None,
-            },
-            carry: 0.0,
-            next_new: 0,
-            nodes: (0..world.nodes.len())
-                .filter(|&i| {
-                    t.regions.as_ref().is_none_or(|rs| {
-                        rs.iter()
-                            .any(|r| scenario.region(r) == Some(world.nodes[i].region))
-                    })
-                })
-                .collect(),
-            traffic: t.clone(),
-        })
-        .collect();
+    let mut streams = Stream::all(scenario, &world);
 
-    // Fault events in time order: starts, and the ends of faults that last.
-    let mut events: Vec<(Duration, usize, bool)> = vec![];
-    for (i, f) in scenario.faults.iter().enumerate() {
-        events.push((f.at, i, true));
-        if let Some(d) = f.lasts {
-            events.push((f.at + d, i, false));
-        }
-    }
-    events.sort_by_key(|&(t, i, start)| (t, !start, i));
+    let (events, windows) = fault_schedule(scenario);
     let mut next_event = 0;
-    let windows: Vec<FaultWindow> = scenario
-        .faults
-        .iter()
-        .map(|f| FaultWindow {
-            label: f.kind.label(),
-            class: f.kind.class().into(),
-            from: f.at.as_secs_f64(),
-            until: (f.at + f.lasts.unwrap_or_default()).as_secs_f64(),
-        })
-        .collect();
 
     let tally = Arc::new(Mutex::new(Tally::default()));
     let budget = decision_budget(scenario);
@@ -200,17 +86,9 @@ async fn simulate(
     let ticks = (scenario.duration.as_micros() / tick.as_micros()) as u64;
     let ticks_per_second = (1_000_000 / tick.as_micros()).max(1) as u64;
     let mut per_second: Vec<Second> = vec![];
-    let mut last_calls = 0u64;
-    let mut last_leases = (0u64, 0u64);
+    let mut seconds = Seconds::default();
     let mut in_flight = tokio::task::JoinSet::new();
-    // Closed loops: callers running per stream and node, and each stream's new keys.
-    let loops: Vec<Vec<Arc<std::sync::atomic::AtomicUsize>>> = streams
-        .iter()
-        .map(|_| (0..world.nodes.len()).map(|_| Default::default()).collect())
-        .collect();
-    let new_keys: Vec<Arc<std::sync::atomic::AtomicU64>> =
-        streams.iter().map(|_| Default::default()).collect();
-    let mut callers_started = 0u64;
+    let mut callers = Callers::new(&streams, world.nodes.len(), seed, start);
 
     for n in 0..ticks {
         let t = tick * n as u32;
@@ -244,8 +122,66 @@ async fn simulate(
                 in_flight.spawn(job.run());
             }
         }
-        // Closed loops: each node a stream reaches keeps its callers going (a caller stops with
-        // its node's life; the next tick starts callers for a restarted node).
+        callers.keep_going(&streams, &world, &books, scenario, t, &mut in_flight);
+        // Reap finished requests now and then, so the set stays small.
+        while in_flight.try_join_next().is_some() {}
+        if (n + 1) % ticks_per_second == 0 {
+            per_second.push(seconds.sample(&world, &tally, per_second.len()));
+            progress(per_second.len() as u64);
+        }
+    }
+    // Let the last requests finish.
+    while in_flight.join_next().await.is_some() {}
+
+    let tally = Arc::try_unwrap(tally)
+        .map(Mutex::into_inner)
+        .unwrap_or_else(|shared| std::mem::take(&mut *shared.lock()));
+    let ended = Ended {
+        tally,
+        per_second,
+        windows,
+        findings,
+        budget,
+    };
+    Ok(ended.report(&world, scenario, seed))
+}
+
+/// The closed loops of a run: the callers running per stream and node, and each stream's new
+/// keys.
+struct Callers {
+    busy: Vec<Vec<Arc<std::sync::atomic::AtomicUsize>>>,
+    new_keys: Vec<Arc<std::sync::atomic::AtomicU64>>,
+    started: u64,
+    seed: u64,
+    start: Instant,
+}
+
+impl Callers {
+    fn new(streams: &[Stream], nodes: usize, seed: u64, start: Instant) -> Self {
+        Self {
+            busy: streams
+                .iter()
+                .map(|_| (0..nodes).map(|_| Default::default()).collect())
+                .collect(),
+            new_keys: streams.iter().map(|_| Default::default()).collect(),
+            started: 0,
+            seed,
+            start,
+        }
+    }
+
+    /// Each node a stream reaches keeps its callers going (a caller stops with its node's
+    /// life; the next tick starts callers for a restarted node).
+    fn keep_going(
+        &mut self,
+        streams: &[Stream],
+        world: &World,
+        books: &Books,
+        scenario: &Scenario,
+        t: Duration,
+        in_flight: &mut tokio::task::JoinSet<()>,
+    ) {
+        let tick = scenario.tick;
         for (si, stream) in streams.iter().enumerate() {
             let Some(callers) = stream.traffic.callers else {
                 continue;
@@ -262,19 +198,19 @@ async fn simulate(
             for &i in &stream.nodes {
                 // Each request of a caller is this job with its own request and failovers.
                 let placeholder = tollgate_node::Request::new(String::new());
-                let Some(job) = job_on(&world, i, placeholder, &stream.traffic, &books) else {
+                let Some(job) = job_on(world, i, placeholder, &stream.traffic, books) else {
                     continue;
                 };
-                let busy = loops[si][i].clone();
+                let busy = self.busy[si][i].clone();
                 while busy.load(std::sync::atomic::Ordering::Relaxed) < callers {
                     busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    callers_started += 1;
+                    self.started += 1;
                     let caller = Caller {
                         traffic: stream.traffic.clone(),
                         zipf: stream.zipf,
-                        rng: StdRng::seed_from_u64(derive(seed, "caller", callers_started)),
-                        new_keys: new_keys[si].clone(),
-                        stop: start + until,
+                        rng: StdRng::seed_from_u64(derive(self.seed, "caller", self.started)),
+                        new_keys: self.new_keys[si].clone(),
+                        stop: self.start + until,
                         tick,
                         busy: busy.clone(),
                         store: world.stores[job.region].clone(),
@@ -284,156 +220,156 @@ async fn simulate(
                 }
             }
         }
-        // Reap finished requests now and then, so the set stays small.
-        while in_flight.try_join_next().is_some() {}
-        if (n + 1) % ticks_per_second == 0 {
-            let calls: u64 = world.stores.iter().map(|s| s.link().calls().total()).sum();
-            let leases = lease_units(&world);
-            let actors: u64 = world
-                .nodes
-                .iter()
-                .filter_map(|n| n.node.as_ref())
-                .map(|n| n.operator().held().0 as u64)
-                .sum();
-            let regions = region_second(&world, &tally, per_second.len());
-            let mut t = tally.lock();
-            per_second.push(Second {
-                t: per_second.len() as u64,
-                decisions: std::mem::take(&mut t.second_decisions),
-                store_calls: calls - last_calls,
-                lease_units_acquired: leases.0 - last_leases.0,
-                lease_units_returned: leases.1 - last_leases.1,
-                key_actors: actors,
-                rules: std::mem::take(&mut t.second),
-                regions,
-            });
-            last_calls = calls;
-            last_leases = leases;
-            drop(t);
-            progress(per_second.len() as u64);
-        }
     }
-    // Let the last requests finish.
-    while in_flight.join_next().await.is_some() {}
+}
 
-    let end = world.now();
-    let mut tally = Arc::try_unwrap(tally)
-        .map(Mutex::into_inner)
-        .unwrap_or_else(|shared| std::mem::take(&mut *shared.lock()));
-    let store_calls: u64 = world.stores.iter().map(|s| s.link().calls().total()).sum();
-    let refused: u64 = world
-        .stores
+/// The figures of each second, as differences from the last.
+#[derive(Default)]
+struct Seconds {
+    last_calls: u64,
+    last_leases: (u64, u64),
+}
+
+impl Seconds {
+    /// Second number `t`: its decisions, store calls, lease units and key actors.
+    fn sample(&mut self, world: &World, tally: &Mutex<Tally>, t: usize) -> Second {
+        let calls: u64 = world.stores.iter().map(|s| s.link().calls().total()).sum();
+        let leases = lease_units(world);
+        let actors: u64 = world
+            .nodes
+            .iter()
+            .filter_map(|n| n.node.as_ref())
+            .map(|n| n.operator().held().0 as u64)
+            .sum();
+        let regions = region_second(world, tally, t);
+        let mut books = tally.lock();
+        let second = Second {
+            t: t as u64,
+            decisions: std::mem::take(&mut books.second_decisions),
+            store_calls: calls - self.last_calls,
+            lease_units_acquired: leases.0 - self.last_leases.0,
+            lease_units_returned: leases.1 - self.last_leases.1,
+            key_actors: actors,
+            rules: std::mem::take(&mut books.second),
+            regions,
+        };
+        self.last_calls = calls;
+        self.last_leases = leases;
+        second
+    }
+}
+
+/// The fault events of `scenario` in time order (when, which fault, whether it begins), and
+/// the window of each fault for the report.
+fn fault_schedule(scenario: &Scenario) -> (Vec<(Duration, usize, bool)>, Vec<FaultWindow>) {
+    // Fault events in time order: starts, and the ends of faults that last.
+    let mut events: Vec<(Duration, usize, bool)> = vec![];
+    for (i, f) in scenario.faults.iter().enumerate() {
+        events.push((f.at, i, true));
+        if let Some(d) = f.lasts {
+            events.push((f.at + d, i, false));
+        }
+    }
+    events.sort_by_key(|&(t, i, start)| (t, !start, i));
+    let windows: Vec<FaultWindow> = scenario
+        .faults
         .iter()
-        .map(|s| {
-            s.link()
-                .calls()
-                .refused
-                .load(std::sync::atomic::Ordering::Relaxed)
+        .map(|f| FaultWindow {
+            label: f.kind.label(),
+            class: f.kind.class().into(),
+            from: f.at.as_secs_f64(),
+            until: (f.at + f.lasts.unwrap_or_default()).as_secs_f64(),
         })
-        .sum();
-    let mut invariants = vec![];
-    invariants.push(bound_invariant(&mut tally, &world, end));
-    invariants.push(ledger_invariant(&tally, &world));
-    for r in tally.rules.values_mut() {
-        r.overshoot = r.decided.admitted.saturating_sub(r.exact);
-    }
-    // Distinct identities per rule, both regions and every definition together.
-    let mut identities: BTreeMap<String, u64> = BTreeMap::new();
-    let mut seen: std::collections::HashSet<(&str, &[u8]), Fixed> = Default::default();
-    for (_, uid, identity) in tally.buckets.keys() {
-        if let Some(name) = tally.rule_names.get(uid)
-            && seen.insert((name.as_str(), identity.as_slice()))
-        {
-            *identities.entry(name.clone()).or_default() += 1;
-        }
-    }
-    for (name, n) in identities {
-        tally.rules.entry(name).or_default().identities = n;
-    }
-    invariants.push(Invariant {
-        name: "each fail mode is honoured while the store is down".into(),
-        held: tally.fail_mode_breaches.is_empty(),
-        detail: if tally.fail_mode_breaches.is_empty() {
-            "every fail-open admitted, every fail-closed denied, each by a rule of that fail mode"
-                .into()
-        } else {
-            first_few(&tally.fail_mode_breaches)
-        },
-    });
-    if world.wire.is_some() {
-        invariants.push(Invariant {
-            name: "SPLIT shares sum to at most the limit while the regions see each other".into(),
-            held: tally.split_breaches.is_empty(),
-            detail: if tally.split_breaches.is_empty() {
-                "checked every second".into()
-            } else {
-                first_few(&tally.split_breaches)
-            },
-        });
-    }
-    invariants.push(Invariant {
-        name: format!(
-            "no decision waits longer than the store budget ({} µs)",
-            budget.as_micros()
-        ),
-        held: tally.latency_breaches == 0,
-        detail: format!(
-            "{} decisions over; the longest took {} µs",
-            tally.latency_breaches, tally.longest
-        ),
-    });
-    let count: u64 = tally.latency.values().sum();
-    // The value at rank ⌊count·q⌋ of the sorted latencies.
-    let pct = |q: f64| {
-        let rank = ((count as f64 * q) as u64).min(count.saturating_sub(1));
-        let mut seen = 0;
-        for (&us, &n) in &tally.latency {
-            seen += n;
-            if seen > rank {
-                return us;
+        .collect();
+    (events, windows)
+}
+
+/// What a run has at its end: its books, its seconds, its fault windows, what the lint found.
+struct Ended {
+    tally: Tally,
+    per_second: Vec<Second>,
+    windows: Vec<FaultWindow>,
+    findings: Vec<crate::lint::Finding>,
+    budget: Duration,
+}
+
+impl Ended {
+    /// The run's report: its invariants checked against the books, its figures, every node
+    /// stopped.
+    fn report(self, world: &World, scenario: &Scenario, seed: u64) -> Report {
+        let end = world.now();
+        let Ended {
+            mut tally,
+            per_second,
+            windows,
+            findings,
+            budget,
+        } = self;
+        let store_calls: u64 = world.stores.iter().map(|s| s.link().calls().total()).sum();
+        let refused: u64 = world
+            .stores
+            .iter()
+            .map(|s| {
+                s.link()
+                    .calls()
+                    .refused
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+            .sum();
+        let invariants = invariants::check(&mut tally, world, end, budget);
+        let count: u64 = tally.latency.values().sum();
+        // The value at rank ⌊count·q⌋ of the sorted latencies.
+        let pct = |q: f64| {
+            let rank = ((count as f64 * q) as u64).min(count.saturating_sub(1));
+            let mut seen = 0;
+            for (&us, &n) in &tally.latency {
+                seen += n;
+                if seen > rank {
+                    return us;
+                }
             }
+            0
+        };
+        let latency_us = report::Latency {
+            p50: pct(0.5),
+            p99: pct(0.99),
+            p999: pct(0.999),
+            max: tally.latency.keys().next_back().copied().unwrap_or(0),
+        };
+        let node_store_calls = world
+            .nodes
+            .iter()
+            .filter_map(|n| n.node.as_ref())
+            .map(|n| n.metrics().store_calls.get())
+            .sum();
+        for node in world.nodes.iter().filter_map(|n| n.node.as_ref()) {
+            node.crash();
         }
-        0
-    };
-    let latency_us = report::Latency {
-        p50: pct(0.5),
-        p99: pct(0.99),
-        p999: pct(0.999),
-        max: tally.latency.keys().next_back().copied().unwrap_or(0),
-    };
-    let node_store_calls = world
-        .nodes
-        .iter()
-        .filter_map(|n| n.node.as_ref())
-        .map(|n| n.metrics().store_calls.get())
-        .sum();
-    for node in world.nodes.iter().filter_map(|n| n.node.as_ref()) {
-        node.crash();
+        Report {
+            node_store_calls,
+            scenario: scenario.name.clone(),
+            seed,
+            seconds: per_second.len() as u64,
+            nodes: world.nodes.len(),
+            decisions: tally.decisions,
+            admitted: tally.admitted,
+            store_calls,
+            store_calls_per_decision: if tally.decisions == 0 {
+                0.0
+            } else {
+                store_calls as f64 / tally.decisions as f64
+            },
+            store_refused: refused,
+            store_calls_by_op: calls_by_op(world),
+            store_evictions: world.stores.iter().map(|s| s.memory().evictions()).sum(),
+            latency_us,
+            rules: tally.rules,
+            per_second,
+            faults: windows,
+            invariants,
+            findings,
+        }
     }
-    Ok(Report {
-        node_store_calls,
-        scenario: scenario.name.clone(),
-        seed,
-        seconds: per_second.len() as u64,
-        nodes: world.nodes.len(),
-        decisions: tally.decisions,
-        admitted: tally.admitted,
-        store_calls,
-        store_calls_per_decision: if tally.decisions == 0 {
-            0.0
-        } else {
-            store_calls as f64 / tally.decisions as f64
-        },
-        store_refused: refused,
-        store_calls_by_op: calls_by_op(&world),
-        store_evictions: world.stores.iter().map(|s| s.memory().evictions()).sum(),
-        latency_us,
-        rules: tally.rules,
-        per_second,
-        faults: windows,
-        invariants,
-        findings,
-    })
 }
 
 /// What every job of a run shares: the tally, the decision budget, a decision's CPU cost.

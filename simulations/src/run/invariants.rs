@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use super::tally::{BucketId, Tally};
+use super::tally::{BucketId, Fixed, Tally};
 use super::world::World;
 use crate::report::Invariant;
+use tollgate_lease::Micros;
 
 pub(super) fn bound_invariant(tally: &mut Tally, world: &World, end: u64) -> Invariant {
     let mut breaches = vec![];
@@ -131,4 +132,66 @@ pub(super) fn first_few(items: &[String]) -> String {
         out.push(&more);
     }
     out.join("; ")
+}
+
+/// Every invariant of a run, checked against its books at `end` (the rules' overshoot and
+/// distinct identities are counted on the way).
+pub(super) fn check(
+    tally: &mut Tally,
+    world: &World,
+    end: Micros,
+    budget: std::time::Duration,
+) -> Vec<Invariant> {
+    let mut invariants = vec![];
+    invariants.push(bound_invariant(tally, world, end));
+    invariants.push(ledger_invariant(tally, world));
+    for r in tally.rules.values_mut() {
+        r.overshoot = r.decided.admitted.saturating_sub(r.exact);
+    }
+    // Distinct identities per rule, both regions and every definition together.
+    let mut identities: BTreeMap<String, u64> = BTreeMap::new();
+    let mut seen: std::collections::HashSet<(&str, &[u8]), Fixed> = Default::default();
+    for (_, uid, identity) in tally.buckets.keys() {
+        if let Some(name) = tally.rule_names.get(uid)
+            && seen.insert((name.as_str(), identity.as_slice()))
+        {
+            *identities.entry(name.clone()).or_default() += 1;
+        }
+    }
+    for (name, n) in identities {
+        tally.rules.entry(name).or_default().identities = n;
+    }
+    invariants.push(Invariant {
+        name: "each fail mode is honoured while the store is down".into(),
+        held: tally.fail_mode_breaches.is_empty(),
+        detail: if tally.fail_mode_breaches.is_empty() {
+            "every fail-open admitted, every fail-closed denied, each by a rule of that fail mode"
+                .into()
+        } else {
+            first_few(&tally.fail_mode_breaches)
+        },
+    });
+    if world.wire.is_some() {
+        invariants.push(Invariant {
+            name: "SPLIT shares sum to at most the limit while the regions see each other".into(),
+            held: tally.split_breaches.is_empty(),
+            detail: if tally.split_breaches.is_empty() {
+                "checked every second".into()
+            } else {
+                first_few(&tally.split_breaches)
+            },
+        });
+    }
+    invariants.push(Invariant {
+        name: format!(
+            "no decision waits longer than the store budget ({} µs)",
+            budget.as_micros()
+        ),
+        held: tally.latency_breaches == 0,
+        detail: format!(
+            "{} decisions over; the longest took {} µs",
+            tally.latency_breaches, tally.longest
+        ),
+    });
+    invariants
 }

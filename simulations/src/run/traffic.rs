@@ -12,6 +12,9 @@ use rand_distr::{Distribution, Zipf};
 use tokio::time::Instant;
 use tollgate_lease::SharedClock;
 use tollgate_node::rules::{FailMode, Mode};
+
+use super::world::World;
+use crate::scenario::Scenario;
 use tollgate_node::runtime::{Outcome, Verdict};
 use tollgate_node::{Node, Request};
 
@@ -367,4 +370,31 @@ fn key_of(charges: &[tollgate_node::runtime::Charge], uid: u64) -> String {
         .find(|c| c.rule.uid == uid)
         .map(|c| c.rule.key.clone())
         .unwrap_or_default()
+}
+
+impl Stream {
+    /// Every stream of `scenario`, each with the nodes it reaches.
+    pub(super) fn all(scenario: &Scenario, world: &World) -> Vec<Stream> {
+        scenario
+            .traffic
+            .iter()
+            .map(|t| Stream {
+                zipf: match t.keys {
+                    Keys::Zipf { n, s } => Zipf::new(n as f64, s).ok(),
+                    _ => None,
+                },
+                carry: 0.0,
+                next_new: 0,
+                nodes: (0..world.nodes.len())
+                    .filter(|&i| {
+                        t.regions.as_ref().is_none_or(|rs| {
+                            rs.iter()
+                                .any(|r| scenario.region(r) == Some(world.nodes[i].region))
+                        })
+                    })
+                    .collect(),
+                traffic: t.clone(),
+            })
+            .collect()
+    }
 }

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use tollgate_lease::{LinkedStore, NodeCpu, Setup, SharedClock, Store};
+use tollgate_lease::{
+    Latency, LinkedStore, MemoryConfig, MemoryStore, NodeCpu, Setup, SharedClock, Store, TokioClock,
+};
 use tollgate_node::metrics::Metrics;
 use tollgate_node::rules::source::{self, LoadedRules};
 use tollgate_node::rules::watch::ActiveRules;
@@ -303,4 +305,83 @@ fn node_slot(world: &World, region: usize, index: usize) -> usize {
         .map(|r| r.nodes)
         .sum::<usize>()
         + index
+}
+
+impl World {
+    /// The stores and nodes of `scenario`, every node started (and its store warmed up) at
+    /// once, as a deployment's pods do.
+    pub(super) async fn build(scenario: &Scenario, seed: u64) -> Result<World, RunError> {
+        let clock: SharedClock = Arc::new(TokioClock::starting_at(super::EPOCH));
+        let rules = load_rules(&scenario.rules, "<scenario rules>")?;
+        let stores = scenario
+            .topology
+            .regions
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let store = LinkedStore::new(
+                    MemoryStore::with_clock(
+                        clock.clone(),
+                        MemoryConfig {
+                            id_seed: Some(derive(seed, "ids", i as u64)),
+                            max_bytes: r
+                                .store_memory_mb
+                                .map_or(tollgate_lease::DEFAULT_MEMORY_MAX_BYTES, |mb| mb << 20),
+                            ..MemoryConfig::default()
+                        },
+                    ),
+                    Latency {
+                        median: r.store_latency.median,
+                        p99: r.store_latency.p99,
+                    },
+                    derive(seed, "store", i as u64),
+                );
+                store.keep_ledger();
+                store.memory().keep_eviction_record();
+                store
+            })
+            .collect();
+        let mut nodes = vec![];
+        for (r, region) in scenario.topology.regions.iter().enumerate() {
+            for i in 0..region.nodes {
+                nodes.push(SimNode {
+                    name: format!("{}-{i}", region.name),
+                    region: r,
+                    index: i,
+                    node: None,
+                    life: 0,
+                    carried: (0, 0),
+                    alive: Arc::new(AtomicBool::new(true)),
+                    tasks: vec![],
+                    cpu: None,
+                });
+            }
+        }
+        let mut world = World {
+            scenario: scenario.clone(),
+            seed,
+            clock,
+            stores,
+            nodes,
+            rules,
+            wire: (scenario.topology.regions.len() == 2)
+                .then(|| Wire::new(scenario.topology.link_latency, derive(seed, "wire", 0))),
+            listeners: scenario
+                .topology
+                .regions
+                .iter()
+                .map(|r| Listeners::new(r.nodes))
+                .collect(),
+        };
+        // Every node starts (and warms its store up) at once, as a deployment's pods do.
+        let started =
+            futures::future::join_all((0..world.nodes.len()).map(|i| world.start_node(i, 0))).await;
+        for (i, started) in started.into_iter().enumerate() {
+            let (node, tasks, cpu) = started?;
+            world.nodes[i].node = Some(node);
+            world.nodes[i].tasks = tasks;
+            world.nodes[i].cpu = cpu;
+        }
+        Ok(world)
+    }
 }

@@ -35,7 +35,9 @@ use attempt::{Attempt, Mark};
 
 pub(crate) mod attempt;
 mod lease;
+pub(crate) mod penalties;
 pub(crate) mod store;
+pub(crate) mod without_store;
 
 /// How the decision path reaches a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +197,10 @@ impl Decider {
                 RuleKind::Limited(_) => match self.known_block(hit, route, now) {
                     Some(left) => {
                         sorted.blocked = true;
-                        crate::runtime::penalties::count_penalized(&self.shared, &hit.rule);
+                        crate::runtime::decision::penalties::count_penalized(
+                            &self.shared,
+                            &hit.rule,
+                        );
                         attempt.record(
                             i,
                             hit.denied(Outcome::Denied, Denial::Penalized, left, left),
@@ -226,7 +231,7 @@ impl Decider {
                 && hit.rule.penalty.is_some()
                 && let Some(left) = self.known_block(hit, route, self.shared.clock.now_micros())
             {
-                crate::runtime::penalties::count_penalized(&self.shared, &hit.rule);
+                crate::runtime::decision::penalties::count_penalized(&self.shared, &hit.rule);
                 s.denial = Some(Denial::Penalized);
                 s.retry_after = left;
             }

@@ -1,26 +1,14 @@
-//! What a rule does when the store cannot answer: OPEN (or, when the store is only slow, this
-//! node's share of its last answer), CLOSED, LOCAL (a per-node share, per key, bounded and
-//! swept: `runtime/fallbacks.rs`). Two functions, for every caller: [`waits_through`] says
-//! whether a request waits on through a late call, and [`decide`] takes the hit, what the node
-//! holds of it and why the store did not answer ([`Cause`]), and returns the rule's status and
-//! what it took.
+//! What a rule does when the store cannot answer, as one pure policy for every caller (the
+//! bucket, the key actor's waiters, store checks): [`waits_through`] says whether a request
+//! waits on through a late call, and [`fallback`] what its rule does instead, by the rule's
+//! fail mode, why the store did not answer ([`Cause`]) and whether this node has heard the
+//! store on the key. `decision/without_store.rs` carries it out (a share of the last answer
+//! taken, a LOCAL bucket's tokens, what is owed).
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use tollgate_lease::{Micros, StoreError};
+use tollgate_lease::StoreError;
 
 use crate::rules::FailMode;
-use crate::runtime::decision::attempt::Taken;
-use crate::runtime::fallbacks::Fallbacks;
-use crate::runtime::keys::bucket::Bucket;
-use crate::runtime::local::LocalBucket;
-use crate::runtime::matching::Hit;
-use crate::runtime::outcome::Outcome;
-use crate::runtime::shared::Shared;
-use crate::runtime::store_health::breaker::BreakerState;
 use crate::runtime::store_health::lateness::Late;
-use crate::runtime::verdict::{Denial, RuleStatus};
 
 /// Why the store did not answer a request's call, as the fail policy decides by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,122 +50,37 @@ pub(crate) fn waits_through(mode: FailMode, late: Late) -> bool {
     late == Late::Stalled && mode == FailMode::Closed
 }
 
-/// Decides `hit`, whose store call did not answer for `cause`, at `now`; `bucket` is the bucket this
-/// node holds for it, if any. Returns its status and what was taken for it, in order (given
-/// back if the request is denied elsewhere).
-///
-/// Under an OPEN rule, a store that has stalled ([`Cause::Stalled`]) is not down: this node's share of its last answer decides (see
-/// [`LastAnswer::decide_while_slow`]), rather than admitting everything. Otherwise the rule's
-/// fail mode decides: OPEN admits, CLOSED denies, LOCAL takes its local share. What is
-/// admitted while the store had stalled is owed to it (debited when it answers); what is
-/// admitted while it is down (unreachable, its breaker open) is not.
-///
-/// [`LastAnswer::decide_while_slow`]: crate::runtime::keys::last_answer::LastAnswer::decide_while_slow
-pub(crate) fn decide(
-    shared: &Shared,
-    fallbacks: &Fallbacks,
-    hit: &Hit,
-    bucket: Option<&Arc<Bucket>>,
-    cause: Cause,
-    now: Micros,
-) -> (RuleStatus, Vec<Taken>) {
-    let late = cause == Cause::Stalled;
-    if hit.rule.fail_mode == FailMode::Open
-        && late
-        && let Some(bucket) = bucket
-    {
-        shared.metrics.slow_store_decisions.inc();
-        tracing::debug!(rule = %hit.rule.id, "the store is late: this node's share of its last answer decides");
-        let (status, took) = match bucket.last.decide_while_slow(hit.cost, now) {
-            Ok(()) => (
-                hit.admitted(
-                    Outcome::Allowed,
-                    bucket.remaining(now),
-                    bucket.reset_after(now),
-                ),
-                vec![Taken::Owed(bucket.clone(), hit.cost)],
-            ),
-            Err(wait) => (hit.over_limit(wait, bucket.reset_after(now)), vec![]),
-        };
-        let status = RuleStatus {
-            on_last_answer: true,
-            ..status
-        };
-        return (status, took);
-    }
-    let mut took = vec![];
-    let status = match hit.rule.fail_mode {
-        FailMode::Open => hit.admitted(Outcome::FailedOpen, 0, Duration::ZERO),
-        FailMode::Closed => hit.denied(
-            Outcome::FailedClosed,
-            Denial::StoreUnavailable,
-            store_retry(shared, hit, now),
-            Duration::ZERO,
-        ),
-        FailMode::Local => match bucket
-            .map(|b| b.fallback.clone())
-            .or_else(|| fallback_for(shared, fallbacks, hit, now))
-        {
-            Some(local) => match local.take(hit.cost, now) {
-                Ok(()) => {
-                    took.push(Taken::Fallback(local, hit.cost));
-                    hit.admitted(Outcome::LocalFallback, 0, Duration::ZERO)
-                }
-                Err(wait) => hit.denied(
-                    Outcome::LocalFallback,
-                    Denial::OverLimit,
-                    wait,
-                    Duration::ZERO,
-                ),
-            },
-            // A rule without a limit has nothing to fall back to.
-            None => hit.admitted(Outcome::FailedOpen, 0, Duration::ZERO),
-        },
-    };
-    tracing::debug!(rule = %hit.rule.id, ?cause, outcome = ?status.outcome, "store failed; the rule's fail mode decided");
-    if status.allowed
-        && late
-        && let Some(bucket) = bucket
-    {
-        // The store was late, not down: it is owed this (given back if the request is
-        // denied), and debited when it answers.
-        bucket.last.admitted_without_store(hit.cost, now);
-        took.push(Taken::Owed(bucket.clone(), hit.cost));
-    }
-    (status, took)
+/// What a rule does when the store cannot answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fallback {
+    /// This node's share of the store's last answer decides (an OPEN rule, the store only
+    /// late, the key's last answer held here).
+    LastAnswer,
+    /// Admitted (OPEN).
+    Admit,
+    /// Denied, with a retry when the store may answer again (CLOSED).
+    Deny,
+    /// This node's share of the limit, per key, decides (LOCAL).
+    Local,
 }
 
-/// How long a request that failed closed should wait: until the breaker of its shard lets the
-/// node try the store again, and at least a second (headers carry whole seconds).
-fn store_retry(shared: &Shared, hit: &Hit, now: Micros) -> Duration {
-    let state = hit
-        .bucket_id()
-        .store_key()
-        .map(|key| shared.store.breaker_state_of(&key))
-        .unwrap_or(BreakerState::Closed);
-    let probe = match state {
-        BreakerState::Open { until } => Duration::from_micros(until.saturating_sub(now)),
-        _ => Duration::ZERO,
-    };
-    probe.max(Duration::from_secs(1))
+/// What a rule under `mode` does when its store call did not answer for `cause`; `heard`: this
+/// node holds the key's bucket, and with it the store's last answer. Under an OPEN rule a store
+/// that has stalled is not down: the node's share of its last answer decides, rather than
+/// admitting everything.
+pub(crate) fn fallback(mode: FailMode, cause: Cause, heard: bool) -> Fallback {
+    match (mode, cause) {
+        (FailMode::Open, Cause::Stalled) if heard => Fallback::LastAnswer,
+        (FailMode::Open, _) => Fallback::Admit,
+        (FailMode::Closed, _) => Fallback::Deny,
+        (FailMode::Local, _) => Fallback::Local,
+    }
 }
 
-/// The LOCAL fallback bucket of a key that has no bucket on this node.
-fn fallback_for(
-    shared: &Shared,
-    fallbacks: &Fallbacks,
-    hit: &Hit,
-    now: Micros,
-) -> Option<Arc<LocalBucket>> {
-    let limit = hit.rule.limit()?;
-    let nodes = f64::from(shared.config.cluster_nodes.max(1));
-    Some(fallbacks.bucket(
-        hit.bucket_id().local_key(),
-        hit.rule.uid,
-        now,
-        shared.config.idle_timeout.as_micros() as u64,
-        || Arc::new(LocalBucket::for_limit(&limit, 1.0 / nodes)),
-    ))
+/// Whether what a rule admits without the store is owed to it (debited when it answers): when
+/// the store was late rather than down, on a key whose bucket this node holds.
+pub(crate) fn owed(cause: Cause, heard: bool) -> bool {
+    cause == Cause::Stalled && heard
 }
 
 #[cfg(test)]
@@ -185,8 +88,6 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::runtime::outcome::Outcome;
-    use crate::{NodeBuilder, Request};
 
     const MODES: [FailMode; 3] = [FailMode::Open, FailMode::Closed, FailMode::Local];
 
@@ -219,76 +120,30 @@ mod tests {
         assert_eq!(Cause::from(Late::Down), Cause::Down);
     }
 
-    /// Every fail mode × cause, on a key this node has decided before (its bucket holds the
-    /// store's last answer) and on one it has not: what the rule says, and what is owed.
-    #[tokio::test]
-    async fn every_mode_and_cause_decides_as_the_table_says() {
-        let mut rules = String::from("domain: d\nrules:\n");
-        for mode in MODES {
-            let name = format!("{mode:?}").to_lowercase();
-            rules.push_str(&format!(
-                "  - {{id: {name}, match: {{mode: {name}, user: '*'}}, algorithm: TOKEN_BUCKET, \
-                 capacity: 10, refillPerSecond: 1, failMode: {}}}\n",
-                name.to_uppercase()
-            ));
-        }
-        let node = NodeBuilder::new()
-            .rules_text(rules)
-            .start()
-            .await
-            .expect("node");
-        let request = |mode: FailMode, user: &str| {
-            Request::new("d").descriptor(vec![
-                ("mode", format!("{mode:?}").to_lowercase()),
-                ("user", user.to_owned()),
-            ])
-        };
-        // (mode, cause, known key) → (allowed, outcome, units owed to the store)
+    #[test]
+    fn the_policy_table() {
         use Cause::{Down, Stalled};
-        use FailMode::{Closed, Local, Open};
+        use FailMode::{Closed, Local as LocalMode, Open};
+        use Fallback::{Admit, Deny, LastAnswer, Local};
+        // (mode, cause, heard) → (what it does, whether what it admits is owed)
         let table = [
-            (Open, Stalled, true, true, Outcome::Allowed, 1),
-            (Open, Stalled, false, true, Outcome::FailedOpen, 0),
-            (Open, Down, true, true, Outcome::FailedOpen, 0),
-            (Open, Down, false, true, Outcome::FailedOpen, 0),
-            (Closed, Stalled, true, false, Outcome::FailedClosed, 0),
-            (Closed, Stalled, false, false, Outcome::FailedClosed, 0),
-            (Closed, Down, true, false, Outcome::FailedClosed, 0),
-            (Closed, Down, false, false, Outcome::FailedClosed, 0),
-            (Local, Stalled, true, true, Outcome::LocalFallback, 1),
-            (Local, Stalled, false, true, Outcome::LocalFallback, 0),
-            (Local, Down, true, true, Outcome::LocalFallback, 0),
-            (Local, Down, false, true, Outcome::LocalFallback, 0),
+            (Open, Stalled, true, LastAnswer, true),
+            (Open, Stalled, false, Admit, false),
+            (Open, Down, true, Admit, false),
+            (Open, Down, false, Admit, false),
+            (Closed, Stalled, true, Deny, true),
+            (Closed, Stalled, false, Deny, false),
+            (Closed, Down, true, Deny, false),
+            (Closed, Down, false, Deny, false),
+            (LocalMode, Stalled, true, Local, true),
+            (LocalMode, Stalled, false, Local, false),
+            (LocalMode, Down, true, Local, false),
+            (LocalMode, Down, false, Local, false),
         ];
-        for (i, (mode, cause, known, allowed, outcome, owed)) in table.into_iter().enumerate() {
-            let user = format!("u{i}");
-            if known {
-                // A key earns a bucket (and an actor) when it is seen again.
-                for _ in 0..2 {
-                    assert!(
-                        node.check(&request(mode, &user))
-                            .await
-                            .expect("valid")
-                            .allowed
-                    );
-                }
-            }
-            let decided = node.decide_without_store(&request(mode, &user), cause);
-            let [(status, took)] = &decided[..] else {
-                panic!("one rule matched: {decided:?}");
-            };
-            let case = format!("{mode:?} × {cause:?}, key known: {known}");
-            assert_eq!(status.allowed, allowed, "{case}");
-            assert_eq!(status.outcome, Some(outcome), "{case}");
-            let owed_units: u64 = took
-                .iter()
-                .filter_map(|t| match t {
-                    crate::runtime::decision::attempt::Taken::Owed(_, units) => Some(*units),
-                    _ => None,
-                })
-                .sum();
-            assert_eq!(owed_units, owed, "{case}: owed");
+        for (mode, cause, heard, does, is_owed) in table {
+            let case = format!("{mode:?} × {cause:?}, heard: {heard}");
+            assert_eq!(fallback(mode, cause, heard), does, "{case}");
+            assert_eq!(owed(cause, heard), is_owed, "{case}");
         }
-        node.shutdown().await;
     }
 }

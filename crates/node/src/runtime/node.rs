@@ -220,7 +220,7 @@ impl Node {
                     .shared
                     .registry
                     .bucket(&hit.bucket_id().local_key());
-                crate::runtime::fail_modes::decide(
+                crate::runtime::decision::without_store::decide(
                     &self.inner.decider.shared,
                     &self.inner.decider.fallbacks,
                     hit,

@@ -16,7 +16,7 @@
 //!   new identity's denials are not counted until a flush makes room): nothing a client sends
 //!   grows them without bound, however long its identities (an identity is at most 512 bytes
 //!   before it is kept as a digest, `rules::identity`).
-//! - **Flushes** call the store directly (not through the circuit breaker): each call is
+//! - **Flushes** (`decision/penalties.rs`, with the counting) call the store directly (not through the circuit breaker): each call is
 //!   bounded by the store's budget, at most 64 are out at once, and a failed one drops its
 //!   counts.
 //! - **Lifts.** A lift or reset starts a new *lift epoch* of the identity in the store. The
@@ -31,13 +31,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
 use parking_lot::Mutex;
 use tollgate_lease::{BucketKey, Micros};
 
-use crate::metrics::{PenaltyLabels, RuleLabels, UncountedDenialsLabels};
-use crate::rules::{CompiledRule, Mode};
-use crate::runtime::shared::Shared;
+use crate::rules::CompiledRule;
 
 /// The most memory the blocks a node holds may take: 16 MiB, some 100,000 blocks of API keys
 /// (a block of a 40-byte key takes about 150 bytes; of a 512-byte one, about 1.7 KB).
@@ -53,11 +50,9 @@ pub const MAX_EPOCH_BYTES: usize = 4 << 20;
 const ENTRY_BYTES: usize = 96;
 
 /// The memory a block or pending count of `key` takes.
-fn footprint(key: &BucketKey) -> usize {
+pub(crate) fn footprint(key: &BucketKey) -> usize {
     key.as_str().len() + ENTRY_BYTES
 }
-/// Store calls one flush keeps in flight.
-const FLUSH_CONCURRENCY: usize = 64;
 
 /// What a node knows of its rules' penalty boxes.
 #[derive(Debug, Default)]
@@ -67,13 +62,13 @@ pub struct Penalties {
     /// `blocks.len()`, read without the lock: most decisions find no block at all.
     held: AtomicUsize,
     /// Denials not yet counted in the store, per bucket.
-    pending: Mutex<Sized<Pending>>,
+    pub(crate) pending: Mutex<Sized<Pending>>,
     /// Whether a flush is out.
-    flushing: AtomicBool,
+    pub(crate) flushing: AtomicBool,
     /// Buckets whose denials a flush has sent and the store has not answered for yet.
-    noting: Mutex<HashSet<BucketKey>>,
+    pub(crate) noting: Mutex<HashSet<BucketKey>>,
     /// Told each time the store answers (or fails) a flush's call.
-    noted: tokio::sync::Notify,
+    pub(crate) noted: tokio::sync::Notify,
     /// Bucket → the lift epoch the store last said, for identities whose epoch is not 0.
     epochs: Mutex<Sized<u64>>,
     /// `epochs.len()`, read without the lock: most identities were never lifted.
@@ -81,7 +76,7 @@ pub struct Penalties {
 }
 
 /// The memory a value holds beyond its entry's (heap it owns).
-trait Held {
+pub(crate) trait Held {
     fn held(&self) -> usize;
 }
 
@@ -99,9 +94,9 @@ impl Held for Pending {
 
 /// A map by bucket, and the memory its entries take ([`footprint`] and what each value holds).
 #[derive(Debug)]
-struct Sized<V> {
-    map: HashMap<BucketKey, V>,
-    bytes: usize,
+pub(crate) struct Sized<V> {
+    pub(crate) map: HashMap<BucketKey, V>,
+    pub(crate) bytes: usize,
 }
 
 impl<V> Default for Sized<V> {
@@ -114,23 +109,23 @@ impl<V> Default for Sized<V> {
 }
 
 impl<V: Held> Sized<V> {
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
 
-    fn get(&self, key: &BucketKey) -> Option<&V> {
+    pub(crate) fn get(&self, key: &BucketKey) -> Option<&V> {
         self.map.get(key)
     }
 
-    fn contains_key(&self, key: &BucketKey) -> bool {
+    pub(crate) fn contains_key(&self, key: &BucketKey) -> bool {
         self.map.contains_key(key)
     }
 
-    fn insert(&mut self, key: BucketKey, value: V) {
+    pub(crate) fn insert(&mut self, key: BucketKey, value: V) {
         let key_bytes = footprint(&key);
         self.bytes += key_bytes + value.held();
         if let Some(old) = self.map.insert(key, value) {
@@ -138,13 +133,13 @@ impl<V: Held> Sized<V> {
         }
     }
 
-    fn remove(&mut self, key: &BucketKey) -> Option<V> {
+    pub(crate) fn remove(&mut self, key: &BucketKey) -> Option<V> {
         let (key, value) = self.map.remove_entry(key)?;
         self.bytes -= footprint(&key) + value.held();
         Some(value)
     }
 
-    fn retain(&mut self, mut keep: impl FnMut(&BucketKey, &mut V) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&BucketKey, &mut V) -> bool) {
         let mut freed = 0;
         self.map.retain(|k, v| {
             let kept = keep(k, v);
@@ -156,19 +151,19 @@ impl<V: Held> Sized<V> {
         self.bytes -= freed;
     }
 
-    fn take(&mut self) -> HashMap<BucketKey, V> {
+    pub(crate) fn take(&mut self) -> HashMap<BucketKey, V> {
         self.bytes = 0;
         std::mem::take(&mut self.map)
     }
 }
 
 #[derive(Debug)]
-struct Pending {
-    rule: Arc<CompiledRule>,
-    identity: Vec<u8>,
-    denials: u64,
+pub(crate) struct Pending {
+    pub(crate) rule: Arc<CompiledRule>,
+    pub(crate) identity: Vec<u8>,
+    pub(crate) denials: u64,
     /// The lift epoch the node knew when it handed them out.
-    epoch: u64,
+    pub(crate) epoch: u64,
 }
 
 impl Penalties {
@@ -219,7 +214,7 @@ impl Penalties {
     }
 
     /// The lift epoch the store last said for `key` (0: none heard).
-    fn epoch(&self, key: &BucketKey) -> u64 {
+    pub(crate) fn epoch(&self, key: &BucketKey) -> u64 {
         if self.epochs_held.load(Ordering::Relaxed) == 0 {
             return 0;
         }
@@ -272,210 +267,6 @@ impl Penalties {
                 return;
             }
             notified.await;
-        }
-    }
-
-    /// Counts one denial of `key`'s identity by `rule` (which has a penalty), and starts a
-    /// flush to the store unless one is out.
-    pub(crate) fn count(
-        &self,
-        shared: &Arc<Shared>,
-        rule: &Arc<CompiledRule>,
-        identity: &[u8],
-        key: BucketKey,
-    ) {
-        let epoch = self.epoch(&key);
-        {
-            let mut pending = self.pending.lock();
-            match pending.map.get_mut(&key) {
-                Some(p) if p.epoch == epoch => p.denials += 1,
-                Some(p) => {
-                    // Handed out before a lift the node has heard of since: the store would
-                    // refuse them.
-                    uncounted(shared, rule, "lifted", p.denials);
-                    (p.denials, p.epoch) = (1, epoch);
-                }
-                None => {
-                    if pending.bytes + footprint(&key) + identity.len() > MAX_PENDING_BYTES {
-                        drop(pending);
-                        uncounted(shared, rule, "pending_full", 1);
-                        return;
-                    }
-                    pending.insert(
-                        key,
-                        Pending {
-                            rule: rule.clone(),
-                            identity: identity.to_vec(),
-                            denials: 1,
-                            epoch,
-                        },
-                    );
-                }
-            }
-        }
-        if !self.flushing.swap(true, Ordering::AcqRel) {
-            tokio::spawn(flush(shared.clone()));
-        }
-    }
-}
-
-/// Adds the pending denials to the store's counts until none are left; learns the blocks the
-/// store answers with.
-async fn flush(shared: Arc<Shared>) {
-    let penalties = &shared.penalties;
-    loop {
-        // Taken and marked on their way under one lock: a lift that finds them in neither
-        // (between the two) would not wait for them.
-        let batch = {
-            let mut pending = penalties.pending.lock();
-            let batch = pending.take();
-            penalties.noting.lock().extend(batch.keys().cloned());
-            batch
-        };
-        if batch.is_empty() {
-            penalties.flushing.store(false, Ordering::Release);
-            // A denial counted between the take and the store above found a flush out.
-            if penalties.pending.lock().is_empty()
-                || penalties.flushing.swap(true, Ordering::AcqRel)
-            {
-                return;
-            }
-            continue;
-        }
-        futures::stream::iter(batch)
-            .for_each_concurrent(FLUSH_CONCURRENCY, |(key, pending)| {
-                note(&shared, key, pending)
-            })
-            .await;
-    }
-}
-
-async fn note(shared: &Shared, key: BucketKey, pending: Pending) {
-    let noting = key.clone();
-    note_one(shared, key, pending).await;
-    shared.penalties.noting.lock().remove(&noting);
-    shared.penalties.noted.notify_waiters();
-}
-
-async fn note_one(shared: &Shared, key: BucketKey, pending: Pending) {
-    let Some(penalty) = pending.rule.penalty else {
-        return;
-    };
-    let enforced = pending.rule.mode == Mode::Enforce;
-    // A SHADOW rule counts in a record of its own, which nothing enforces.
-    let penalty = if enforced {
-        penalty
-    } else {
-        penalty.shadowed()
-    };
-    let (denials, under) = (pending.denials, pending.epoch);
-    match shared
-        .store
-        .note_denials(&key, &penalty, denials, Some(under))
-        .await
-    {
-        Ok(state) => {
-            let rule = &pending.rule;
-            if state.epoch != under {
-                // Handed out before a lift or reset this node had not heard of: the store
-                // counted nothing, and said the epoch the next ones count under.
-                if !state.blocked() {
-                    uncounted(shared, rule, "lifted", denials);
-                }
-                shared.penalties.learn_epoch(&key, state.epoch);
-            }
-            if state.started {
-                shared
-                    .metrics
-                    .penalties
-                    .get_or_create(&PenaltyLabels {
-                        domain: rule.domain.clone(),
-                        rule: rule.id.clone(),
-                        outcome: if enforced { "blocked" } else { "shadow" }.into(),
-                    })
-                    .inc();
-                if enforced {
-                    tracing::info!(rule = %rule.id, block_s = penalty.block().as_secs(), "an identity entered the penalty box");
-                    if let Some(region) = shared.region.get() {
-                        region.share_block(&rule.key, &pending.identity, state.blocked_for);
-                    }
-                } else {
-                    tracing::info!(rule = %rule.id, "a SHADOW penalty would have blocked an identity");
-                }
-            }
-            if state.blocked() && enforced {
-                shared
-                    .penalties
-                    .learn(key, state.blocked_for, shared.clock.now_micros());
-            }
-        }
-        Err(e) => {
-            // The count lags by these denials; the limit itself still holds.
-            uncounted(shared, &pending.rule, "store_failed", denials);
-            tracing::debug!(error = %e, rule = %pending.rule.id, "denials not counted towards a penalty");
-        }
-    }
-}
-
-/// Counts `denials` of `rule` its penalty did not count, and why.
-fn uncounted(shared: &Shared, rule: &CompiledRule, reason: &str, denials: u64) {
-    shared
-        .metrics
-        .penalty_denials_uncounted
-        .get_or_create(&UncountedDenialsLabels {
-            domain: rule.domain.clone(),
-            rule: rule.id.clone(),
-            reason: reason.into(),
-        })
-        .inc_by(denials);
-}
-
-/// Counts a request a known block denied.
-pub(crate) fn count_penalized(shared: &Shared, rule: &CompiledRule) {
-    shared
-        .metrics
-        .penalized_requests
-        .get_or_create(&RuleLabels {
-            domain: rule.domain.clone(),
-            rule: rule.id.clone(),
-        })
-        .inc();
-}
-
-/// Holds a block the peer region started: `identity` blocked under the rule keyed `rule_key`
-/// for `left`, in this region's store and on this node. False when the rule has no enforced
-/// penalty here, the block is under a second (not worth a store call), or the store failed.
-pub(crate) async fn impose(
-    shared: &Shared,
-    rule: &CompiledRule,
-    identity: &[u8],
-    left: Duration,
-) -> bool {
-    let Some(penalty) = rule.penalty.filter(|_| rule.enforces_penalty()) else {
-        return false;
-    };
-    let Ok(key) = BucketKey::new(identity, &rule.key) else {
-        return false;
-    };
-    // Never longer than this region's rule blocks for, whatever the peer says (its rule may
-    // differ while a change rolls out, and a peer's word is not a reason to block for a week).
-    let left = left.min(penalty.block());
-    // The peer's block as a penalty of one denial lasting its time left: one denial starts it,
-    // and a block already held here is kept as it is.
-    let Ok(one) = tollgate_lease::Penalty::new(1, penalty.within(), left) else {
-        return false;
-    };
-    match shared.store.note_denials(&key, &one, 1, None).await {
-        Ok(state) if state.blocked() => {
-            shared
-                .penalties
-                .learn(key, state.blocked_for, shared.clock.now_micros());
-            true
-        }
-        Ok(_) => false,
-        Err(e) => {
-            tracing::debug!(error = %e, rule = %rule.id, "the peer region's block is not held here");
-            false
         }
     }
 }

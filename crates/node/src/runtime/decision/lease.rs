@@ -10,9 +10,10 @@ use std::time::Duration;
 use ractor::rpc::CallResult;
 use tollgate_lease::Algorithm;
 
+use super::without_store;
 use super::{Decider, Route};
 use crate::runtime::decision::attempt::{Attempt, Taken};
-use crate::runtime::fail_modes::{self, Cause};
+use crate::runtime::fail_modes::Cause;
 use crate::runtime::keys::bucket::{AcquireOutcome, KeyMsg, Want};
 use crate::runtime::keys::bucket::{Bucket, LocalTake, RefillOutcome};
 use crate::runtime::matching::{Hit, group_by_identity};
@@ -253,7 +254,7 @@ impl Decider {
     ) -> bool {
         attempt.record_taken(
             i,
-            fail_modes::decide(
+            without_store::decide(
                 &self.shared,
                 &self.fallbacks,
                 hit,

@@ -103,7 +103,10 @@ impl Decider {
                                 b.blocked_for,
                                 shared.clock.now_micros(),
                             );
-                            crate::runtime::penalties::count_penalized(shared, &hits[i].rule);
+                            crate::runtime::decision::penalties::count_penalized(
+                                shared,
+                                &hits[i].rule,
+                            );
                             hits[i].denied(
                                 Outcome::Denied,
                                 Denial::Penalized,

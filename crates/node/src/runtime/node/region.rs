@@ -136,8 +136,13 @@ impl tollgate_regionsync::RegionHost for RegionHostOf {
             let Some(compiled) = inner.rules.load().rule(&rule).cloned() else {
                 return false;
             };
-            crate::runtime::penalties::impose(&inner.decider.shared, &compiled, &identity, left)
-                .await
+            crate::runtime::decision::penalties::impose(
+                &inner.decider.shared,
+                &compiled,
+                &identity,
+                left,
+            )
+            .await
         })
     }
 }

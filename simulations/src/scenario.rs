@@ -380,6 +380,8 @@ impl Scenario {
         Ok(())
     }
 
+    /// Every field the types cannot check, in the order of the file, each error naming its
+    /// field: longer than most, read as the format is.
     fn check(&self, file: &str) -> Result<(), ScenarioError> {
         let bad = |field: String, message: String| {
             Err(ScenarioError::Invalid {

@@ -110,6 +110,9 @@ fn request(run: &Run, key: String) -> RateLimitRequest {
 }
 
 /// Drives the server; the report of the measured part.
+///
+/// One load test from warm-up to report in the order it runs (connections, the warm-up, the
+/// measured part, the counts read back): longer than most, read top to bottom.
 pub(crate) async fn drive(run: &Run) -> anyhow::Result<Report> {
     let keys = Arc::new(Keys::parse(&run.keys, run.zipf_s)?);
     let endpoint = Endpoint::from_shared(run.target.clone())?

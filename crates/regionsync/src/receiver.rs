@@ -167,6 +167,9 @@ impl Receiver {
 
     /// Applies a batch: all of it is validated first; then every entry of a rule that syncs
     /// here is debited once.
+    ///
+    /// Longer than most: the whole batch validated before anything is applied, then applied,
+    /// in one function, so that no path applies a batch it has not validated.
     pub async fn apply(&self, batch: Batch) -> Result<BatchAck, Status> {
         self.check_envelope(&batch.origin, batch.entries.len(), "batch", "entries")?;
         let origin = batch.origin.name();

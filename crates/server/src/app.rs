@@ -93,6 +93,9 @@ impl App {
     /// scripts loaded, one round trip; up to the start-up patience) and binds the listeners.
     /// A rule file error stops the start; Redis being down does not (past the patience, the
     /// node serves per fail mode and connects in the background).
+    ///
+    /// Long on purpose: the whole start-up in the order it happens, each part a call of its
+    /// own module, so that an operator reading a start-up log can follow it here.
     pub async fn start(config: Config) -> Result<App, StartError> {
         let metrics = if config.region.is_some() {
             Metrics::with_regions()
@@ -321,6 +324,9 @@ impl App {
     }
 
     /// Serves until `shutdown`, then returns the node's unspent leases.
+    ///
+    /// Every listener and background task started and stopped in one place, in order (the
+    /// stop undoes the start): longer than most, and read top to bottom.
     pub async fn run(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) {
         let (stop_tx, stop_rx) = watch::channel(false);
         let stopped = |mut rx: watch::Receiver<bool>| async move {

@@ -130,6 +130,10 @@ pub(super) fn debit_bucket(
 mod leases;
 
 impl LeaseStore for MemoryStore {
+    /// A check, as `redis/scripts/check.lua` does it, step for step (load every bucket and its
+    /// allowance, judge, refuse a blocked identity, write all or nothing): longer than most
+    /// functions here so that the two read side by side (the conformance suite holds them to
+    /// one behaviour).
     async fn check(&self, req: &CheckRequest) -> Result<CheckOutcome, StoreError> {
         let items = req.items();
         let slot_nonce = if items.iter().any(|i| is_slot_bucket(&i.limit)) {

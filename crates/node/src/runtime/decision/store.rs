@@ -88,72 +88,81 @@ impl Decider {
         };
         match answer {
             Ok(outcome) => {
-                let allowed = outcome.allowed();
-                for (&i, at) in group.iter().zip(item_of) {
-                    let Some(at) = at else { continue };
-                    let b = &outcome.buckets[at];
-                    attempt.record(
-                        i,
-                        if b.allowed {
-                            hits[i].admitted(Outcome::Allowed, b.remaining, b.reset_after)
-                        } else if !b.blocked_for.is_zero() {
-                            let shared = &self.shared;
-                            shared.penalties.learn(
-                                request.items()[at].key.clone(),
-                                b.blocked_for,
-                                shared.clock.now_micros(),
-                            );
-                            crate::runtime::decision::penalties::count_penalized(
-                                shared,
-                                &hits[i].rule,
-                            );
-                            hits[i].denied(
-                                Outcome::Denied,
-                                Denial::Penalized,
-                                b.retry_after,
-                                b.retry_after,
-                            )
-                        } else if route == Route::Store {
-                            // A refused draw learns what the bucket holds, for a smaller one.
-                            RuleStatus {
-                                remaining: b.remaining,
-                                ..hits[i].over_limit(b.retry_after, b.reset_after)
-                            }
-                        } else {
-                            hits[i].over_limit(b.retry_after, b.reset_after)
-                        },
-                    );
-                }
-                if allowed {
-                    // What the store admitted directly is this region's consumption.
-                    let now = self.shared.clock.now_micros();
-                    for hit in group.iter().map(|&i| &hits[i]) {
-                        if let Some(limit) = hit.rule.limit() {
-                            self.shared.record_for_peer(
-                                &hit.rule,
-                                &hit.identity,
-                                &limit,
-                                hit.cost,
-                                now,
-                            );
-                        }
-                    }
-                    for (item, b) in request.items().iter().zip(outcome.buckets) {
-                        if let Some(slot) = b.slot {
-                            self.shared.metrics.slots_taken.inc();
-                            attempt.took(Taken::Slot(HeldSlot {
-                                key: item.key.clone(),
-                                slot,
-                            }));
-                        }
-                    }
-                }
-                allowed
+                self.record_checked(hits, group, &item_of, &request, outcome, attempt, route)
             }
             Err(error) => group
                 .iter()
                 .all(|&i| self.decide_by_fail_mode(&hits[i], i, None, Cause::of(&error), attempt)),
         }
+    }
+
+    /// What the store answered for `group`'s check, recorded: each hit's status (a denial by
+    /// a block learnt and counted, a refused draw's room), and when it admitted, the region's
+    /// consumption and the concurrency slots taken. Whether it admitted.
+    #[allow(clippy::too_many_arguments)]
+    fn record_checked(
+        &self,
+        hits: &[Hit],
+        group: &[usize],
+        item_of: &[Option<usize>],
+        request: &CheckRequest,
+        outcome: CheckOutcome,
+        attempt: &mut Attempt,
+        route: Route<'_>,
+    ) -> bool {
+        let allowed = outcome.allowed();
+        for (&i, &at) in group.iter().zip(item_of) {
+            let Some(at) = at else { continue };
+            let b = &outcome.buckets[at];
+            attempt.record(
+                i,
+                if b.allowed {
+                    hits[i].admitted(Outcome::Allowed, b.remaining, b.reset_after)
+                } else if !b.blocked_for.is_zero() {
+                    let shared = &self.shared;
+                    shared.penalties.learn(
+                        request.items()[at].key.clone(),
+                        b.blocked_for,
+                        shared.clock.now_micros(),
+                    );
+                    crate::runtime::decision::penalties::count_penalized(shared, &hits[i].rule);
+                    hits[i].denied(
+                        Outcome::Denied,
+                        Denial::Penalized,
+                        b.retry_after,
+                        b.retry_after,
+                    )
+                } else if route == Route::Store {
+                    // A refused draw learns what the bucket holds, for a smaller one.
+                    RuleStatus {
+                        remaining: b.remaining,
+                        ..hits[i].over_limit(b.retry_after, b.reset_after)
+                    }
+                } else {
+                    hits[i].over_limit(b.retry_after, b.reset_after)
+                },
+            );
+        }
+        if allowed {
+            // What the store admitted directly is this region's consumption.
+            let now = self.shared.clock.now_micros();
+            for hit in group.iter().map(|&i| &hits[i]) {
+                if let Some(limit) = hit.rule.limit() {
+                    self.shared
+                        .record_for_peer(&hit.rule, &hit.identity, &limit, hit.cost, now);
+                }
+            }
+            for (item, b) in request.items().iter().zip(outcome.buckets) {
+                if let Some(slot) = b.slot {
+                    self.shared.metrics.slots_taken.inc();
+                    attempt.took(Taken::Slot(HeldSlot {
+                        key: item.key.clone(),
+                        slot,
+                    }));
+                }
+            }
+        }
+        allowed
     }
 
     /// Checks `request` in the store, waiting as `wait` says. When the caller stops waiting

@@ -31,6 +31,8 @@
 //! `cargo bench -p tollgate-server --bench rls_h2load` (needs `h2load` from nghttp2-client and
 //! `taskset` from util-linux; builds `tollgate-loadgen` if it is not beside `tollgate`).
 //! `BENCH_SECONDS` sets each measurement (default 5), `BENCH_ROUNDS` the rounds (default 3).
+//! `BENCH_OTHER_TOLLGATE=/path/to/tollgate` measures another build beside this one in the
+//! one-core section, in the same rounds (a change's before and after).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -96,6 +98,8 @@ enum Kind {
         coalesce: bool,
     },
     Tollgate {
+        /// Another build of `tollgate` (`BENCH_OTHER_TOLLGATE`), else this one.
+        binary: Option<PathBuf>,
         redis: Option<String>,
         threads: Option<usize>,
         /// Its answers carry the X-RateLimit trio (the default; else `--x-ratelimit-headers
@@ -163,6 +167,7 @@ fn capture_tollgate_answer(files: &Files) {
     let setup = Setup {
         name: "Tollgate (its answer)",
         kind: Kind::Tollgate {
+            binary: None,
             redis: None,
             threads: None,
             x_trio: true,
@@ -221,20 +226,25 @@ fn start(setup: &Setup, pin: bool, files: &Files) -> Server {
             None
         }
         Kind::Tollgate {
+            binary,
             redis,
             threads,
             x_trio,
         } => {
             let http = free_port(false).expect("port");
-            cmd.arg(env!("CARGO_BIN_EXE_tollgate"))
-                .arg("--rules")
-                .arg(rules)
-                .args([
-                    "--grpc-listen",
-                    &format!("127.0.0.1:{grpc}"),
-                    "--http-listen",
-                    &format!("127.0.0.1:{http}"),
-                ]);
+            cmd.arg(
+                binary
+                    .as_deref()
+                    .unwrap_or(Path::new(env!("CARGO_BIN_EXE_tollgate"))),
+            )
+            .arg("--rules")
+            .arg(rules)
+            .args([
+                "--grpc-listen",
+                &format!("127.0.0.1:{grpc}"),
+                "--http-listen",
+                &format!("127.0.0.1:{http}"),
+            ]);
             if let Some(url) = redis {
                 cmd.args(["--redis-url", url]);
             }
@@ -451,44 +461,69 @@ fn main() {
     let tollgate = |name, redis: Option<&str>, threads| Setup {
         name,
         kind: Kind::Tollgate {
+            binary: None,
             redis: redis.map(str::to_owned),
             threads,
+            x_trio: true,
+        },
+    };
+    // Another build of Tollgate measured beside this one, in the same rounds (a change's
+    // before and after): `BENCH_OTHER_TOLLGATE=/path/to/tollgate`.
+    let other = std::env::var_os("BENCH_OTHER_TOLLGATE").map(PathBuf::from);
+    let other_tollgate = |name, redis: Option<&str>| Setup {
+        name,
+        kind: Kind::Tollgate {
+            binary: other.clone(),
+            redis: redis.map(str::to_owned),
+            threads: None,
             x_trio: true,
         },
     };
     let tollgate_without_x_trio = Setup {
         name: "Tollgate, in-memory store (runtime for 1 CPU), --x-ratelimit-headers false",
         kind: Kind::Tollgate {
+            binary: None,
             redis: None,
             threads: None,
             x_trio: false,
         },
     };
     pin_redis("1");
+    let mut one_core = vec![
+        bare("bare tonic, current-thread runtime", "current"),
+        bare("bare tonic, 2 workers", "multi:2"),
+        bare_abort("bare tonic, panic=abort, current-thread", "current", false),
+        bare_abort(
+            "bare tonic, panic=abort, coalesced, current-thread",
+            "current",
+            true,
+        ),
+        bare_full(
+            "bare tonic sending Tollgate's answer, panic=abort, coalesced, current-thread",
+            "current",
+        ),
+        tollgate("Tollgate, in-memory store (runtime for 1 CPU)", None, None),
+        tollgate(
+            "Tollgate, Redis store (runtime for 1 CPU)",
+            Some(&redis_url),
+            None,
+        ),
+        tollgate_without_x_trio,
+    ];
+    if other.is_some() {
+        one_core.push(other_tollgate(
+            "Tollgate, BENCH_OTHER_TOLLGATE's build, in-memory store (runtime for 1 CPU)",
+            None,
+        ));
+        one_core.push(other_tollgate(
+            "Tollgate, BENCH_OTHER_TOLLGATE's build, Redis store (runtime for 1 CPU)",
+            Some(&redis_url),
+        ));
+    }
     section(
         "One core: servers on core 0, h2load (-t 1 -c 8 -m 32) and Redis on core 1",
         true,
-        &[
-            bare("bare tonic, current-thread runtime", "current"),
-            bare("bare tonic, 2 workers", "multi:2"),
-            bare_abort("bare tonic, panic=abort, current-thread", "current", false),
-            bare_abort(
-                "bare tonic, panic=abort, coalesced, current-thread",
-                "current",
-                true,
-            ),
-            bare_full(
-                "bare tonic sending Tollgate's answer, panic=abort, coalesced, current-thread",
-                "current",
-            ),
-            tollgate("Tollgate, in-memory store (runtime for 1 CPU)", None, None),
-            tollgate(
-                "Tollgate, Redis store (runtime for 1 CPU)",
-                Some(&redis_url),
-                None,
-            ),
-            tollgate_without_x_trio,
-        ],
+        &one_core,
         rounds,
         &files,
     );

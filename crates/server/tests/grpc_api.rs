@@ -32,6 +32,18 @@ fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
         .map(|h| h.value.as_str())
 }
 
+/// The overall code of Envoy's rate limit service's answer to `request`.
+async fn overall(
+    rls: &mut tollgate_proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient<tonic::transport::Channel>,
+    request: RateLimitRequest,
+) -> i32 {
+    rls.should_rate_limit(request)
+        .await
+        .expect("ok")
+        .into_inner()
+        .overall_code
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rls_answers_each_descriptor_and_denies_over_the_limit_with_headers() {
     let mut served = Served::start(ENVOY_RULES, Settings::default()).await;
@@ -163,32 +175,14 @@ async fn rls_hits_addend_and_limit_overrides() {
     let mut rls = served.rls().await;
     let mut heavy = rls_request("rl", &[&[("remote_address", "10.0.0.2")]]);
     heavy.hits_addend = 2;
+    assert_eq!(overall(&mut rls, heavy.clone()).await, Code::Ok as i32);
     assert_eq!(
-        rls.should_rate_limit(heavy.clone())
-            .await
-            .expect("ok")
-            .into_inner()
-            .overall_code,
-        Code::Ok as i32
-    );
-    assert_eq!(
-        rls.should_rate_limit(heavy.clone())
-            .await
-            .expect("ok")
-            .into_inner()
-            .overall_code,
+        overall(&mut rls, heavy.clone()).await,
         Code::OverLimit as i32
     );
     // Descriptor-level hits_addend overrides the request's; 0 peeks.
     heavy.descriptors[0].hits_addend = Some(1);
-    assert_eq!(
-        rls.should_rate_limit(heavy.clone())
-            .await
-            .expect("ok")
-            .into_inner()
-            .overall_code,
-        Code::Ok as i32
-    );
+    assert_eq!(overall(&mut rls, heavy.clone()).await, Code::Ok as i32);
     heavy.descriptors[0].hits_addend = Some(0);
     let peek = rls.should_rate_limit(heavy).await.expect("ok").into_inner();
     assert_eq!(
@@ -201,22 +195,8 @@ async fn rls_hits_addend_and_limit_overrides() {
         requests_per_unit: 1,
         unit: 3,
     });
-    assert_eq!(
-        rls.should_rate_limit(overridden.clone())
-            .await
-            .expect("ok")
-            .into_inner()
-            .overall_code,
-        Code::Ok as i32
-    );
-    assert_eq!(
-        rls.should_rate_limit(overridden)
-            .await
-            .expect("ok")
-            .into_inner()
-            .overall_code,
-        Code::OverLimit as i32
-    );
+    assert_eq!(overall(&mut rls, overridden.clone()).await, Code::Ok as i32);
+    assert_eq!(overall(&mut rls, overridden).await, Code::OverLimit as i32);
     served.stop().await;
 }
 

@@ -377,3 +377,46 @@ async fn a_refused_draw_says_what_is_left_and_a_smaller_one_takes_it() {
     let more = allowed(&node, &request, 1000).await;
     assert_eq!(300 + in_store as usize + more, 1000);
 }
+
+/// A plan that replaces the default gives its customers more; the default still holds every
+/// other key; a SHADOW plan replaces nothing (trying it must not lift the default).
+#[tokio::test]
+async fn a_plan_that_replaces_the_default_gives_its_keys_its_own_limit() {
+    let yaml = "domain: api\nrules:\n  \
+        - {id: gold, match: {plan: gold, route: 'POST /orders'}, per: [api_key], algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 0.001, replaces: [default]}\n  \
+        - {id: trial, match: {plan: trial}, per: [api_key], algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 0.001, mode: SHADOW, replaces: [default]}\n  \
+        - {id: default, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 50, refillPerSecond: 0.001}\n";
+    let (node, _) = memory_node(yaml, no_prelimit()).await;
+    let order = |plan: &str, key: &str| {
+        Request::new("api").descriptor([
+            ("plan", plan),
+            ("route", "POST /orders"),
+            ("api_key", key),
+        ])
+    };
+    assert_eq!(
+        allowed(&node, &order("gold", "g1"), 120).await,
+        100,
+        "gold's own burst"
+    );
+    let verdict = check(&node, &order("gold", "g1")).await;
+    assert_eq!(
+        verdict
+            .statuses
+            .iter()
+            .map(|s| s.rule.id.as_str())
+            .collect::<Vec<_>>(),
+        ["gold"],
+        "the default is left out of the decision"
+    );
+    assert_eq!(
+        allowed(&node, &order("silver", "s1"), 120).await,
+        50,
+        "the default"
+    );
+    assert_eq!(
+        allowed(&node, &order("trial", "t1"), 120).await,
+        50,
+        "a SHADOW plan leaves the default in force"
+    );
+}

@@ -151,6 +151,8 @@ pub(super) fn stored(row: &Row) -> StoredRule {
         penalty: row
             .get::<_, Option<Value>>(12)
             .and_then(|v| serde_json::from_value(v).ok()),
+        // Not stored yet: the admin API refuses it (`writes.rs`).
+        replaces: vec![],
     };
     StoredRule {
         doc,

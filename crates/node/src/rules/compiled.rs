@@ -51,6 +51,9 @@ pub struct CompiledRule {
     pub replaces: Vec<String>,
     /// The name `replaces` refers to (envoyproxy/ratelimit `rate_limit.name`).
     pub replace_name: Option<String>,
+    /// Tollgate rules (their uids) this one takes the place of in a request that matches both,
+    /// when it is enforced (`replaces` in Tollgate's format; `docs/rules-precedence.md`).
+    pub replaces_rules: Vec<u64>,
     /// Decision counters.
     pub counters: RuleCounters,
     /// Where it was defined.
@@ -122,6 +125,7 @@ impl CompiledRule {
             mode: Mode::Enforce,
             fail_mode: FailMode::Open,
             replaces: vec![],
+            replaces_rules: vec![],
             replace_name: None,
             counters,
             origin: "request override".into(),

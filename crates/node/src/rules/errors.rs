@@ -111,6 +111,27 @@ pub enum CompileError {
         /// Where the first is.
         first: String,
     },
+    /// A rule replaces one its domain does not have.
+    #[error("{origin}: rule {id:?} replaces {target:?}, which is no rule of domain {domain:?}")]
+    UnknownReplace {
+        /// Where the replacing rule is.
+        origin: String,
+        /// The replacing rule.
+        id: String,
+        /// The rule it names.
+        target: String,
+        /// Their domain.
+        domain: String,
+    },
+    /// Rules that replace each other in a circle (each would drop the other: nothing would
+    /// limit a request that matches them all).
+    #[error("{origin}: rules replace each other in a circle: {}", cycle.join(" → "))]
+    ReplaceCycle {
+        /// Where the first rule of the circle is.
+        origin: String,
+        /// The ids around the circle, the first again at the end.
+        cycle: Vec<String>,
+    },
     /// Two envoyproxy/ratelimit configurations of one domain.
     #[error("{origin}: domain {domain:?} is configured twice")]
     DomainTwice {

@@ -175,6 +175,9 @@ pub struct Rule {
     pub regional: tollgate_regionsync::RegionalPolicy,
     /// After so many denials within a window, block the identity for a while (None: never).
     pub penalty: Option<tollgate_lease::Penalty>,
+    /// Rules of its domain (by id) it takes the place of in a request that matches both, when
+    /// it is enforced (`docs/rules-precedence.md`).
+    pub replaces: Vec<String>,
     /// Where it came from (file and line), for messages.
     pub origin: String,
 }

@@ -138,6 +138,9 @@ pub struct RuleDoc {
     /// The penalty box: after `after` denials within `within`, block for `block`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub penalty: Option<PenaltyDoc>,
+    /// Rules of its domain (by id) it takes the place of in a request that matches both.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replaces: Vec<String>,
 }
 
 /// A rule's penalty as written: `{after: 10, within: 1m, block: 15m}`.
@@ -286,6 +289,7 @@ impl RuleDoc {
             regional: (rule.regional != tollgate_regionsync::RegionalPolicy::default())
                 .then(|| rule.regional.to_doc()),
             penalty: rule.penalty.as_ref().map(PenaltyDoc::from_penalty),
+            replaces: rule.replaces.clone(),
             ..RuleDoc::default()
         };
         match rule.limit.spec() {

@@ -186,23 +186,25 @@ impl RuleSet {
                     first: first.to_owned(),
                 });
             }
+        }
+        check_replaces(native)?;
+        // Each rule's uid first: a rule's `replaces` names others by their uids.
+        let uids: HashMap<&str, u64> = native
+            .iter()
+            .filter(|r| r.mode != Mode::Disabled)
+            .map(|rule| {
+                let placement = place(&rule.regional, view);
+                (rule.id.as_str(), native_uid(rule, &placement))
+            })
+            .collect();
+        for rule in native {
             if rule.mode == Mode::Disabled {
                 continue;
             }
             let placement = place(&rule.regional, view);
             let limit = scale(rule.limit, placement.share);
             let compiled = Arc::new(CompiledRule {
-                uid: uid_of(&(
-                    &rule.id,
-                    &rule.domain,
-                    &rule.name,
-                    format!("{limit:?} {placement:?}"),
-                    rule.mode,
-                    rule.fail_mode,
-                    &rule.matches,
-                    &rule.identity,
-                    rule.penalty,
-                )),
+                uid: uids[rule.id.as_str()],
                 id: rule.id.clone(),
                 key: rule.id.clone(),
                 domain: rule.domain.clone(),
@@ -214,6 +216,12 @@ impl RuleSet {
                 fail_mode: rule.fail_mode,
                 replaces: vec![],
                 replace_name: None,
+                // A DISABLED rule it names matches nothing: nothing to leave out.
+                replaces_rules: rule
+                    .replaces
+                    .iter()
+                    .filter_map(|id| uids.get(id.as_str()).copied())
+                    .collect(),
                 counters: metrics.rule_counters(&RuleLabels {
                     domain: rule.domain.clone(),
                     rule: rule.id.clone(),
@@ -534,6 +542,7 @@ impl EnvoyCompiler<'_> {
             fail_mode: self.fail_mode,
             replaces,
             replace_name: name,
+            replaces_rules: vec![],
             counters: self.metrics.rule_counters(&RuleLabels {
                 domain: self.domain.to_owned(),
                 rule: id.clone(),
@@ -575,6 +584,79 @@ fn identity_of(identity: &Identity, attributes: &[&[(String, String)]]) -> Optio
                 .unwrap_or_default(),
         ),
     }
+}
+
+/// A Tollgate rule's uid: it changes whenever anything about the rule changes.
+fn native_uid(rule: &Rule, placement: &Placement) -> u64 {
+    let limit = scale(rule.limit, placement.share);
+    uid_of(&(
+        &rule.id,
+        &rule.domain,
+        &rule.name,
+        format!("{limit:?} {placement:?}"),
+        rule.mode,
+        rule.fail_mode,
+        &rule.matches,
+        &rule.identity,
+        rule.penalty,
+    ))
+}
+
+/// Every rule a Tollgate rule replaces is a rule of its domain, and no rules replace each
+/// other in a circle.
+fn check_replaces(native: &[Rule]) -> Result<(), CompileError> {
+    let by_id: HashMap<&str, &Rule> = native.iter().map(|r| (r.id.as_str(), r)).collect();
+    for rule in native {
+        for target in &rule.replaces {
+            if by_id
+                .get(target.as_str())
+                .is_none_or(|t| t.domain != rule.domain)
+            {
+                return Err(CompileError::UnknownReplace {
+                    origin: rule.origin.clone(),
+                    id: rule.id.clone(),
+                    target: target.clone(),
+                    domain: rule.domain.clone(),
+                });
+            }
+        }
+    }
+    // A depth-first walk from each rule, in file order; a rule met again on its own path
+    // closes a circle.
+    let mut done: std::collections::HashSet<&str> = Default::default();
+    for rule in native {
+        let mut path: Vec<&str> = vec![];
+        if let Some(cycle) = circle_from(rule.id.as_str(), &by_id, &mut path, &mut done) {
+            let origin = by_id[cycle[0].as_str()].origin.clone();
+            return Err(CompileError::ReplaceCycle { origin, cycle });
+        }
+    }
+    Ok(())
+}
+
+fn circle_from<'a>(
+    id: &'a str,
+    by_id: &HashMap<&'a str, &'a Rule>,
+    path: &mut Vec<&'a str>,
+    done: &mut std::collections::HashSet<&'a str>,
+) -> Option<Vec<String>> {
+    if let Some(at) = path.iter().position(|p| *p == id) {
+        let mut cycle: Vec<String> = path[at..].iter().map(|s| (*s).to_owned()).collect();
+        cycle.push(id.to_owned());
+        return Some(cycle);
+    }
+    if done.contains(id) {
+        return None;
+    }
+    path.push(id);
+    for target in &by_id[id].replaces {
+        if let Some(cycle) = circle_from(target.as_str(), by_id, path, done) {
+            return Some(cycle);
+        }
+    }
+    path.pop();
+    done.insert(id);
+    None
 }
 
 #[cfg(test)]

@@ -204,6 +204,17 @@ pub(crate) fn hits(
                 .is_some_and(|n| replaced.contains(n))
         });
     }
+    // Tollgate's `replaces`: an enforced matched rule leaves out the rules it names (a SHADOW
+    // one does not: trying a plan must not lift the default meanwhile). Every matched rule's
+    // count, so a chain resolves to its head (docs/rules-precedence.md).
+    if hits.iter().any(|h| !h.rule.replaces_rules.is_empty()) {
+        let replaced: Vec<u64> = hits
+            .iter()
+            .filter(|h| h.rule.mode == Mode::Enforce)
+            .flat_map(|h| h.rule.replaces_rules.iter().copied())
+            .collect();
+        hits.retain(|h| !replaced.contains(&h.rule.uid));
+    }
     Ok(hits)
 }
 

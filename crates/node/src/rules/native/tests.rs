@@ -205,3 +205,24 @@ fn durations_format_in_their_largest_unit() {
     assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
     assert_eq!(format_duration(Duration::from_secs(86_400)), "1d");
 }
+
+#[test]
+fn replaces_names_other_rules_once_each() {
+    let rule = doc("{id: gold, match: {plan: gold}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [default, basic]}")
+        .validate(Some("d"), "test".into())
+        .expect("valid");
+    assert_eq!(rule.replaces, ["default", "basic"]);
+    let errors = doc("{id: gold, match: {plan: gold}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [gold, 'no spaces', basic, basic]}")
+        .validate_all(Some("d"), "test".into())
+        .expect_err("three mistakes");
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["replaces[0]", "replaces[1]", "replaces[3]"],
+        "{errors:?}"
+    );
+    assert!(errors[0].reason.contains("itself"), "{errors:?}");
+    // Written back out as it was read.
+    let back = RuleDoc::from_rule(&rule);
+    assert_eq!(back.replaces, ["default", "basic"]);
+}

@@ -181,6 +181,16 @@ impl RuleDoc {
                 Ok(name)
             }
         });
+        for (i, target) in self.replaces.iter().enumerate() {
+            let field = format!("replaces[{i}]");
+            if let Err(e) = validate_id(target) {
+                errors.push(field_error(field, e.reason));
+            } else if Some(target) == self.id.as_ref() {
+                errors.push(field_error(field, "a rule cannot replace itself"));
+            } else if self.replaces[..i].contains(target) {
+                errors.push(field_error(field, format!("{target:?} is named twice")));
+            }
+        }
         match (
             id, domain, matches, identity, limit, mode, fail_mode, regional, name, penalty,
         ) {
@@ -206,6 +216,7 @@ impl RuleDoc {
                 fail_mode,
                 regional,
                 penalty,
+                replaces: self.replaces.clone(),
                 origin,
             }),
             _ => Err(errors),

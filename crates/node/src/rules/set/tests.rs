@@ -188,3 +188,38 @@ fn identities_are_injective() {
     let y = identity_of(&keys, &[&entries(&[("a", "1"), ("b", "2:3")])]);
     assert_ne!(x, y);
 }
+
+#[test]
+fn a_replaced_rule_must_exist_in_its_domain_and_no_circle_is_allowed() {
+    let unknown = native(
+        "domain: d\nrules:\n- {id: gold, match: {plan: gold}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [defualt]}\n- {id: default, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 2, window: 1s}\n",
+    );
+    let err = RuleSet::compile(&unknown, &[], 1, &Metrics::new()).expect_err("unknown");
+    assert!(
+        matches!(&err, CompileError::UnknownReplace { id, target, .. } if id == "gold" && target == "defualt"),
+        "{err:?}"
+    );
+    // Another domain's rule of that id is not this domain's.
+    let elsewhere = native(
+        "rules:\n- {id: gold, domain: d, match: {plan: gold}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [default]}\n- {id: default, domain: e, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 2, window: 1s}\n",
+    );
+    let err = RuleSet::compile(&elsewhere, &[], 1, &Metrics::new()).expect_err("elsewhere");
+    assert!(
+        matches!(err, CompileError::UnknownReplace { .. }),
+        "{err:?}"
+    );
+    let circle = native(
+        "domain: d\nrules:\n- {id: a, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [b]}\n- {id: b, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [c]}\n- {id: c, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [a]}\n",
+    );
+    let err = RuleSet::compile(&circle, &[], 1, &Metrics::new()).expect_err("circle");
+    assert!(
+        matches!(&err, CompileError::ReplaceCycle { cycle, .. } if cycle == &["a", "b", "c", "a"]),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("a → b → c → a"), "{err}");
+    // A chain without a circle compiles.
+    let chain = native(
+        "domain: d\nrules:\n- {id: a, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [b]}\n- {id: b, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [c]}\n- {id: c, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n",
+    );
+    assert!(RuleSet::compile(&chain, &[], 1, &Metrics::new()).is_ok());
+}

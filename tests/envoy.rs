@@ -278,8 +278,10 @@ async fn a_fail_closed_rule_denies_through_envoys_default_config_with_redis_kill
 }
 
 /// The shipped deploy/envoy/envoy-public-api.yaml in front of deploy/rules/example.yaml:
-/// the seed's gold-orders-create is reached; api-key-default, matched by two of a request's
-/// descriptors, is charged once per request; login attempts fail closed with Redis killed.
+/// the seed's gold-orders-create takes the place of api-key-default (a gold key gets its 100
+/// at once and 10/s, a default key 50 and 5/s); api-key-default, matched by two of a
+/// request's descriptors, is charged once per request; login attempts fail closed with Redis
+/// killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_rules_through_the_shipped_envoy_config() {
     let mut redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
@@ -295,38 +297,57 @@ async fn the_example_rules_through_the_shipped_envoy_config() {
     .await
     .expect("join");
     let envoy = std::sync::Arc::new(envoy);
-    let e = envoy.clone();
-    let (gold, silver) = tokio::task::spawn_blocking(move || {
-        let gold = e.send(
-            "POST",
-            "/orders",
-            &[("x-api-key", "k-gold"), ("x-plan", "gold")],
-        );
-        // 60 orders on the silver plan: {api_key} and {api_key, plan, route} both match
-        // api-key-default (capacity 50, 5/s).
-        let silver: Vec<Response> = (0..60)
-            .map(|_| {
-                e.send(
-                    "POST",
-                    "/orders",
-                    &[("x-api-key", "k-silver"), ("x-plan", "silver")],
-                )
-            })
-            .collect();
-        (gold, silver)
-    })
-    .await
-    .expect("join");
-    assert_eq!(gold.status, 200, "{gold:?}\n{}", envoy.envoy.log());
-    let policy = gold.header("ratelimit-policy").unwrap_or_default();
+    // `count` orders on `plan` as fast as one client sends them; what was admitted, the
+    // answers, and how long sending took (what a bucket refilled meanwhile is bounded by it).
+    let orders = |key: &'static str, plan: &'static str, count: usize| {
+        let e = envoy.clone();
+        tokio::task::spawn_blocking(move || {
+            let start = std::time::Instant::now();
+            let answers: Vec<Response> = (0..count)
+                .map(|_| e.send("POST", "/orders", &[("x-api-key", key), ("x-plan", plan)]))
+                .collect();
+            let admitted = answers.iter().filter(|r| r.status == 200).count();
+            (admitted, answers, start.elapsed().as_secs_f64())
+        })
+    };
+    // At most what the bucket holds, plus what `rate` refills while the requests are sent.
+    let within = |admitted: usize, holds: usize, rate: f64, took: f64| {
+        admitted >= holds && admitted as f64 <= holds as f64 + (rate * took).ceil() + 1.0
+    };
+
+    // Gold: the plan's 100 at once, not the default's 50 (every matching rule used to
+    // apply: 70 at once admitted 52).
+    let (admitted, answers, took) = orders("k-gold", "gold", 110).await.expect("join");
     assert!(
-        policy.contains("\"gold-orders\";q=600;w=60"),
-        "the seed's example is reached: {policy}"
+        within(admitted, 100, 10.0, took),
+        "gold-orders-create alone decides: {admitted} of 110 in {took:.2}s\n{}",
+        envoy.envoy.log()
     );
-    let admitted = silver.iter().filter(|r| r.status == 200).count();
+    for answer in &answers {
+        let policy = answer.header("ratelimit-policy").unwrap_or_default();
+        assert!(policy.contains("\"gold-orders\""), "{answer:?}");
+        assert!(!policy.contains("api-key-default"), "replaced: {answer:?}");
+    }
+    // Then 10 a second, not the default's 5.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (admitted, _, took) = orders("k-gold", "gold", 40).await.expect("join");
     assert!(
-        (50..=56).contains(&admitted),
-        "api-key-default admits its 50 (and what refills meanwhile) once per request: {admitted} of 60"
+        within(admitted, 20, 10.0, took),
+        "gold refills 10 a second: {admitted} of 40 two seconds later ({took:.2}s)"
+    );
+
+    // Silver (no plan of its own): {api_key} and {api_key, plan, route} both match
+    // api-key-default (capacity 50, 5/s), charged once per request.
+    let (admitted, _, took) = orders("k-silver", "silver", 60).await.expect("join");
+    assert!(
+        within(admitted, 50, 5.0, took),
+        "api-key-default admits its 50 once per request: {admitted} of 60 ({took:.2}s)"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (admitted, _, took) = orders("k-silver", "silver", 30).await.expect("join");
+    assert!(
+        within(admitted, 10, 5.0, took),
+        "api-key-default refills 5 a second: {admitted} of 30 two seconds later ({took:.2}s)"
     );
     redis.kill();
     let e = envoy.clone();
@@ -377,6 +398,48 @@ async fn anonymous_requests_are_limited_per_address_through_the_shipped_envoy_co
         last.header("ratelimit-policy")
             .is_some_and(|p| p.contains("\"anonymous-ip\"")),
         "{last:?}"
+    );
+    node.stop().await;
+}
+
+/// Through the shipped deploy/envoy/envoy-public-api.yaml, a logged-in user's login (it sends
+/// an API key) is not anonymous: behind one address, five keyed logins leave anonymous-ip's
+/// 60 a minute whole for the anonymous requests that follow (a match alone is a subset match:
+/// `{ip: "*"}` caught the login descriptor `{route, ip}` until `without: [api_key]`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_logged_in_users_login_is_not_anonymous_through_the_shipped_envoy_config() {
+    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
+        .await
+        .expect("join")
+        .expect("redis");
+    let mut node = node_on_redis(&redis, vec![deploy("rules/example.yaml")]).await;
+    let upstream = upstream().await;
+    let grpc = node.grpc_addr.port();
+    let envoy = tokio::task::spawn_blocking(move || {
+        Shipped::start("envoy-public-api.yaml", upstream, grpc)
+    })
+    .await
+    .expect("join");
+    let envoy = std::sync::Arc::new(envoy);
+    let e = envoy.clone();
+    let (logins, anonymous) = tokio::task::spawn_blocking(move || {
+        let logins: Vec<Response> = (0..5)
+            .map(|_| e.send("POST", "/login", &[("x-api-key", "k2")]))
+            .collect();
+        let anonymous: Vec<Response> = (0..61).map(|_| e.send("GET", "/catalog", &[])).collect();
+        (logins, anonymous)
+    })
+    .await
+    .expect("join");
+    for login in &logins {
+        assert_eq!(login.status, 200, "{login:?}");
+        let policy = login.header("ratelimit-policy").unwrap_or_default();
+        assert!(!policy.contains("anonymous-ip"), "{login:?}");
+    }
+    let admitted = anonymous.iter().filter(|r| r.status == 200).count();
+    assert_eq!(
+        admitted, 60,
+        "the keyed logins took nothing of anonymous-ip's 60 a minute"
     );
     node.stop().await;
 }

@@ -99,6 +99,7 @@ impl From<ControlError> for Problem {
                 current: None,
                 expected,
             } => Problem::stale(format!("rule {id:?} does not exist; {expected}")),
+            ControlError::Conflict(m) => Problem::conflict(m),
             ControlError::Unavailable(m) => Problem::unavailable(m),
             ControlError::Database(m) => {
                 tracing::error!(error = %m, "rule store error");

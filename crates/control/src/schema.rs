@@ -16,6 +16,11 @@ pub const MIGRATIONS: &[(i32, &str, &str)] = &[
         "penalties",
         include_str!("../migrations/0003_penalties.sql"),
     ),
+    (
+        4,
+        "precedence",
+        include_str!("../migrations/0004_precedence.sql"),
+    ),
 ];
 
 /// An arbitrary constant: the advisory lock that serialises migrations.

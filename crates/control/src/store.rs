@@ -18,6 +18,7 @@ mod history;
 mod json;
 mod overrides;
 mod pool;
+mod precedence;
 mod reads;
 mod resets;
 mod rows;

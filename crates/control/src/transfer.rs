@@ -125,36 +125,16 @@ pub async fn import(
         .into_iter()
         .map(|o| (o.rule_id, o.mode))
         .collect();
+    let mut rules = vec![];
     for document in documents {
         match document {
             Document::Overrides(file) => summary.override_files.push(file),
             Document::Rules { docs, domain } => {
                 for mut doc in docs {
-                    let id = doc.id.clone().unwrap_or_default();
                     if doc.domain.is_none() {
                         doc.domain = domain.clone();
                     }
-                    let put = store
-                        .put(&id, doc, None, actor, Some(default_domain))
-                        .await?;
-                    let after = put.rule.doc.mode.unwrap_or_default();
-                    if let Some(before) = put.previous_mode
-                        && before != after
-                    {
-                        summary
-                            .modes_changed
-                            .push((id.clone(), before, after.clone()));
-                    }
-                    if let Some(held) = overrides.get(&id)
-                        && *held != after
-                    {
-                        summary
-                            .held_by_override
-                            .push((id.clone(), held.clone(), after));
-                    }
-                    summary.changed += usize::from(put.written != Written::Unchanged);
-                    named.insert(id);
-                    summary.rules += 1;
+                    rules.push(doc);
                 }
             }
             Document::Envoy { domain, config } => {
@@ -164,15 +144,99 @@ pub async fn import(
             }
         }
     }
+    for doc in replaced_first(rules) {
+        let id = doc.id.clone().unwrap_or_default();
+        let put = store
+            .put(&id, doc, None, actor, Some(default_domain))
+            .await?;
+        let after = put.rule.doc.mode.unwrap_or_default();
+        if let Some(before) = put.previous_mode
+            && before != after
+        {
+            summary
+                .modes_changed
+                .push((id.clone(), before, after.clone()));
+        }
+        if let Some(held) = overrides.get(&id)
+            && *held != after
+        {
+            summary
+                .held_by_override
+                .push((id.clone(), held.clone(), after));
+        }
+        summary.changed += usize::from(put.written != Written::Unchanged);
+        named.insert(id);
+        summary.rules += 1;
+    }
     if prune {
-        for id in store.rule_ids().await? {
-            if !named.contains(&id) {
-                store.delete(&id, None, actor).await?;
-                summary.pruned += 1;
+        // A rule another replaces cannot go before it (409): the rest first, then again,
+        // until a round deletes nothing more.
+        let mut left: Vec<String> = store
+            .rule_ids()
+            .await?
+            .into_iter()
+            .filter(|id| !named.contains(id))
+            .collect();
+        while !left.is_empty() {
+            let round = left.len();
+            let mut kept = vec![];
+            let mut last = None;
+            for id in left {
+                match store.delete(&id, None, actor).await {
+                    Ok(()) => summary.pruned += 1,
+                    Err(e @ ControlError::Conflict(_)) => {
+                        last = Some(e);
+                        kept.push(id);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
+            if let Some(e) = last
+                && kept.len() == round
+            {
+                return Err(e.into());
+            }
+            left = kept;
         }
     }
     Ok(summary)
+}
+
+/// The rules in their order, except that a rule comes after the rules it replaces that the
+/// import also writes: each write is checked against the set before it (a rule replacing one
+/// not written yet would be refused).
+fn replaced_first(rules: Vec<RuleDoc>) -> Vec<RuleDoc> {
+    let index: std::collections::HashMap<String, usize> = rules
+        .iter()
+        .enumerate()
+        .filter_map(|(i, doc)| Some((doc.id.clone()?, i)))
+        .collect();
+    let mut placed = vec![false; rules.len()];
+    let mut order = Vec::with_capacity(rules.len());
+    fn place(
+        i: usize,
+        rules: &[RuleDoc],
+        index: &std::collections::HashMap<String, usize>,
+        placed: &mut [bool],
+        order: &mut Vec<usize>,
+    ) {
+        if placed[i] {
+            return;
+        }
+        // Placed before its walk: a circle (which the store refuses, naming it) ends here.
+        placed[i] = true;
+        for target in &rules[i].replaces {
+            if let Some(&j) = index.get(target) {
+                place(j, rules, index, placed, order);
+            }
+        }
+        order.push(i);
+    }
+    for i in 0..rules.len() {
+        place(i, &rules, &index, &mut placed, &mut order);
+    }
+    let mut slots: Vec<Option<RuleDoc>> = rules.into_iter().map(Some).collect();
+    order.into_iter().filter_map(|i| slots[i].take()).collect()
 }
 
 /// Writes the store's rules to `out/rules.yaml` (Tollgate's format) and each envoyproxy/

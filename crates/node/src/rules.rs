@@ -19,6 +19,7 @@ pub mod identity;
 pub mod model;
 pub mod native;
 pub mod overrides;
+pub mod replaces;
 pub mod set;
 pub mod source;
 pub mod watch;

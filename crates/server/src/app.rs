@@ -111,7 +111,8 @@ impl App {
                 None
             }
             Some(control) => {
-                let store = RuleStore::new(&control.database_url, Duration::from_secs(2))?;
+                let store = RuleStore::new(&control.database_url, Duration::from_secs(2))?
+                    .beside_rule_files(&config.rules);
                 let sync = RuleSync::new(
                     store.clone(),
                     rules.clone(),

@@ -1240,3 +1240,115 @@ async fn a_stored_rule_replaces_the_file_rule_of_the_same_id() {
     assert_eq!(support::allowed(&node.node, &gold("stored"), 3).await, 2);
     node.stop().await;
 }
+
+/// A stored rule may replace another, stored or in the node's files (docs/rules-precedence.md):
+/// the store keeps the set whole. A name that is no rule of the domain and a circle are refused
+/// (400, field `replaces`), a delete of a rule another replaces is refused (409), and the nodes
+/// never see a set that fails to compile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_rules_replace_others_and_the_store_keeps_the_set_whole() {
+    let pg = postgres().await;
+    let yaml = "domain: public-api\nrules:\n  - {id: api-key-default, match: {api_key: \"*\"}, algorithm: FIXED_WINDOW, limit: 1, window: 1h}\n";
+    let settings = Settings {
+        default_domain: Some("public-api".into()),
+        prelimit_factor: Some(0.0),
+        ..Settings::default()
+    };
+    let mut node = Served::with_database(&pg.url(), yaml, settings).await;
+    let admin = node.admin_port();
+    let put = |id: &'static str, body: &'static str| async move {
+        call(admin, "PUT", &rule_path(id), &[], Some(body)).await
+    };
+    let gold_body = r#"{"match":{"plan":"gold"},"per":["api_key"],"algorithm":"FIXED_WINDOW","limit":3,"window":"1h","replaces":["api-key-default"]}"#;
+    let created = put("gold", gold_body).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(json_of(&created)["replaces"], json!(["api-key-default"]));
+    let store = RuleStore::new(&pg.url(), Duration::from_secs(2)).expect("store");
+    until_revision(&node.node, store.revision().await.expect("revision") as u64).await;
+    assert_eq!(
+        support::allowed(&node.node, &gold("gold-key"), 5).await,
+        3,
+        "the gold rule decides a gold key's requests alone"
+    );
+    let plain = Request::new("public-api").descriptor([("api_key", "plain-key")]);
+    assert_eq!(support::allowed(&node.node, &plain, 3).await, 1);
+
+    let unknown = put(
+        "typo",
+        r#"{"match":{"plan":"silver"},"algorithm":"FIXED_WINDOW","limit":3,"window":"1h","replaces":["api-key-defualt"]}"#,
+    )
+    .await;
+    assert_eq!(unknown.status, 400, "{unknown:?}");
+    let problem = json_of(&unknown);
+    assert_eq!(
+        problem["errors"][0]["field"],
+        json!("replaces"),
+        "{problem}"
+    );
+    assert!(
+        problem["errors"][0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("api-key-defualt")),
+        "{problem}"
+    );
+
+    let platinum = put(
+        "platinum",
+        r#"{"match":{"plan":"platinum"},"algorithm":"FIXED_WINDOW","limit":9,"window":"1h","replaces":["gold"]}"#,
+    )
+    .await;
+    assert_eq!(platinum.status, 201, "{platinum:?}");
+    let circle = call(
+        admin,
+        "PATCH",
+        &rule_path("gold"),
+        &[("content-type", "application/merge-patch+json")],
+        Some(r#"{"replaces":["api-key-default","platinum"]}"#),
+    )
+    .await;
+    assert_eq!(circle.status, 400, "{circle:?}");
+    let reason = json_of(&circle)["errors"][0]["reason"].to_string();
+    assert!(
+        reason.contains("gold → platinum → gold") || reason.contains("platinum → gold → platinum"),
+        "{reason}"
+    );
+
+    let in_use = call(admin, "DELETE", &rule_path("gold"), &[], None).await;
+    assert_eq!(in_use.status, 409, "{in_use:?}");
+    assert!(
+        json_of(&in_use)["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("platinum")),
+        "{in_use:?}"
+    );
+    for id in ["platinum", "gold"] {
+        let deleted = call(admin, "DELETE", &rule_path(id), &[], None).await;
+        assert_eq!(deleted.status, 204, "{id}: {deleted:?}");
+    }
+
+    // Absence is stored as written.
+    let anonymous = put(
+        "anonymous-ip",
+        r#"{"match":{"ip":"*"},"without":["api_key"],"algorithm":"FIXED_WINDOW","limit":1,"window":"1h"}"#,
+    )
+    .await;
+    assert_eq!(anonymous.status, 201, "{anonymous:?}");
+    assert_eq!(json_of(&anonymous)["without"], json!(["api_key"]));
+    until_revision(&node.node, store.revision().await.expect("revision") as u64).await;
+    let keyed = Request::new("public-api")
+        .descriptor([("api_key", "keyed")])
+        .descriptor([("ip", "203.0.113.9")]);
+    let anonymous = Request::new("public-api").descriptor([("ip", "203.0.113.9")]);
+    assert_eq!(
+        support::allowed(&node.node, &keyed, 3).await,
+        1,
+        "api-key-default alone"
+    );
+    assert_eq!(
+        support::allowed(&node.node, &anonymous, 3).await,
+        1,
+        "anonymous-ip"
+    );
+    assert_eq!(node.node.metrics().rules_reload_errors.get(), 0);
+    node.stop().await;
+}

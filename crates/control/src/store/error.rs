@@ -24,6 +24,9 @@ pub enum ControlError {
         /// What the caller's precondition asked (`If-Match named 3`).
         expected: String,
     },
+    /// The write would leave another rule naming one that is gone (a rule replaces it).
+    #[error("{0}")]
+    Conflict(String),
     /// PostgreSQL cannot be reached.
     #[error("the rule store is unavailable: {0}")]
     Unavailable(String),

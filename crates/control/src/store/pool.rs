@@ -1,6 +1,8 @@
 //! The rule store's handle: a pool of PostgreSQL connections, and the migrations applied
 //! through it.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Config, Pool, PoolConfig, Runtime, Timeouts};
@@ -13,6 +15,9 @@ use super::error::ControlError;
 pub struct RuleStore {
     pub(super) pool: Pool,
     url: String,
+    /// The rule files the nodes read beside the store: a stored rule may replace one of
+    /// theirs, and a write is checked against them (docs/rules-precedence.md).
+    pub(super) rule_files: Arc<Vec<PathBuf>>,
 }
 
 impl RuleStore {
@@ -38,7 +43,15 @@ impl RuleStore {
         Ok(Self {
             pool,
             url: url.to_owned(),
+            rule_files: Arc::default(),
         })
+    }
+
+    /// The store, checking each write against these rule files too: the files the nodes read
+    /// beside it, whose rules a stored rule may replace.
+    pub fn beside_rule_files(mut self, files: &[PathBuf]) -> Self {
+        self.rule_files = Arc::new(files.to_vec());
+        self
     }
 
     /// The database URL (for the listening connection).

@@ -27,7 +27,7 @@ pub struct StoredRule {
 
 /// An RFC 3339 UTC timestamp of the column `%s`.
 const TIME: &str = "to_char(%s AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')";
-pub(super) const RULE_COLUMNS: &str = "id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by, regional_policy, penalty_json";
+pub(super) const RULE_COLUMNS: &str = "id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by, regional_policy, penalty_json, replaces_json, without_json";
 
 pub(super) fn time(column: &str) -> String {
     TIME.replace("%s", column)
@@ -67,12 +67,14 @@ pub(super) async fn write_rule(
         .penalty
         .as_ref()
         .map(|p| serde_json::to_value(p).unwrap_or(Value::Null));
+    let replaces = (!doc.replaces.is_empty()).then(|| serde_json::json!(doc.replaces));
+    let without = (!doc.without.is_empty()).then(|| serde_json::json!(doc.without));
     tx.execute(
-        "INSERT INTO rate_limit_rules (id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by, regional_policy, penalty_json)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+        "INSERT INTO rate_limit_rules (id, domain, name, match_json, per_json, algorithm, parameters, mode, fail_mode, version, updated_by, regional_policy, penalty_json, replaces_json, without_json)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
          ON CONFLICT (id) DO UPDATE SET domain = $2, name = $3, match_json = $4, per_json = $5, algorithm = $6,
              parameters = $7, mode = $8, fail_mode = $9, version = $10, updated_at = now(), updated_by = $11,
-             regional_policy = $12, penalty_json = $13",
+             regional_policy = $12, penalty_json = $13, replaces_json = $14, without_json = $15",
         &[
             &doc.id,
             &doc.domain,
@@ -87,6 +89,8 @@ pub(super) async fn write_rule(
             &actor,
             &regional,
             &penalty,
+            &replaces,
+            &without,
         ],
     )
     .await?;
@@ -151,13 +155,19 @@ pub(super) fn stored(row: &Row) -> StoredRule {
         penalty: row
             .get::<_, Option<Value>>(12)
             .and_then(|v| serde_json::from_value(v).ok()),
-        // Not stored yet: the admin API refuses it (`writes.rs`).
-        replaces: vec![],
+        replaces: row
+            .get::<_, Option<Value>>(13)
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default(),
+        without: row
+            .get::<_, Option<Value>>(14)
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default(),
     };
     StoredRule {
         doc,
         version: row.get(9),
         updated_by: row.get(10),
-        updated_at: row.get(13),
+        updated_at: row.get(15),
     }
 }

@@ -178,6 +178,9 @@ pub struct Rule {
     /// Rules of its domain (by id) it takes the place of in a request that matches both, when
     /// it is enforced (`docs/rules-precedence.md`).
     pub replaces: Vec<String>,
+    /// Keys that must be in none of a request's descriptors for the rule to match
+    /// (`without: [api_key]`: anonymous traffic only).
+    pub without: Vec<String>,
     /// Where it came from (file and line), for messages.
     pub origin: String,
 }

@@ -141,6 +141,10 @@ pub struct RuleDoc {
     /// Rules of its domain (by id) it takes the place of in a request that matches both.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replaces: Vec<String>,
+    /// Keys that must be in none of the request's descriptors (`[api_key]`: only a request
+    /// without an API key matches).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub without: Vec<String>,
 }
 
 /// A rule's penalty as written: `{after: 10, within: 1m, block: 15m}`.
@@ -290,6 +294,7 @@ impl RuleDoc {
                 .then(|| rule.regional.to_doc()),
             penalty: rule.penalty.as_ref().map(PenaltyDoc::from_penalty),
             replaces: rule.replaces.clone(),
+            without: rule.without.clone(),
             ..RuleDoc::default()
         };
         match rule.limit.spec() {

@@ -18,6 +18,7 @@ use crate::rules::compiled::{push_piece, uid_of};
 use crate::rules::envoy::{NodeLimit, ValidNode};
 use crate::rules::errors::{CompileError, FailModesError};
 use crate::rules::model::{DEFAULT_IDENTITY_KEYS, FailMode, Identity, Mode, Pattern, Rule};
+use crate::rules::replaces::{Replacing, check_replaces};
 
 /// A rule that matched a request: which rule, and the identity its counter is keyed by.
 #[derive(Debug, Clone)]
@@ -32,6 +33,8 @@ pub struct Matched {
 struct NativeRule {
     compiled: Arc<CompiledRule>,
     matches: Vec<(String, Pattern)>,
+    /// Keys none of the request's descriptors may hold.
+    without: Vec<String>,
     identity: Identity,
 }
 
@@ -187,7 +190,7 @@ impl RuleSet {
                 });
             }
         }
-        check_replaces(native)?;
+        check_replaces(&native.iter().map(Replacing::from).collect::<Vec<_>>())?;
         // Each rule's uid first: a rule's `replaces` names others by their uids.
         let uids: HashMap<&str, u64> = native
             .iter()
@@ -249,6 +252,7 @@ impl RuleSet {
             domain.rules.push(NativeRule {
                 compiled,
                 matches: rule.matches.clone(),
+                without: rule.without.clone(),
                 identity: rule.identity.clone(),
             });
         }
@@ -332,10 +336,14 @@ impl RuleSet {
     /// Tollgate's own rules that match a request's attributes: every rule whose match keys
     /// are all present with matching values, and whose identity keys are present. The
     /// attributes are one or more descriptors' entries, seen as one set (no copy is made).
+    /// A rule's `without` keys must be in none of `request`'s descriptors: the whole request's,
+    /// even where the attributes are one descriptor of it (a login descriptor `{route, ip}`
+    /// of a request that also sent `{api_key}` is not anonymous).
     pub fn match_native(
         &self,
         domain: &str,
         attributes: &[&[(String, String)]],
+        request: &[&[(String, String)]],
         out: &mut Vec<Matched>,
     ) {
         let Some(rules) = self.domains.get(domain) else {
@@ -349,7 +357,12 @@ impl RuleSet {
                 .matches
                 .iter()
                 .all(|(key, pattern)| all().any(|(k, v)| k == key && pattern.matches(v)));
-            if all_match && let Some(identity) = identity_of(&rule.identity, attributes) {
+            let in_request =
+                |key: &String| request.iter().flat_map(|d| d.iter()).any(|(k, _)| k == key);
+            if all_match
+                && !rule.without.iter().any(in_request)
+                && let Some(identity) = identity_of(&rule.identity, attributes)
+            {
                 out.push(Matched {
                     rule: rule.compiled.clone(),
                     identity,
@@ -600,63 +613,6 @@ fn native_uid(rule: &Rule, placement: &Placement) -> u64 {
         &rule.identity,
         rule.penalty,
     ))
-}
-
-/// Every rule a Tollgate rule replaces is a rule of its domain, and no rules replace each
-/// other in a circle.
-fn check_replaces(native: &[Rule]) -> Result<(), CompileError> {
-    let by_id: HashMap<&str, &Rule> = native.iter().map(|r| (r.id.as_str(), r)).collect();
-    for rule in native {
-        for target in &rule.replaces {
-            if by_id
-                .get(target.as_str())
-                .is_none_or(|t| t.domain != rule.domain)
-            {
-                return Err(CompileError::UnknownReplace {
-                    origin: rule.origin.clone(),
-                    id: rule.id.clone(),
-                    target: target.clone(),
-                    domain: rule.domain.clone(),
-                });
-            }
-        }
-    }
-    // A depth-first walk from each rule, in file order; a rule met again on its own path
-    // closes a circle.
-    let mut done: std::collections::HashSet<&str> = Default::default();
-    for rule in native {
-        let mut path: Vec<&str> = vec![];
-        if let Some(cycle) = circle_from(rule.id.as_str(), &by_id, &mut path, &mut done) {
-            let origin = by_id[cycle[0].as_str()].origin.clone();
-            return Err(CompileError::ReplaceCycle { origin, cycle });
-        }
-    }
-    Ok(())
-}
-
-fn circle_from<'a>(
-    id: &'a str,
-    by_id: &HashMap<&'a str, &'a Rule>,
-    path: &mut Vec<&'a str>,
-    done: &mut std::collections::HashSet<&'a str>,
-) -> Option<Vec<String>> {
-    if let Some(at) = path.iter().position(|p| *p == id) {
-        let mut cycle: Vec<String> = path[at..].iter().map(|s| (*s).to_owned()).collect();
-        cycle.push(id.to_owned());
-        return Some(cycle);
-    }
-    if done.contains(id) {
-        return None;
-    }
-    path.push(id);
-    for target in &by_id[id].replaces {
-        if let Some(cycle) = circle_from(target.as_str(), by_id, path, done) {
-            return Some(cycle);
-        }
-    }
-    path.pop();
-    done.insert(id);
-    None
 }
 
 #[cfg(test)]

@@ -158,7 +158,7 @@ pub(crate) fn hits(
         Matching::Merged => {
             let merged: Vec<&[(String, String)]> =
                 request.descriptors.iter().map(|d| &d.entries[..]).collect();
-            rules.match_native(&request.domain, &merged, &mut native);
+            rules.match_native(&request.domain, &merged, &merged, &mut native);
             for m in native.drain(..) {
                 push(0, m, request.cost_of(0));
             }
@@ -169,6 +169,8 @@ pub(crate) fn hits(
             }
         }
         Matching::PerDescriptor => {
+            let whole: Vec<&[(String, String)]> =
+                request.descriptors.iter().map(|d| &d.entries[..]).collect();
             for (i, d) in request.descriptors.iter().enumerate() {
                 let cost = request.cost_of(i);
                 if let Some(o) = d.limit {
@@ -186,7 +188,7 @@ pub(crate) fn hits(
                 if let Some(m) = rules.match_envoy(&request.domain, &d.entries) {
                     push(i, m, cost);
                 }
-                rules.match_native(&request.domain, &[&d.entries], &mut native);
+                rules.match_native(&request.domain, &[&d.entries], &whole, &mut native);
                 for m in native.drain(..) {
                     push(i, m, cost);
                 }

@@ -226,3 +226,22 @@ fn replaces_names_other_rules_once_each() {
     let back = RuleDoc::from_rule(&rule);
     assert_eq!(back.replaces, ["default", "basic"]);
 }
+
+#[test]
+fn without_names_keys_no_request_of_the_rule_may_hold() {
+    let rule = doc("{id: anonymous-ip, match: {ip: '*'}, without: [api_key], algorithm: FIXED_WINDOW, limit: 1, window: 1s}")
+        .validate(Some("d"), "test".into())
+        .expect("valid");
+    assert_eq!(rule.without, ["api_key"]);
+    assert_eq!(RuleDoc::from_rule(&rule).without, ["api_key"]);
+    let errors = doc("{id: a, match: {ip: '*'}, per: [user], without: [ip, '', user, k, k], algorithm: FIXED_WINDOW, limit: 1, window: 1s}")
+        .validate_all(Some("d"), "test".into())
+        .expect_err("four mistakes");
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["without[0]", "without[1]", "without[2]", "without[4]"],
+        "{errors:?}"
+    );
+    assert!(errors[0].reason.contains("`match`"), "{errors:?}");
+}

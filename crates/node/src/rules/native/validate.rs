@@ -191,6 +191,24 @@ impl RuleDoc {
                 errors.push(field_error(field, format!("{target:?} is named twice")));
             }
         }
+        for (i, key) in self.without.iter().enumerate() {
+            let field = format!("without[{i}]");
+            if key.is_empty() {
+                errors.push(field_error(field, "keys must not be empty"));
+            } else if self.matches.contains_key(key) {
+                errors.push(field_error(
+                    field,
+                    format!("{key:?} is in `match` too: no request could match the rule"),
+                ));
+            } else if self.per.iter().flatten().any(|k| k == key) {
+                errors.push(field_error(
+                    field,
+                    format!("{key:?} is in `per` too: no request could match the rule"),
+                ));
+            } else if self.without[..i].contains(key) {
+                errors.push(field_error(field, format!("{key:?} is named twice")));
+            }
+        }
         match (
             id, domain, matches, identity, limit, mode, fail_mode, regional, name, penalty,
         ) {
@@ -217,6 +235,7 @@ impl RuleDoc {
                 regional,
                 penalty,
                 replaces: self.replaces.clone(),
+                without: self.without.clone(),
                 origin,
             }),
             _ => Err(errors),

@@ -52,7 +52,8 @@ fn entries(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 
 fn matched(set: &RuleSet, domain: &str, pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     let mut out = vec![];
-    set.match_native(domain, &[&entries(pairs)], &mut out);
+    let one = entries(pairs);
+    set.match_native(domain, &[&one], &[&one], &mut out);
     out.into_iter()
         .map(|m| {
             (
@@ -222,4 +223,33 @@ fn a_replaced_rule_must_exist_in_its_domain_and_no_circle_is_allowed() {
         "domain: d\nrules:\n- {id: a, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [b]}\n- {id: b, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 1, window: 1s, replaces: [c]}\n- {id: c, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n",
     );
     assert!(RuleSet::compile(&chain, &[], 1, &Metrics::new()).is_ok());
+}
+
+/// `without` keys must be in none of the request's descriptors: the login descriptor of a
+/// request that also sent an API key is not anonymous, merged or one descriptor at a time.
+#[test]
+fn a_without_key_anywhere_in_the_request_keeps_the_rule_out() {
+    let rules = native(
+        "domain: d\nrules:\n- {id: anonymous-ip, match: {ip: '*'}, without: [api_key], algorithm: FIXED_WINDOW, limit: 1, window: 1s}\n",
+    );
+    let set = RuleSet::compile(&rules, &[], 1, &Metrics::new()).expect("compiles");
+    let login = entries(&[("route", "POST /login"), ("ip", "203.0.113.7")]);
+    let key = entries(&[("api_key", "k2")]);
+    let ids = |attributes: &[&[(String, String)]], request: &[&[(String, String)]]| {
+        let mut out = vec![];
+        set.match_native("d", attributes, request, &mut out);
+        out.into_iter()
+            .map(|m| m.rule.id.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&[&login], &[&login]), vec!["anonymous-ip"]);
+    assert!(
+        ids(&[&login], &[&key, &login]).is_empty(),
+        "one descriptor of a keyed request"
+    );
+    assert!(ids(&[&key, &login], &[&key, &login]).is_empty(), "merged");
+    assert!(
+        ids(&[&login], &[&login, &entries(&[("api_key", "")])]).is_empty(),
+        "an empty key is a key sent"
+    );
 }

@@ -302,7 +302,7 @@ async fn the_example_rules_through_the_shipped_envoy_config() {
     let orders = |key: &'static str, plan: &'static str, count: usize| {
         let e = envoy.clone();
         tokio::task::spawn_blocking(move || {
-            let start = std::time::Instant::now();
+            let start = tokio::time::Instant::now();
             let answers: Vec<Response> = (0..count)
                 .map(|_| e.send("POST", "/orders", &[("x-api-key", key), ("x-plan", plan)]))
                 .collect();

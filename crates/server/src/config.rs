@@ -30,7 +30,7 @@ use tollgate_node::runtime::RuntimeConfig;
 
 pub use control::ControlConfig;
 pub use region::RegionSettings;
-pub use settings::{ConfigError, Settings};
+pub use settings::{ConfigError, ConfigErrors, Settings};
 pub use tls::TlsSettings;
 
 /// Command line.
@@ -172,34 +172,77 @@ pub fn available_cpus() -> usize {
 }
 
 impl TryFrom<Settings> for Config {
-    type Error = ConfigError;
+    type Error = ConfigErrors;
 
-    fn try_from(s: Settings) -> Result<Config, ConfigError> {
-        // The order decides which bad setting is named when there are several; a test pins it.
-        let store = store::parse(&s)?;
-        let lease = lease::parse(&s)?;
-        let telemetry = telemetry::parse(&s)?;
-        let access = access::parse(&s)?;
-        let breaker = breaker::parse(&s, store.timeout)?;
-        let control = control::parse(&s)?;
-        let tls = tls::parse(&s)?;
-        let region = region::parse(&s, tls.as_ref())?;
-        let envoy_fail_modes = EnvoyFailModes::parse(
-            s.envoy_fail_mode
-                .as_deref()
-                .unwrap_or(defaults::ENVOY_FAIL_MODE),
-        )
-        .map_err(|reason| settings::bad("envoy_fail_mode", reason.to_string()))?;
+    /// Every setting at fault, in one run: each area is read even when another failed, and a
+    /// setting found bad is read again at its default, so that it hides no other in its area.
+    fn try_from(s: Settings) -> Result<Config, ConfigErrors> {
+        let mut settings = s;
+        let mut errors: Vec<ConfigError> = vec![];
+        loop {
+            match Config::read(&settings) {
+                Ok(config) if errors.is_empty() => return Ok(config),
+                Ok(_) => return Err(ConfigErrors(errors)),
+                Err(ConfigErrors(found)) => {
+                    let mut next = None;
+                    for e in found {
+                        if next.is_none() {
+                            next = settings.without(&e.field);
+                        }
+                        if !errors.contains(&e) {
+                            errors.push(e);
+                        }
+                    }
+                    match next {
+                        Some(next) => settings = next,
+                        None => return Err(ConfigErrors(errors)),
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Config {
+    /// One reading of the settings: the first bad setting of each area.
+    fn read(s: &Settings) -> Result<Config, ConfigErrors> {
+        let mut errors = vec![];
+        fn take<T>(errors: &mut Vec<ConfigError>, read: Result<T, ConfigError>) -> Option<T> {
+            read.map_err(|e| errors.push(e)).ok()
+        }
+        let store = take(&mut errors, store::parse(s));
+        let lease = take(&mut errors, lease::parse(s));
+        let telemetry = take(&mut errors, telemetry::parse(s));
+        let access = take(&mut errors, access::parse(s));
+        let store_timeout = store
+            .as_ref()
+            .map_or(defaults::STORE_TIMEOUT, |s| s.timeout);
+        let breaker = take(&mut errors, breaker::parse(s, store_timeout));
+        let control = take(&mut errors, control::parse(s));
+        let tls = take(&mut errors, tls::parse(s));
+        let region = take(
+            &mut errors,
+            region::parse(s, tls.as_ref().and_then(Option::as_ref)),
+        );
+        let envoy_fail_modes = take(
+            &mut errors,
+            EnvoyFailModes::parse(
+                s.envoy_fail_mode
+                    .as_deref()
+                    .unwrap_or(defaults::ENVOY_FAIL_MODE),
+            )
+            .map_err(|reason| settings::bad("envoy_fail_mode", reason.to_string())),
+        );
         let rlqs_max_state_mb = s.rlqs_max_state_mb.unwrap_or(defaults::RLQS_MAX_STATE_MB);
         if !(1..=MAX_RLQS_STATE_MB).contains(&rlqs_max_state_mb) {
-            return Err(settings::bad(
+            errors.push(settings::bad(
                 "rlqs_max_state_mb",
                 format!("must be between 1 and {MAX_RLQS_STATE_MB}"),
             ));
         }
         let rlqs_max_report_mb = s.rlqs_max_report_mb.unwrap_or(defaults::RLQS_MAX_REPORT_MB);
         if !(1..=MAX_RLQS_REPORT_MB).contains(&rlqs_max_report_mb) {
-            return Err(settings::bad(
+            errors.push(settings::bad(
                 "rlqs_max_report_mb",
                 format!("must be between 1 and {MAX_RLQS_REPORT_MB}"),
             ));
@@ -207,15 +250,43 @@ impl TryFrom<Settings> for Config {
         let worker_threads = match s.worker_threads {
             None | Some(0) => available_cpus(),
             Some(n) if n > 1024 => {
-                return Err(settings::bad("worker_threads", "must be at most 1024"));
+                errors.push(settings::bad("worker_threads", "must be at most 1024"));
+                1
             }
             Some(n) => n,
         };
+        let (
+            Some(store),
+            Some(lease),
+            Some(telemetry),
+            Some(access),
+            Some(breaker),
+            Some(control),
+            Some(tls),
+            Some(region),
+            Some(envoy_fail_modes),
+        ) = (
+            store,
+            lease,
+            telemetry,
+            access,
+            breaker,
+            control,
+            tls,
+            region,
+            envoy_fail_modes,
+        )
+        else {
+            return Err(ConfigErrors(errors));
+        };
+        if !errors.is_empty() {
+            return Err(ConfigErrors(errors));
+        }
         Ok(Config {
             grpc_listen: s.grpc_listen.unwrap_or(defaults::GRPC_LISTEN),
             http_listen: s.http_listen.unwrap_or(defaults::HTTP_LISTEN),
             probe_listen: s.probe_listen,
-            rules: s.rules.unwrap_or_default(),
+            rules: s.rules.clone().unwrap_or_default(),
             rules_reload: s
                 .rules_reload_ms
                 .map_or(defaults::RULES_RELOAD, Duration::from_millis)
@@ -266,12 +337,20 @@ impl TryFrom<Settings> for Config {
 
 impl Cli {
     /// Flags and environment over the file over defaults.
-    pub fn resolve(self) -> Result<Config, ConfigError> {
-        let file = match &self.config {
-            Some(path) => Settings::from_file(path)?,
-            None => Settings::default(),
+    pub fn resolve(self) -> Result<Config, ConfigErrors> {
+        // A file's unreadable settings and the bad values of the rest: all in one run.
+        let (file, mut errors) = match &self.config {
+            Some(path) => Settings::read_file(path),
+            None => (Settings::default(), vec![]),
         };
-        Config::try_from(self.settings.or(file))
+        match Config::try_from(self.settings.or(file)) {
+            Ok(config) if errors.is_empty() => Ok(config),
+            Ok(_) => Err(ConfigErrors(errors)),
+            Err(more) => {
+                errors.extend(more.0);
+                Err(ConfigErrors(errors))
+            }
+        }
     }
 }
 

@@ -47,8 +47,13 @@ fn main() -> std::process::ExitCode {
     }
     let config = match cli.resolve() {
         Ok(config) => config,
-        Err(e) => {
-            eprintln!("tollgate: {e}");
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("tollgate: {e}");
+            }
+            if errors.0.len() > 1 {
+                eprintln!("tollgate: {} invalid settings", errors.0.len());
+            }
             return std::process::ExitCode::from(2);
         }
     };

@@ -83,7 +83,94 @@ pub enum LimitSpec {
 }
 
 impl LimitSpec {
-    /// Checks every parameter and returns the validated limit.
+    /// Checks every parameter and returns the validated limit, or every parameter at fault
+    /// (`capacity: 0` does not hide `refillPerSecond: 0`). A parameter found wrong is read
+    /// as a plain one (1, or 1 s) while the others are checked, so an error about one
+    /// parameter is never caused by another's.
+    pub fn validate_all(self) -> Result<Limit, Vec<LimitError>> {
+        let mut spec = self;
+        let mut errors: Vec<LimitError> = vec![];
+        loop {
+            match spec.validate() {
+                Ok(limit) if errors.is_empty() => return Ok(limit),
+                Ok(_) => return Err(errors),
+                Err(e) => {
+                    let field = e.field;
+                    // A field already set plain that is still wrong (a rate too slow for
+                    // its units) is said once.
+                    if errors.iter().any(|seen| seen.field == field) {
+                        return Err(errors);
+                    }
+                    errors.push(e);
+                    spec = spec.with_plain(field);
+                }
+            }
+        }
+    }
+
+    /// The spec with parameter `field` set to a plain valid value (1, or 1 s).
+    fn with_plain(self, field: &str) -> Self {
+        let one = Duration::from_secs(1);
+        match self {
+            LimitSpec::TokenBucket {
+                capacity,
+                refill_per_second,
+            } => LimitSpec::TokenBucket {
+                capacity: if field == "capacity" { 1.0 } else { capacity },
+                refill_per_second: if field == "refillPerSecond" {
+                    1.0
+                } else {
+                    refill_per_second
+                },
+            },
+            LimitSpec::Gcra {
+                burst,
+                rate_per_second,
+            } => LimitSpec::Gcra {
+                burst: if field == "burst" { 1.0 } else { burst },
+                rate_per_second: if field == "ratePerSecond" {
+                    1.0
+                } else {
+                    rate_per_second
+                },
+            },
+            LimitSpec::LeakyBucket {
+                limit,
+                duration,
+                burst,
+            } => LimitSpec::LeakyBucket {
+                limit: if field == "limit" { 1.0 } else { limit },
+                duration: if field == "duration" { one } else { duration },
+                burst: if field == "burst" { Some(1.0) } else { burst },
+            },
+            LimitSpec::SlidingWindow { limit, window } => LimitSpec::SlidingWindow {
+                limit: if field == "limit" { 1.0 } else { limit },
+                window: if field == "window" { one } else { window },
+            },
+            LimitSpec::SlidingWindowLog { limit, window } => LimitSpec::SlidingWindowLog {
+                limit: if field == "limit" { 1.0 } else { limit },
+                window: if field == "window" { one } else { window },
+            },
+            LimitSpec::FixedWindow { limit, window } => LimitSpec::FixedWindow {
+                limit: if field == "limit" { 1.0 } else { limit },
+                window: if field == "window" { one } else { window },
+            },
+            LimitSpec::Concurrency {
+                max_in_flight,
+                slot_ttl,
+            } => LimitSpec::Concurrency {
+                max_in_flight: if field == "maxInFlight" {
+                    1.0
+                } else {
+                    max_in_flight
+                },
+                slot_ttl: if field == "slotTtl" { one } else { slot_ttl },
+            },
+        }
+    }
+
+    /// Checks every parameter and returns the validated limit (the first error:
+    /// [`LimitSpec::validate_all`] gives each).
     pub fn validate(self) -> Result<Limit, LimitError> {
         let kind = match self {
             LimitSpec::TokenBucket {

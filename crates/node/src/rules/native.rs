@@ -357,6 +357,31 @@ pub fn format_duration(d: Duration) -> String {
     format!("{ms}ms")
 }
 
+/// Every field of a rule as written (camelCase), in the order of [`RuleDoc`].
+pub const RULE_FIELDS: &[&str] = &[
+    "id",
+    "domain",
+    "name",
+    "match",
+    "per",
+    "algorithm",
+    "capacity",
+    "refillPerSecond",
+    "burst",
+    "ratePerSecond",
+    "limit",
+    "window",
+    "duration",
+    "maxInFlight",
+    "slotTtl",
+    "mode",
+    "failMode",
+    "regional",
+    "penalty",
+    "replaces",
+    "without",
+];
+
 /// A rules file in Tollgate's format.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 
 use crate::rules::envoy::EnvoyConfig;
 use crate::rules::model::Rule;
-use crate::rules::native::RulesFile;
+use crate::rules::native::FieldError;
 use crate::rules::overrides::{ModeOverride, OverridesFile};
 use crate::rules::set::EnvoyDomainConfig;
+
+mod rules_file;
 
 /// Rules read from files, validated but not compiled.
 #[derive(Debug, Clone, Default)]
@@ -199,31 +201,7 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
     };
     let has = |key: &str| top.as_mapping().is_some_and(|m| m.contains_key(key));
     if has("rules") {
-        let parsed: RulesFile = match yaml_serde::from_str(text) {
-            Ok(parsed) => parsed,
-            Err(e) => return (LoadedRules::default(), vec![yaml_error(e)]),
-        };
-        let (native, errors) = each_item(text, file, "rules", &parsed.rules, |i, doc, origin| {
-            doc.validate_all(parsed.domain.as_deref(), origin)
-                .map_err(|fields| {
-                    let named = doc
-                        .id
-                        .as_deref()
-                        .map(|id| format!("rule {id:?} "))
-                        .unwrap_or_default();
-                    fields
-                        .into_iter()
-                        .map(|e| (e.field.clone(), format!("{named}(rules[{i}]): {e}")))
-                        .collect()
-                })
-        });
-        (
-            LoadedRules {
-                native,
-                ..LoadedRules::default()
-            },
-            errors,
-        )
+        rules_file(text, file, &top)
     } else if has("overrides") {
         let parsed: OverridesFile = match yaml_serde::from_str(text) {
             Ok(parsed) => parsed,
@@ -289,6 +267,75 @@ pub fn parse_all(text: &str, file: &Path) -> (LoadedRules, Vec<RulesError>) {
             )],
         )
     }
+}
+
+/// A file of Tollgate rules: every mistake of every rule, each at its line (a rule with an
+/// error is left out; the rest load).
+fn rules_file(text: &str, file: &Path, top: &yaml_serde::Value) -> (LoadedRules, Vec<RulesError>) {
+    let read = rules_file::read(top);
+    let mut errors: Vec<RulesError> = read
+        .top
+        .iter()
+        .map(|e| RulesError {
+            file: file.to_owned(),
+            line: path_line(text, &e.field),
+            message: e.to_string(),
+        })
+        .collect();
+    let twice = rules_file::duplicate_ids(&read.rules);
+    let items = item_lines(text, "rules");
+    let origin_of = |index: usize| {
+        let line = items.get(index).map_or(0, |b| b.0);
+        format!("{}:{line}", file.display())
+    };
+    let (native, item_errors) = each_item(text, file, "rules", &read.rules, |i, rule, origin| {
+        let named = rule
+            .doc
+            .as_ref()
+            .and_then(|d| d.id.as_deref())
+            .map(|id| format!("rule {id:?} "))
+            .unwrap_or_default();
+        let mut fields = rule.unreadable.clone();
+        if let Some((_, id, first)) = twice.iter().find(|(at, _, _)| *at == i) {
+            fields.push(FieldError {
+                field: "id".into(),
+                reason: format!("{id:?} is used twice: first at {}", origin_of(*first)),
+            });
+        }
+        let valid = rule.doc.as_ref().map(|doc| {
+            doc.validate_all(read.domain.as_deref(), origin)
+                .map_err(|invalid| {
+                    fields.extend(
+                        invalid
+                            .into_iter()
+                            .filter(|e| !rules_file::said(&rule.unreadable, &e.field)),
+                    );
+                })
+        });
+        match valid {
+            Some(Ok(rule)) if fields.is_empty() => Ok(rule),
+            _ => Err(fields
+                .into_iter()
+                .map(|e| {
+                    let message = if e.field.is_empty() {
+                        format!("{named}(rules[{i}]): {}", e.reason)
+                    } else {
+                        format!("{named}(rules[{i}]): {e}")
+                    };
+                    (e.field, message)
+                })
+                .collect()),
+        }
+    });
+    errors.extend(item_errors);
+    errors.sort_by_key(|e| e.line);
+    (
+        LoadedRules {
+            native,
+            ..LoadedRules::default()
+        },
+        errors,
+    )
 }
 
 /// Validates each item of the block list under top-level `key` on its own: what is valid, and
@@ -453,7 +500,10 @@ fn path_line(text: &str, path: &str) -> Option<usize> {
 
 /// The line of `field:` within an item's lines, if written there.
 fn field_line(text: &str, (start, end): (usize, usize), field: &str) -> Option<usize> {
-    let top = field.split('.').next().unwrap_or(field);
+    if field.is_empty() {
+        return None;
+    }
+    let top = field.split(['.', '[']).next().unwrap_or(field);
     text.lines()
         .enumerate()
         .skip(start - 1)
@@ -531,15 +581,63 @@ mod tests {
     }
 
     #[test]
-    fn syntax_and_unknown_field_errors_carry_serdes_location() {
-        let e = err("domain: d\nrules:\n  - id: a\n    capacty: 3\n");
+    fn syntax_and_unknown_field_errors_carry_their_line() {
+        let (_, errors) = parse_all(
+            "domain: d\nrules:\n  - id: a\n    capacty: 3\n",
+            Path::new(FILE),
+        );
+        let e = errors
+            .iter()
+            .find(|e| e.message.contains("capacty"))
+            .expect("the unknown field is said");
         assert_eq!(e.line, Some(4), "{e}");
         assert!(
-            e.to_string().contains("capacty") && !e.to_string().contains("at line 4"),
+            e.to_string().contains("did you mean `capacity`")
+                && !e.to_string().contains("at line 4"),
             "the line is said once, in front: {e}"
         );
         let e = err("rules: [ {id: a, algorithm: }\n");
         assert!(e.to_string().contains("rules.yaml"), "{e}");
+    }
+
+    /// issue 48's file: a misspelled algorithm, an id used twice, a misspelled field and a
+    /// `capacity: 0` beside a `refillPerSecond: 0`: every one in one run, each at its line, and
+    /// the rules without a mistake still load.
+    #[test]
+    fn every_mistake_of_every_rule_is_said_in_one_run() {
+        let text = "domain: public-api\nrules:\n\
+            - id: orders\n  match: {route: POST /orders}\n  algorithm: TOKEN_BUKET\n  capacity: 10\n  refillPerSecond: 1\n\
+            - id: logins\n  match: {route: POST /login}\n  algorithm: FIXED_WINDOW\n  limit: 5\n  window: 1m\n\
+            - id: logins\n  match: {route: POST /logout}\n  algorithm: FIXED_WINDOW\n  limt: 5\n  window: 1m\n\
+            - id: keys\n  match: {api_key: '*'}\n  algorithm: TOKEN_BUCKET\n  capacity: 0\n  refillPerSecond: 0\n\
+            - id: typed\n  match: {api_key: '*'}\n  algorithm: TOKEN_BUCKET\n  capacity: many\n  refillPerSecond: [1]\n\
+            - id: fine\n  match: {api_key: '*'}\n  algorithm: TOKEN_BUCKET\n  capacity: 5\n  refillPerSecond: 1\n";
+        let (loaded, errors) = parse_all(text, Path::new(FILE));
+        let said: Vec<(Option<usize>, &str)> = errors
+            .iter()
+            .map(|e| {
+                (
+                    e.line,
+                    e.message.split(": field ").nth(1).unwrap_or(&e.message),
+                )
+            })
+            .map(|(line, rest)| (line, rest.split(':').next().unwrap_or(rest)))
+            .collect();
+        assert_eq!(
+            said,
+            [
+                (Some(5), "`algorithm`"),
+                (Some(13), "`id`"),
+                (Some(16), "`limt`"),
+                (Some(21), "`capacity`"),
+                (Some(22), "`refillPerSecond`"),
+                (Some(26), "`capacity`"),
+                (Some(27), "`refillPerSecond`"),
+            ],
+            "{errors:#?}"
+        );
+        let ids: Vec<&str> = loaded.native.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["logins", "fine"]);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::defaults;
 
@@ -26,7 +26,7 @@ impl ShowDefault for clap::Arg {
 }
 
 /// Every setting; unset ones fall back to the file, then to the default (in [`defaults`]).
-#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[derive(Debug, Clone, Default, Args, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     /// gRPC address (Envoy RLS and Tollgate API)
@@ -39,8 +39,10 @@ pub struct Settings {
     /// TLS: they then need no handshake, and a flood of handshakes cannot fail them); unset: none
     #[arg(long, env = "TOLLGATE_PROBE_LISTEN")]
     pub probe_listen: Option<SocketAddr>,
-    /// Rule files or directories (Tollgate rules or envoyproxy/ratelimit YAML), comma-separated.
+    /// Rule files or directories (Tollgate rules or envoyproxy/ratelimit YAML), comma-separated
+    /// (in a --config file: a list, or the same comma-separated string)
     #[arg(long = "rules", env = "TOLLGATE_RULES", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "one_or_list")]
     pub rules: Option<Vec<PathBuf>>,
     /// How often rule files are checked for changes, ms
     #[arg(long, env = "TOLLGATE_RULES_RELOAD_MS", shown_default = defaults::RULES_RELOAD.as_millis())]
@@ -52,40 +54,43 @@ pub struct Settings {
     pub envoy_fail_mode: Option<String>,
     /// Redis URLs (redis://host:port/); none: the in-memory store. Comma-separated seeds for a cluster.
     #[arg(long = "redis-url", env = "TOLLGATE_REDIS_URL", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "one_or_list")]
     pub redis_url: Option<Vec<String>>,
     /// The Redis URLs are Redis Cluster seeds
     #[arg(long, env = "TOLLGATE_REDIS_CLUSTER", num_args = 0..=1, default_missing_value = "true", shown_default = defaults::REDIS_CLUSTER)]
     pub redis_cluster: Option<bool>,
     /// Most checks and lease asks one Redis call carries: under load, calls for keys of one
     /// shard made while another is in flight go together (one round trip, one script run);
-    /// 1 sends every call alone
+    /// 1 sends every call alone; 1 to 1024
     #[arg(long, env = "TOLLGATE_REDIS_BATCH_MAX", shown_default = defaults::REDIS_BATCH_MAX)]
     pub redis_batch_max: Option<usize>,
-    /// Budget of one store call, ms
+    /// Budget of one store call, ms; at least 1
     #[arg(long, env = "TOLLGATE_STORE_TIMEOUT_MS", shown_default = defaults::STORE_TIMEOUT.as_millis())]
     pub store_timeout_ms: Option<u64>,
-    /// Most units one lease takes
+    /// Most units one lease takes; at least 1
     #[arg(long, env = "TOLLGATE_LEASE_MAX_UNITS", shown_default = defaults::LEASE_MAX_UNITS)]
     pub lease_max_units: Option<u64>,
-    /// Lease lifetime, ms
+    /// Lease lifetime, ms; 10 to 3600000
     #[arg(long, env = "TOLLGATE_LEASE_TTL_MS", shown_default = defaults::LEASE_TTL.as_millis())]
     pub lease_ttl_ms: Option<u64>,
     /// Longest wait for a store call while the store answers (a busy store or node), ms; a
-    /// store answering nothing is waited for only --store-timeout-ms
+    /// store answering nothing is waited for only --store-timeout-ms; at least
+    /// --store-timeout-ms and at most 60000
     #[arg(long, alias = "lease-patience-ms", env = "TOLLGATE_STORE_PATIENCE_MS", shown_default = defaults::STORE_PATIENCE.as_millis())]
     #[serde(alias = "lease_patience_ms")]
     pub store_patience_ms: Option<u64>,
     /// How long a starting node waits for its store to answer before it serves, ms; past it,
-    /// it serves by its rules' fail modes
+    /// it serves by its rules' fail modes; at most 600000
     #[arg(long, env = "TOLLGATE_STORE_STARTUP_PATIENCE_MS", shown_default = defaults::STORE_STARTUP_PATIENCE.as_millis())]
     pub store_startup_patience_ms: Option<u64>,
     /// Largest share of what remains globally one lease takes, (0, 1]
     #[arg(long, env = "TOLLGATE_LEASE_MAX_SHARE", shown_default = defaults::LEASE_MAX_SHARE)]
     pub lease_max_share: Option<f64>,
-    /// Local pre-limit per bucket as a multiple of the rule's limit; 0 turns it off
+    /// Local pre-limit per bucket as a multiple of the rule's limit; 0 turns it off (not
+    /// negative)
     #[arg(long, env = "TOLLGATE_PRELIMIT_FACTOR", shown_default = defaults::PRELIMIT_FACTOR)]
     pub prelimit_factor: Option<f64>,
-    /// Nodes sharing the limits (the LOCAL fail mode gives each limit / nodes)
+    /// Nodes sharing the limits (the LOCAL fail mode gives each limit / nodes); at least 1
     #[arg(long, env = "TOLLGATE_CLUSTER_NODES", shown_default = defaults::CLUSTER_NODES)]
     pub cluster_nodes: Option<u32>,
     /// Most memory the node's key state holds, MiB: key actors and their buckets, the
@@ -137,7 +142,7 @@ pub struct Settings {
     #[arg(long, env = "TOLLGATE_TOP_DENIED_SECRET")]
     pub top_denied_secret: Option<String>,
     /// A bearer token that /top-denied on the HTTP port requires; unset, the HTTP port does not
-    /// serve it (the admin API does, to a read token)
+    /// serve it (the admin API does, to a read token); at least 16 characters
     #[arg(long, env = "TOLLGATE_TOP_DENIED_TOKEN")]
     pub top_denied_token: Option<String>,
     /// Serve POST /json on the HTTP port: Envoy's rate limit request as JSON, decided and
@@ -146,7 +151,7 @@ pub struct Settings {
     pub json_check: Option<bool>,
     /// A bearer token POST /json requires; unset, only callers on this machine (loopback) may
     /// call it: a call counts like a request, and a caller that names someone else's key spends
-    /// their limit (and may put them in a penalty box)
+    /// their limit (and may put them in a penalty box); at least 16 characters
     #[arg(long, env = "TOLLGATE_JSON_CHECK_TOKEN")]
     pub json_check_token: Option<String>,
     /// Send X-RateLimit-Limit, -Remaining and -Reset in Envoy's answers (gRPC and POST /json)
@@ -157,16 +162,16 @@ pub struct Settings {
     /// Memory the node's RLQS buckets may take, MB (each bucket, and each Envoy stream
     /// sharing it, counted with its id's bytes); one stream may take a quarter of it. Reports
     /// of further buckets get no assignment (the Envoy keeps its no-assignment behaviour) and
-    /// are counted in tollgate_rlqs_buckets_refused_total
+    /// are counted in tollgate_rlqs_buckets_refused_total; 1 to 4096
     #[arg(long, env = "TOLLGATE_RLQS_MAX_STATE_MB", shown_default = defaults::RLQS_MAX_STATE_MB)]
     pub rlqs_max_state_mb: Option<usize>,
     /// The largest RLQS usage report taken, MB: an Envoy reports every bucket it holds every
     /// 5 s (about 90 bytes a bucket with a 40-byte key); a larger one ends its stream with
-    /// RESOURCE_EXHAUSTED
+    /// RESOURCE_EXHAUSTED; 1 to 64
     #[arg(long, env = "TOLLGATE_RLQS_MAX_REPORT_MB", shown_default = defaults::RLQS_MAX_REPORT_MB)]
     pub rlqs_max_report_mb: Option<usize>,
     /// Threads that run the node; 0 or unset: one per CPU the process may use (its affinity
-    /// and cgroup quota), and a single-threaded runtime when that is one.
+    /// and cgroup quota), and a single-threaded runtime when that is one; at most 1024
     #[arg(long, env = "TOLLGATE_WORKER_THREADS")]
     pub worker_threads: Option<usize>,
     /// PostgreSQL URL of the rule store (postgres://user@host:5432/db); enables the admin API.
@@ -177,15 +182,17 @@ pub struct Settings {
     pub admin_listen: Option<SocketAddr>,
     /// Admin tokens allowed to change rules, `name:secret`, comma-separated.
     #[arg(long, env = "TOLLGATE_ADMIN_TOKENS", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "one_or_list")]
     pub admin_tokens: Option<Vec<String>>,
     /// Admin tokens allowed to read only, `name:secret`, comma-separated.
     #[arg(long, env = "TOLLGATE_ADMIN_READ_TOKENS", value_delimiter = ',')]
+    #[serde(default, deserialize_with = "one_or_list")]
     pub admin_read_tokens: Option<Vec<String>>,
     /// How long an admin client may take to send a request's headers, and then its body, ms
     #[arg(long, env = "TOLLGATE_ADMIN_CLIENT_TIMEOUT_MS", shown_default = defaults::ADMIN_CLIENT_TIMEOUT.as_millis())]
     pub admin_client_timeout_ms: Option<u64>,
     /// Domain of admin-API rules that name none (unset: the node's only domain; such a rule is
-    /// refused while the node enforces several)
+    /// refused while the node enforces several); 1 to 64 characters
     #[arg(long, env = "TOLLGATE_DEFAULT_DOMAIN")]
     pub default_domain: Option<String>,
     /// How often the rule store's revision is polled, ms
@@ -212,22 +219,22 @@ pub struct Settings {
     /// Where this node serves the region link
     #[arg(long, env = "TOLLGATE_REGION_LISTEN", shown_default = defaults::REGION_LISTEN)]
     pub region_listen: Option<SocketAddr>,
-    /// This region's SPLIT share for rules that name none
+    /// This region's SPLIT share for rules that name none; above 0 and at most 1
     #[arg(long, env = "TOLLGATE_REGION_SHARE", shown_default = defaults::REGION_SHARE)]
     pub region_share: Option<f64>,
-    /// How often consumption is shipped to the peer region, ms
+    /// How often consumption is shipped to the peer region, ms; at least 1
     #[arg(long, env = "TOLLGATE_REGION_SYNC_INTERVAL_MS", shown_default = defaults::REGION_SYNC_INTERVAL.as_millis())]
     pub region_sync_interval_ms: Option<u64>,
-    /// How often the peer region is probed, ms
+    /// How often the peer region is probed, ms; at least 1
     #[arg(long, env = "TOLLGATE_REGION_HEARTBEAT_MS", shown_default = defaults::REGION_HEARTBEAT.as_millis())]
     pub region_heartbeat_ms: Option<u64>,
-    /// The peer counts as down after this long unreachable, ms
+    /// The peer counts as down after this long unreachable, ms; at least 1
     #[arg(long, env = "TOLLGATE_REGION_FAILOVER_AFTER_MS", shown_default = defaults::REGION_FAILOVER_AFTER.as_millis())]
     pub region_failover_after_ms: Option<u64>,
-    /// The peer counts as back after this long reachable without a failure, ms
+    /// The peer counts as back after this long reachable without a failure, ms; at least 1
     #[arg(long, env = "TOLLGATE_REGION_FAILBACK_AFTER_MS", shown_default = defaults::REGION_FAILBACK_AFTER.as_millis())]
     pub region_failback_after_ms: Option<u64>,
-    /// How long a HOME_REGION decision waits for the home region, ms
+    /// How long a HOME_REGION decision waits for the home region, ms; at least 1
     #[arg(long, env = "TOLLGATE_REGION_FORWARD_DEADLINE_MS", shown_default = defaults::REGION_FORWARD_DEADLINE.as_millis())]
     pub region_forward_deadline_ms: Option<u64>,
     /// TLS certificate chain (PEM): with --tls-key, every listener (gRPC, HTTP, admin, region
@@ -331,21 +338,147 @@ impl Settings {
         )
     }
 
-    /// Reads a settings file.
-    pub fn from_file(path: &Path) -> Result<Settings, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-            field: "config".into(),
-            reason: format!("{}: {e}", path.display()),
-        })?;
-        if text.trim().is_empty() {
-            return Ok(Settings::default());
+    /// Reads a settings file: every setting on its own, so that each unknown setting (with
+    /// the one it likely meant) and each value of the wrong type is said, all in one run. Only
+    /// a YAML syntax error stops the file.
+    pub fn from_file(path: &Path) -> Result<Settings, ConfigErrors> {
+        match Settings::read_file(path) {
+            (settings, errors) if errors.is_empty() => Ok(settings),
+            (_, errors) => Err(ConfigErrors(errors)),
         }
-        yaml_serde::from_str(&text).map_err(|e| ConfigError {
-            field: "config".into(),
-            reason: format!("{}: {e}", path.display()),
-        })
+    }
+
+    /// Reads a settings file: the settings that read, and every one that does not.
+    pub fn read_file(path: &Path) -> (Settings, Vec<ConfigError>) {
+        match Settings::read_file_fields(path) {
+            Ok((settings, errors)) => (settings, errors),
+            Err(e) => (Settings::default(), e.0),
+        }
+    }
+
+    fn read_file_fields(path: &Path) -> Result<(Settings, Vec<ConfigError>), ConfigErrors> {
+        let whole = |reason: String| {
+            ConfigErrors::from(bad("config", format!("{}: {reason}", path.display())))
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| whole(e.to_string()))?;
+        if text.trim().is_empty() {
+            return Ok((Settings::default(), vec![]));
+        }
+        let top: yaml_serde::Value =
+            yaml_serde::from_str(&text).map_err(|e| whole(e.to_string()))?;
+        let yaml_serde::Value::Mapping(fields) = top else {
+            return Err(whole("a settings file is a mapping of settings".into()));
+        };
+        let mut readable = yaml_serde::Mapping::new();
+        let mut errors = vec![];
+        for (key, value) in fields {
+            let name = key
+                .as_str()
+                .map(str::to_owned)
+                .unwrap_or_else(|| format!("{key:?}"));
+            let mut alone = yaml_serde::Mapping::new();
+            alone.insert(key.clone(), value.clone());
+            match yaml_serde::from_value::<Settings>(yaml_serde::Value::Mapping(alone)) {
+                Ok(_) => {
+                    readable.insert(key, value);
+                }
+                Err(e) => {
+                    let message = e.to_string();
+                    let reason = match likely_setting(&name, &message) {
+                        Some(meant) => format!("unknown setting; did you mean `{meant}`?"),
+                        None => message,
+                    };
+                    errors.push(bad(&name, format!("{}: {reason}", path.display())));
+                }
+            }
+        }
+        let settings: Settings = yaml_serde::from_value(yaml_serde::Value::Mapping(readable))
+            .map_err(|e| whole(e.to_string()))?;
+        Ok((settings, errors))
     }
 }
+
+impl Settings {
+    /// The settings without `field` (its default then), or None when it is not set: what
+    /// the next reading is checked with, so that a bad value does not hide another's.
+    pub(super) fn without(&self, field: &str) -> Option<Settings> {
+        let yaml_serde::Value::Mapping(mut map) = yaml_serde::to_value(self).ok()? else {
+            return None;
+        };
+        let old = map.remove(field)?;
+        if old.is_null() {
+            return None;
+        }
+        yaml_serde::from_value(yaml_serde::Value::Mapping(map)).ok()
+    }
+}
+
+/// A list setting in a settings file: a YAML list, or a comma-separated string as the flag
+/// and the environment take it (`rules: a.yaml,b.yaml`).
+fn one_or_list<'de, D, T>(deserializer: D) -> Result<Option<Vec<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: From<String>,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrList {
+        One(String),
+        List(Vec<String>),
+    }
+    Ok(
+        Option::<OneOrList>::deserialize(deserializer)?.map(|given| {
+            let items: Vec<String> = match given {
+                OneOrList::One(text) => text
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                OneOrList::List(items) => items,
+            };
+            items.into_iter().map(T::from).collect()
+        }),
+    )
+}
+
+/// The setting an unknown one most likely meant, read from serde's list of the known ones.
+fn likely_setting(unknown: &str, message: &str) -> Option<String> {
+    let known = message.split("expected one of ").nth(1)?;
+    known
+        .split(", ")
+        .map(|k| k.trim().trim_matches('`').to_owned())
+        .map(|k| (strsim::levenshtein(unknown, &k), k))
+        .filter(|(distance, k)| *distance <= 2.max(k.len() / 5))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, k)| k)
+}
+
+/// Every setting at fault, in the order they were found (at least one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl ConfigErrors {
+    /// The first of them.
+    pub fn first(&self) -> &ConfigError {
+        &self.0[0]
+    }
+}
+
+impl From<ConfigError> for ConfigErrors {
+    fn from(e: ConfigError) -> Self {
+        ConfigErrors(vec![e])
+    }
+}
+
+impl std::fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let lines: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        f.write_str(&lines.join("\n"))
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
 
 /// A setting that is out of range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

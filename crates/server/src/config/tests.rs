@@ -6,7 +6,9 @@ fn hashed_identities_need_a_secret_and_the_top_denied_token_a_length() {
         Config::try_from(settings)
             .map(|_| ())
             .expect_err("refused")
+            .first()
             .field
+            .clone()
     };
     let hashed = |secret: Option<&str>| Settings {
         top_denied_identities: Some("hashed".into()),
@@ -86,6 +88,7 @@ fn worker_threads_default_to_the_cpus_given_and_zero_means_default() {
     assert_eq!(
         threads(&["--worker-threads", "4096"])
             .expect_err("too many")
+            .first()
             .field,
         "worker_threads"
     );
@@ -95,7 +98,11 @@ fn worker_threads_default_to_the_cpus_given_and_zero_means_default() {
 fn bad_settings_name_their_field() {
     let err = |args: &[&str]| {
         let cli = Cli::try_parse_from([&["tollgate"], args].concat()).expect("flags");
-        Config::try_from(cli.settings).expect_err("invalid").field
+        Config::try_from(cli.settings)
+            .expect_err("invalid")
+            .first()
+            .field
+            .clone()
     };
     assert_eq!(err(&["--lease-max-share", "1.5"]), "lease_max_share");
     assert_eq!(err(&["--store-timeout-ms", "0"]), "store_timeout_ms");
@@ -286,8 +293,8 @@ fn giving_the_default_help_shows_changes_nothing() {
 }
 
 #[test]
-fn of_several_bad_settings_the_first_checked_is_named() {
-    // One bad value for each, in the order they are checked.
+fn every_bad_setting_is_named_in_one_run() {
+    // One bad value for each; several in one area (store_timeout_ms and redis_batch_max).
     let bad = [
         ("--store-timeout-ms=0", "store_timeout_ms"),
         ("--redis-batch-max=0", "redis_batch_max"),
@@ -313,10 +320,88 @@ fn of_several_bad_settings_the_first_checked_is_named() {
         ("--envoy-fail-mode=edge=MAYBE", "envoy_fail_mode"),
         ("--worker-threads=5000", "worker_threads"),
     ];
-    for first in 0..bad.len() {
-        let args = bad[first..].iter().map(|(arg, _)| *arg);
-        let cli = Cli::try_parse_from(["tollgate"].into_iter().chain(args)).expect("flags");
-        let err = Config::try_from(cli.settings).expect_err("invalid");
-        assert_eq!(err.field, bad[first].1, "{err}");
+    let args = bad.iter().map(|(arg, _)| *arg);
+    let cli = Cli::try_parse_from(["tollgate"].into_iter().chain(args)).expect("flags");
+    let errors = Config::try_from(cli.settings).expect_err("invalid");
+    let mut named: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+    let mut expected: Vec<&str> = bad.iter().map(|(_, field)| *field).collect();
+    named.sort_unstable();
+    expected.sort_unstable();
+    assert_eq!(named, expected, "{errors}");
+}
+
+/// issue 48: a settings file with three mistakes (an unknown setting, a value of the wrong
+/// type, a value out of range) gets three errors in one run; `rules:` takes a list or the
+/// flag's comma-separated string.
+#[test]
+fn a_settings_file_says_every_mistake_at_once() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("tollgate.yaml");
+    std::fs::write(
+        &path,
+        "grpc_listen: 127.0.0.1:8081\nlease_ttl_msec: 500\nstore_timeout_ms: soon\nrules: a.yaml\n",
+    )
+    .expect("write");
+    let errors = Settings::from_file(&path).expect_err("two unreadable");
+    let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields, ["lease_ttl_msec", "store_timeout_ms"], "{errors}");
+    assert!(
+        errors.to_string().contains("did you mean `lease_ttl_ms`"),
+        "{errors}"
+    );
+    // The third mistake is a value out of range, found when the settings are read.
+    std::fs::write(
+        &path,
+        "lease_ttl_msec: 500\nstore_timeout_ms: soon\njson_check_token: short\n",
+    )
+    .expect("write");
+    let cli = Cli::try_parse_from(["tollgate", "--config", path.to_str().expect("utf-8")])
+        .expect("flags");
+    let errors = cli.resolve().expect_err("three mistakes");
+    let fields: Vec<&str> = errors.0.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(
+        fields,
+        ["lease_ttl_msec", "store_timeout_ms", "json_check_token"],
+        "{errors}"
+    );
+    for rules in ["rules: a.yaml, b.yaml\n", "rules: [a.yaml, b.yaml]\n"] {
+        std::fs::write(&path, rules).expect("write");
+        let settings = Settings::from_file(&path).expect("both forms");
+        assert_eq!(
+            settings.rules,
+            Some(vec!["a.yaml".into(), "b.yaml".into()]),
+            "{rules}"
+        );
+    }
+}
+
+/// Every constraint a setting has is in `--help`.
+#[test]
+fn help_says_every_constraint() {
+    use clap::CommandFactory;
+    let help = Cli::command().render_long_help().to_string();
+    let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    for (flag, says) in [
+        ("--json-check-token", "at least 16 characters"),
+        ("--top-denied-token", "at least 16 characters"),
+        ("--top-denied-secret", "at least 16 bytes"),
+        ("--region-secret", "at least 16 characters"),
+        ("--lease-ttl-ms", "10 to 3600000"),
+        ("--redis-batch-max", "1 to 1024"),
+        ("--rlqs-max-state-mb", "1 to 4096"),
+        ("--rlqs-max-report-mb", "1 to 64"),
+        ("--worker-threads", "at most 1024"),
+        ("--store-startup-patience-ms", "at most 600000"),
+        ("--default-domain", "1 to 64 characters"),
+        ("--region-share", "above 0 and at most 1"),
+    ] {
+        let at = flat
+            .find(&format!("{flag} <"))
+            .unwrap_or_else(|| panic!("{flag} in --help"));
+        let own = &flat[at..];
+        let next = own[flag.len()..]
+            .find(" --")
+            .map_or(own.len(), |n| n + flag.len());
+        assert!(own[..next].contains(says), "{flag}: {}", &own[..next]);
     }
 }

@@ -245,3 +245,25 @@ fn without_names_keys_no_request_of_the_rule_may_hold() {
     );
     assert!(errors[0].reason.contains("`match`"), "{errors:?}");
 }
+
+/// RULE_FIELDS is exactly the fields serde reads: each one known, and an unknown one's error
+/// lists the same fields.
+#[test]
+fn rule_fields_are_the_documents_fields() {
+    let err = serde_json::from_str::<RuleDoc>(r#"{"limt": 1}"#).expect_err("unknown");
+    let listed: Vec<String> = err
+        .to_string()
+        .split("expected one of ")
+        .nth(1)
+        .expect("the fields")
+        .split(", ")
+        .map(|f| {
+            f.trim_matches(|c: char| c == '`' || !c.is_ascii() || c.is_whitespace())
+                .split('`')
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(listed, RULE_FIELDS, "{err}");
+}

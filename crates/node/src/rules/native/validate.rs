@@ -116,12 +116,23 @@ impl RuleDoc {
             },
         );
         // The limit's fields and the regional policy are read for an algorithm.
+        // Every parameter at fault, each once.
         let limit = algorithm.and_then(|algorithm| {
-            keep(
-                &mut errors,
-                self.limit_spec(algorithm)
-                    .and_then(|spec| spec.validate().map_err(|e| field_error(e.field, e.reason))),
-            )
+            let (spec, mut wrong) = self.limit_spec(algorithm);
+            let limit = match spec.validate_all() {
+                Ok(limit) => Some(limit),
+                Err(invalid) => {
+                    for e in invalid {
+                        if !wrong.iter().any(|w| w.field == e.field) {
+                            wrong.push(field_error(e.field, e.reason));
+                        }
+                    }
+                    None
+                }
+            };
+            let fine = wrong.is_empty();
+            errors.extend(wrong);
+            limit.filter(|_| fine)
         });
         let mode = keep(
             &mut errors,
@@ -242,7 +253,10 @@ impl RuleDoc {
         }
     }
 
-    fn limit_spec(&self, algorithm: Algorithm) -> Result<LimitSpec, FieldError> {
+    /// The limit's parameters for `algorithm`, and every one at fault: one that does not
+    /// apply, one missing (read as a plain 1, or 1 s, so that the others are still checked).
+    fn limit_spec(&self, algorithm: Algorithm) -> (LimitSpec, Vec<FieldError>) {
+        let mut errors = vec![];
         let given: [(&str, bool); 9] = [
             ("capacity", self.capacity.is_some()),
             ("refillPerSecond", self.refill_per_second.is_some()),
@@ -263,7 +277,7 @@ impl RuleDoc {
         };
         for (field, present) in given {
             if present && !wanted.contains(&field) {
-                return Err(field_error(
+                errors.push(field_error(
                     field,
                     format!(
                         "does not apply to {algorithm}; it takes {}",
@@ -275,43 +289,57 @@ impl RuleDoc {
                 ));
             }
         }
+        let missing = std::cell::RefCell::new(vec![]);
         let need = |v: Option<f64>, field: &str| {
-            v.ok_or_else(|| field_error(field, format!("is required for {algorithm}")))
+            v.unwrap_or_else(|| {
+                missing
+                    .borrow_mut()
+                    .push(field_error(field, format!("is required for {algorithm}")));
+                1.0
+            })
         };
-        let need_duration = |v: &Option<DurationValue>, field: &str| match v {
-            Some(d) => d.parse().map_err(|e| field_error(field, e.to_string())),
-            None => Err(field_error(field, format!("is required for {algorithm}"))),
+        let need_duration = |v: &Option<DurationValue>, field: &str| {
+            let found = match v {
+                Some(d) => d.parse().map_err(|e| field_error(field, e.to_string())),
+                None => Err(field_error(field, format!("is required for {algorithm}"))),
+            };
+            found.unwrap_or_else(|e| {
+                missing.borrow_mut().push(e);
+                std::time::Duration::from_secs(1)
+            })
         };
-        Ok(match algorithm {
+        let spec = match algorithm {
             Algorithm::TokenBucket => LimitSpec::TokenBucket {
-                capacity: need(self.capacity, "capacity")?,
-                refill_per_second: need(self.refill_per_second, "refillPerSecond")?,
+                capacity: need(self.capacity, "capacity"),
+                refill_per_second: need(self.refill_per_second, "refillPerSecond"),
             },
             Algorithm::Gcra => LimitSpec::Gcra {
-                burst: need(self.burst, "burst")?,
-                rate_per_second: need(self.rate_per_second, "ratePerSecond")?,
+                burst: need(self.burst, "burst"),
+                rate_per_second: need(self.rate_per_second, "ratePerSecond"),
             },
             Algorithm::LeakyBucket => LimitSpec::LeakyBucket {
-                limit: need(self.limit, "limit")?,
-                duration: need_duration(&self.duration, "duration")?,
+                limit: need(self.limit, "limit"),
+                duration: need_duration(&self.duration, "duration"),
                 burst: self.burst,
             },
             Algorithm::Concurrency => LimitSpec::Concurrency {
-                max_in_flight: need(self.max_in_flight, "maxInFlight")?,
-                slot_ttl: need_duration(&self.slot_ttl, "slotTtl")?,
+                max_in_flight: need(self.max_in_flight, "maxInFlight"),
+                slot_ttl: need_duration(&self.slot_ttl, "slotTtl"),
             },
             Algorithm::FixedWindow => LimitSpec::FixedWindow {
-                limit: need(self.limit, "limit")?,
-                window: need_duration(&self.window, "window")?,
+                limit: need(self.limit, "limit"),
+                window: need_duration(&self.window, "window"),
             },
             Algorithm::SlidingWindow => LimitSpec::SlidingWindow {
-                limit: need(self.limit, "limit")?,
-                window: need_duration(&self.window, "window")?,
+                limit: need(self.limit, "limit"),
+                window: need_duration(&self.window, "window"),
             },
             Algorithm::SlidingWindowLog => LimitSpec::SlidingWindowLog {
-                limit: need(self.limit, "limit")?,
-                window: need_duration(&self.window, "window")?,
+                limit: need(self.limit, "limit"),
+                window: need_duration(&self.window, "window"),
             },
-        })
+        };
+        errors.extend(missing.into_inner());
+        (spec, errors)
     }
 }

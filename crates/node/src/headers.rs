@@ -3,7 +3,7 @@
 //! existing clients read (Envoy's draft-03 form), and `Retry-After` on a denial.
 //!
 //! ```text
-//! ratelimit-policy: "gold-orders";q=600;w=60
+//! ratelimit-policy: "gold-orders";q=100;w=10
 //! ratelimit: "gold-orders";r=0;t=2
 //! retry-after: 2
 //! ```
@@ -36,10 +36,10 @@ pub fn ceil_secs(d: Duration) -> u64 {
     d.as_micros().div_ceil(1_000_000) as u64
 }
 
-/// How a rule's limit reads as a quota policy. A token bucket (or GCRA) is stated as its
-/// sustained rate per minute when that is a whole number (the seed's `q=600;w=60` for 10 per
-/// second), else per second, else as its burst over its refill time. A leaky bucket is stated
-/// as its limit per its duration, as written.
+/// How a rule's limit reads as a quota policy, recognisably the rule as written: a token bucket
+/// (or GCRA) is its size over the seconds it takes to fill from empty (`capacity: 50,
+/// refillPerSecond: 5` reads `q=50;w=10`: 50 at once, 5 a second); a window is its limit per
+/// window; a leaky bucket its limit per its duration.
 pub fn policy(rule: &CompiledRule) -> Option<Policy<'_>> {
     policy_for(rule, rule.limit())
 }
@@ -62,31 +62,17 @@ fn policy_for(rule: &CompiledRule, limit: Option<Limit>) -> Option<Policy<'_>> {
         }),
         (RuleKind::Limited(_), None) => None,
         (RuleKind::Limited(_), Some(limit)) => Some(match limit.algorithm() {
+            // The bucket's size over the time it takes to fill from empty: `q` is the most
+            // `r` (the tokens left) can ever say, and q / w is the sustained rate exactly
+            // (docs/http-edge.md: why not the rate per minute).
             Algorithm::TokenBucket | Algorithm::Gcra => {
                 let rate = limit.refill_per_second().unwrap_or(1.0);
-                let per_minute = rate * 60.0;
-                if per_minute >= 1.0 && per_minute.fract() == 0.0 {
-                    Policy {
-                        name,
-                        quota: per_minute as u64,
-                        window: Some(60),
-                        unit: None,
-                    }
-                } else if rate >= 1.0 && rate.fract() == 0.0 {
-                    Policy {
-                        name,
-                        quota: rate as u64,
-                        window: Some(1),
-                        unit: None,
-                    }
-                } else {
-                    let fill = (limit.capacity() as f64 / rate).ceil().max(1.0) as u64;
-                    Policy {
-                        name,
-                        quota: limit.capacity(),
-                        window: Some(fill),
-                        unit: None,
-                    }
+                let fill = (limit.capacity() as f64 / rate).ceil().max(1.0) as u64;
+                Policy {
+                    name,
+                    quota: limit.capacity(),
+                    window: Some(fill),
+                    unit: None,
                 }
             }
             Algorithm::Concurrency => Policy {
@@ -384,12 +370,14 @@ mod tests {
         };
         let h = headers(&verdict);
         let get = |name| h.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_str());
-        assert_eq!(get("ratelimit-policy"), Some("\"gold-orders\";q=600;w=60"));
+        // The seed's rule as written: 100 at once, 10 a second (the seed's example said
+        // q=600;w=60, whose q the remaining r = 0..100 can never reach).
+        assert_eq!(get("ratelimit-policy"), Some("\"gold-orders\";q=100;w=10"));
         assert_eq!(get("ratelimit"), Some("\"gold-orders\";r=0;t=2"));
         assert_eq!(get("retry-after"), Some("2"));
         assert_eq!(
             get("x-ratelimit-limit"),
-            Some("600, 600;w=60;name=\"gold-orders\"")
+            Some("100, 100;w=10;name=\"gold-orders\"")
         );
         assert_eq!(get("x-ratelimit-remaining"), Some("0"));
         assert_eq!(get("x-ratelimit-reset"), Some("2"));

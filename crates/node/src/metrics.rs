@@ -18,6 +18,7 @@ pub mod connections;
 mod labels;
 mod registration;
 pub mod rlqs;
+pub mod unmatched;
 
 pub use labels::{
     Api, ApiResult, PenaltyLabels, RuleLabels, SettledUnitsLabels, SettlementLabels, StoreFailure,
@@ -186,6 +187,8 @@ pub struct Metrics {
     pub rlqs: rlqs::RlqsMetrics,
     /// Request content decided on other terms than as sent.
     pub client_input: client_input::ClientInputMetrics,
+    /// Requests no rule limited, by domain.
+    pub unmatched: unmatched::UnmatchedMetrics,
     /// Each listener's connections.
     pub connections: connections::ConnectionMetrics,
 }

@@ -180,10 +180,12 @@ fn unreadable(reason: String) -> Response {
 fn to_json(answer: &RateLimitResponse) -> Value {
     let code = |c: i32| Code::try_from(c).unwrap_or(Code::Unknown).as_str_name();
     let status = |s: &DescriptorStatus| {
-        let mut out = json!({
-            "code": code(s.code),
-            "limitRemaining": s.limit_remaining,
-        });
+        let mut out = json!({ "code": code(s.code) });
+        // A remaining is stated against a limit (or is an unlimited rule's): a status with
+        // neither knows none, and says none (protobuf's JSON form leaves out a zero too).
+        if s.current_limit.is_some() || s.limit_remaining > 0 {
+            out["limitRemaining"] = json!(s.limit_remaining);
+        }
         if let Some(limit) = &s.current_limit {
             out["currentLimit"] = json!({
                 "name": limit.name,

@@ -373,3 +373,53 @@ async fn envoy_format_domains_take_the_nodes_fail_mode() {
         served.stop().await;
     }
 }
+
+/// An answer admitted without the store (failing open) states no remaining it does not know:
+/// not in its headers, and not in its descriptor statuses, which an Envoy building its own
+/// X-RateLimit headers (`--x-ratelimit-headers false`) would send as `Remaining: 0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fail_open_answer_states_no_remaining_it_does_not_know() {
+    use support::admin::{call, json_of};
+    let mut server = redis().await;
+    server.kill();
+    let mut served = Served::start(
+        "domain: api\nrules:\n  - {id: open, match: {user: '*'}, algorithm: FIXED_WINDOW, limit: 10, window: 1h}\n",
+        Settings {
+            redis_url: Some(vec![server.url()]),
+            store_startup_patience_ms: Some(100),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let body =
+        r#"{"domain": "api", "descriptors": [{"entries": [{"key": "user", "value": "u1"}]}]}"#;
+    let answer = call(served.http.port(), "POST", "/json", &[], Some(body)).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(
+        answer.header("tollgate-decided-without-store"),
+        Some("failed-open"),
+        "{answer:?}"
+    );
+    let json = json_of(&answer);
+    let status = &json["statuses"][0];
+    assert_eq!(status["code"], "OK", "{json}");
+    assert!(status.get("limitRemaining").is_none(), "{json}");
+    assert!(status.get("currentLimit").is_none(), "{json}");
+    let headers: Vec<&str> = json["responseHeadersToAdd"]
+        .as_array()
+        .expect("headers")
+        .iter()
+        .filter_map(|h| h["key"].as_str())
+        .collect();
+    assert!(
+        !headers
+            .iter()
+            .any(|h| h.contains("remaining") || *h == "ratelimit"),
+        "{json}"
+    );
+    assert!(
+        headers.contains(&"ratelimit-policy"),
+        "the policy still shows: {json}"
+    );
+    served.stop().await;
+}

@@ -458,7 +458,7 @@ async fn check_rate_limit_answers_the_seeds_example() {
     };
     assert_eq!(
         header("ratelimit-policy"),
-        Some("\"gold-orders\";q=600;w=60")
+        Some("\"gold-orders\";q=100;w=10")
     );
     assert_eq!(header("retry-after"), Some("1"));
     assert!(header("ratelimit").is_some_and(|v| v.starts_with("\"gold-orders\";r=0")));
@@ -469,7 +469,7 @@ async fn check_rate_limit_answers_the_seeds_example() {
         .expect("the rule");
     assert_eq!(
         (rule.name.as_str(), rule.quota, rule.window_seconds),
-        ("gold-orders", 600, 60)
+        ("gold-orders", 100, 10)
     );
     let bad = api
         .check_rate_limit(CheckRateLimitRequest {
@@ -723,6 +723,44 @@ async fn a_check_you_can_curl() {
             .as_array()
             .is_some_and(|h| h.iter().any(|h| h["key"] == "retry-after")),
         "{json}"
+    );
+    // A request no rule limits says so: a domain no rule serves, and a known domain's
+    // descriptor no rule matches; neither states a remaining.
+    for (body, label) in [
+        (
+            r#"{"domain": "nope", "descriptors": [{"entries": [{"key": "remote_address", "value": "10.9.9.9"}]}]}"#,
+            "(unknown)",
+        ),
+        (
+            r#"{"domain": "rl", "descriptors": [{"entries": [{"key": "nothing", "value": "here"}]}]}"#,
+            "rl",
+        ),
+    ] {
+        let before = served.node.metrics().unmatched.count(label);
+        let answer = call(port, "POST", "/json", &[], Some(body)).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        let json = json_of(&answer);
+        assert_eq!(json["overallCode"], "OK", "{json}");
+        assert!(
+            json["statuses"][0].get("limitRemaining").is_none(),
+            "{json}"
+        );
+        assert!(
+            json["responseHeadersToAdd"].as_array().is_some_and(|h| h
+                .iter()
+                .any(|h| h["key"] == "tollgate-reason" && h["value"] == "no-rule")),
+            "{json}"
+        );
+        assert_eq!(
+            served.node.metrics().unmatched.count(label),
+            before + 1,
+            "{label}"
+        );
+    }
+    let (_, metrics) = served.get("/metrics").await;
+    assert!(
+        metrics.contains("tollgate_requests_unmatched_total{domain=\"(unknown)\"} 1"),
+        "{metrics}"
     );
     let bad = call(port, "POST", "/json", &[], Some(r#"{"domain": 7}"#)).await;
     assert_eq!(bad.status, 400, "{bad:?}");

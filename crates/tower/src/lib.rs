@@ -4,7 +4,7 @@
 //! ```text
 //! HTTP/1.1 429 Too Many Requests
 //! Retry-After: 2
-//! RateLimit-Policy: "gold-orders";q=600;w=60
+//! RateLimit-Policy: "gold-orders";q=100;w=10
 //! RateLimit: "gold-orders";r=0;t=2
 //! Cache-Control: no-store
 //! Content-Type: application/problem+json

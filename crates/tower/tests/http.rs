@@ -154,7 +154,7 @@ async fn orders_are_limited_and_answered(base: &str, key: &str) {
     assert_eq!(first.status(), 200);
     assert_eq!(
         header(&first, "ratelimit-policy"),
-        Some("\"gold-orders\";q=60;w=60")
+        Some("\"gold-orders\";q=2;w=2")
     );
     assert!(
         header(&first, "ratelimit").is_some_and(|v| v.starts_with("\"gold-orders\";r=1")),
@@ -169,7 +169,7 @@ async fn orders_are_limited_and_answered(base: &str, key: &str) {
     assert_eq!(header(&denied, "retry-after"), Some("1"));
     assert_eq!(
         header(&denied, "ratelimit-policy"),
-        Some("\"gold-orders\";q=60;w=60")
+        Some("\"gold-orders\";q=2;w=2")
     );
     assert!(
         header(&denied, "ratelimit").is_some_and(|v| v.starts_with("\"gold-orders\";r=0;t=")),

@@ -117,6 +117,7 @@ impl Metrics {
             region: Default::default(),
             rlqs: Default::default(),
             client_input: Default::default(),
+            unmatched: Default::default(),
             connections: Default::default(),
             registry: Registry::default(),
         };
@@ -125,6 +126,7 @@ impl Metrics {
         }
         m.rlqs.register(&mut registry);
         m.client_input.register(&mut registry);
+        m.unmatched.register(&mut registry);
         m.connections.register(&mut registry);
         registry.register(
             "requests_unmatched",

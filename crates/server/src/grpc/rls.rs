@@ -24,11 +24,15 @@ use tracing::Instrument;
 use crate::grpc::rls_reservations::{self, Marker};
 use crate::grpc::{invalid, reserve_status};
 use tollgate_lease::limit::MAX_UNITS;
-use tollgate_node::headers::{Policy, XRateLimitHeaders, status_policy, write_headers};
+use tollgate_node::headers::{
+    Policy, REASON_HEADER, XRateLimitHeaders, status_policy, write_headers,
+};
 use tollgate_node::metrics::client_input::Adjustment;
 use tollgate_node::metrics::{Api, ApiResult};
 use tollgate_node::rules::RuleKind;
-use tollgate_node::runtime::{Descriptor, LimitOverride, Matching, Node, RuleStatus, Verdict};
+use tollgate_node::runtime::{
+    Descriptor, LimitOverride, Matching, Node, Outcome, RuleStatus, Verdict,
+};
 
 /// The gRPC response header (metadata, which Envoy ignores) set on an answer the store's
 /// answer was missing from: `failed-open`, `last-answer`, `local-fallback` or `failed-closed`
@@ -153,6 +157,9 @@ pub fn to_request(
     Ok((request, adjusted))
 }
 
+/// The `tollgate-reason` of an answer no rule limited.
+pub const NO_RULE: &str = "no-rule";
+
 /// A descriptor's status when no limit speaks for it.
 fn ok_status() -> DescriptorStatus {
     DescriptorStatus {
@@ -212,8 +219,11 @@ pub fn to_response(
                 .filter(|(s, _)| s.denies())
                 .max_by_key(|(s, _)| s.retry_after)
         } else {
+            // A rule that admitted without the store knows nothing of what is left: it states
+            // no limit and no remaining (Envoy builds X-RateLimit headers only from a status
+            // with a current limit).
             mine()
-                .filter(|(_, p)| p.is_some())
+                .filter(|(s, p)| p.is_some() && s.outcome != Some(Outcome::FailedOpen))
                 .min_by_key(|(s, _)| s.remaining)
         };
         let status = match decisive {
@@ -334,6 +344,17 @@ impl Rls {
             }
         };
         let mut response = to_response(&verdict, descriptors, self.x_ratelimit);
+        if verdict.statuses.is_empty() {
+            // No rule matched: say so, to the client, in the metrics and (for a domain no
+            // rule serves) in the log.
+            let served = self.node.rules().load().has_domain(&request.domain);
+            self.node.metrics().unmatched.note(&request.domain, served);
+            response.response_headers_to_add.push(HeaderValue {
+                key: REASON_HEADER.into(),
+                value: NO_RULE.into(),
+                raw_value: vec![],
+            });
+        }
         if let Some((at, _, _)) = reserve {
             // The reserve descriptor's own status, where Envoy sent it.
             response.statuses.insert(at, ok_status());

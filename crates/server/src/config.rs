@@ -66,6 +66,13 @@ pub enum Command {
         #[command(subcommand)]
         action: RulesCommand,
     },
+    /// Ask a running node whether a request may pass, over gRPC (Envoy's ShouldRateLimit, as
+    /// a gateway asks it: the check counts like a request): the decision, each descriptor's
+    /// status and the headers a client would get. Exit code 0 when admitted, 1 when over the
+    /// limit, 2 when the node cannot be asked.
+    ///
+    /// Example: tollgate check --domain public-api api_key=k_123
+    Check(crate::check_client::CheckArgs),
 }
 
 /// `tollgate rules ...`

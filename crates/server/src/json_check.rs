@@ -176,8 +176,8 @@ fn unreadable(reason: String) -> Response {
     Problem::bad_request("The rate limit request is invalid", "body", reason).into_response()
 }
 
-/// Envoy's answer in protobuf's JSON form.
-fn to_json(answer: &RateLimitResponse) -> Value {
+/// Envoy's answer in protobuf's JSON form (what `POST /json` and `tollgate check --json` print).
+pub fn to_json(answer: &RateLimitResponse) -> Value {
     let code = |c: i32| Code::try_from(c).unwrap_or(Code::Unknown).as_str_name();
     let status = |s: &DescriptorStatus| {
         let mut out = json!({ "code": code(s.code) });

@@ -17,6 +17,7 @@
 
 pub mod admin_listener;
 pub mod app;
+pub mod check_client;
 pub mod config;
 pub mod grpc;
 pub mod http;

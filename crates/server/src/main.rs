@@ -110,9 +110,12 @@ fn main() -> std::process::ExitCode {
     })
 }
 
-/// `tollgate rules import|export`.
+/// `tollgate rules validate|import|export` and `tollgate check`.
 fn run_command(command: Command) -> std::process::ExitCode {
-    let Command::Rules { action } = command;
+    let action = match command {
+        Command::Rules { action } => action,
+        Command::Check(args) => return check(&args),
+    };
     if let RulesCommand::Validate { files, strict } = &action {
         return match validate(files, *strict) {
             Ok(()) => std::process::ExitCode::SUCCESS,
@@ -187,6 +190,37 @@ fn run_command(command: Command) -> std::process::ExitCode {
             std::process::ExitCode::from(2)
         }
     }
+}
+
+/// `tollgate check`: 0 admitted, 1 over the limit, 2 not asked.
+fn check(args: &tollgate_server::check_client::CheckArgs) -> std::process::ExitCode {
+    use tollgate_server::check_client::{ask, render};
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tollgate: cannot start the async runtime: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let answer = match args.request().and_then(|_| runtime.block_on(ask(args))) {
+        Ok(answer) => answer,
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    if args.json {
+        println!("{:#}", tollgate_server::json_check::to_json(&answer));
+    } else if let Ok(request) = args.request() {
+        print!("{}", render(&request, &answer));
+    }
+    let over = answer.overall_code
+        == tollgate_proto::envoy::service::ratelimit::v3::rate_limit_response::Code::OverLimit
+            as i32;
+    std::process::ExitCode::from(u8::from(over))
 }
 
 /// `tollgate rules validate`: every error of every file (a file with three bad rules names

@@ -122,3 +122,53 @@ async fn check_asks_a_node_on_redis() {
     a_key_runs_out(&served).await;
     served.stop().await;
 }
+
+/// The README's first screen runs as written: its `tollgate check` commands, against a node on
+/// the example rules, print what the README shows (the seconds a bucket takes to refill,
+/// measured to a tenth, aside).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_first_check_runs_as_written() {
+    let readme = include_str!("../../../README.md");
+    let console = readme
+        .split("```console\n")
+        .nth(1)
+        .and_then(|block| block.split("\n```").next())
+        .expect("the README's first console block");
+    let mut served = Served::start(
+        include_str!("../../../deploy/rules/example.yaml"),
+        Settings::default(),
+    )
+    .await;
+    // Each `$ tollgate check ...` and the lines it prints.
+    let mut asked = 0;
+    for command in console.split("$ ").skip(1) {
+        let mut lines = command.lines();
+        let line = lines.next().expect("a command");
+        let Some(args) = line.strip_prefix("tollgate ") else {
+            continue; // the alias
+        };
+        let expected: Vec<&str> = lines.collect();
+        let mut words: Vec<&str> = args.split_whitespace().collect();
+        assert_eq!(words.remove(0), "check", "{line}");
+        let out = check(&served, &words).await;
+        let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+        let tenths = |s: &str| {
+            s.split(' ')
+                .map(|w| {
+                    if w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.') {
+                        "N.N"
+                    } else {
+                        w
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let printed: Vec<String> = printed.lines().map(tenths).collect();
+        let expected: Vec<String> = expected.iter().map(|l| tenths(l)).collect();
+        assert_eq!(printed, expected, "{line}");
+        asked += 1;
+    }
+    assert_eq!(asked, 2, "the README asks twice: {console}");
+    served.stop().await;
+}

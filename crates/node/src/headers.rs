@@ -332,11 +332,18 @@ mod tests {
     }
 
     #[test]
-    fn gcra_reads_as_its_rate_and_a_leaky_bucket_as_its_limit_per_duration() {
+    fn gcra_reads_as_its_burst_over_its_fill_time_and_a_leaky_bucket_as_its_limit_per_duration() {
         let gcra =
             rule("domain: d\nrules:\n  - {id: g, algorithm: GCRA, burst: 20, ratePerSecond: 5}\n");
         let p = policy(&gcra).expect("policy");
-        assert_eq!((p.quota, p.window), (300, Some(60)));
+        assert_eq!((p.quota, p.window), (20, Some(4)));
+        // A fill time that is not whole is rounded up: the rate stated is never above the
+        // rule's.
+        let slow = rule(
+            "domain: d\nrules:\n  - {id: t, algorithm: TOKEN_BUCKET, capacity: 100, refillPerSecond: 3}\n",
+        );
+        let p = policy(&slow).expect("policy");
+        assert_eq!((p.quota, p.window), (100, Some(34)));
         let leaky = rule(
             "domain: d\nrules:\n  - {id: l, algorithm: LEAKY_BUCKET, limit: 30, duration: 1m, burst: 10}\n",
         );

@@ -284,19 +284,12 @@ async fn a_fail_closed_rule_denies_through_envoys_default_config_with_redis_kill
 /// killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_rules_through_the_shipped_envoy_config() {
-    let mut redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
-        .await
-        .expect("join")
-        .expect("redis");
-    let mut node = node_on_redis(&redis, vec![deploy("rules/example.yaml")]).await;
-    let upstream = upstream().await;
-    let grpc = node.grpc_addr.port();
-    let envoy = tokio::task::spawn_blocking(move || {
-        Shipped::start("envoy-public-api.yaml", upstream, grpc)
-    })
-    .await
-    .expect("join");
-    let envoy = std::sync::Arc::new(envoy);
+    let (mut redis, mut node, envoy) = shipped_on_redis(
+        "rules/example.yaml",
+        "envoy-public-api.yaml",
+        upstream().await,
+    )
+    .await;
     // `count` orders on `plan` as fast as one client sends them; what was admitted, the
     // answers, and how long sending took (what a bucket refilled meanwhile is bounded by it).
     let orders = |key: &'static str, plan: &'static str, count: usize| {
@@ -369,19 +362,12 @@ async fn the_example_rules_through_the_shipped_envoy_config() {
 /// reach the example rules' anonymous-ip: 60 a minute per client address, then 429.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn anonymous_requests_are_limited_per_address_through_the_shipped_envoy_config() {
-    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
-        .await
-        .expect("join")
-        .expect("redis");
-    let mut node = node_on_redis(&redis, vec![deploy("rules/example.yaml")]).await;
-    let upstream = upstream().await;
-    let grpc = node.grpc_addr.port();
-    let envoy = tokio::task::spawn_blocking(move || {
-        Shipped::start("envoy-public-api.yaml", upstream, grpc)
-    })
-    .await
-    .expect("join");
-    let envoy = std::sync::Arc::new(envoy);
+    let (_redis, mut node, envoy) = shipped_on_redis(
+        "rules/example.yaml",
+        "envoy-public-api.yaml",
+        upstream().await,
+    )
+    .await;
     let e = envoy.clone();
     let anonymous = tokio::task::spawn_blocking(move || {
         (0..61)
@@ -408,19 +394,12 @@ async fn anonymous_requests_are_limited_per_address_through_the_shipped_envoy_co
 /// `{ip: "*"}` caught the login descriptor `{route, ip}` until `without: [api_key]`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_logged_in_users_login_is_not_anonymous_through_the_shipped_envoy_config() {
-    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
-        .await
-        .expect("join")
-        .expect("redis");
-    let mut node = node_on_redis(&redis, vec![deploy("rules/example.yaml")]).await;
-    let upstream = upstream().await;
-    let grpc = node.grpc_addr.port();
-    let envoy = tokio::task::spawn_blocking(move || {
-        Shipped::start("envoy-public-api.yaml", upstream, grpc)
-    })
-    .await
-    .expect("join");
-    let envoy = std::sync::Arc::new(envoy);
+    let (_redis, mut node, envoy) = shipped_on_redis(
+        "rules/example.yaml",
+        "envoy-public-api.yaml",
+        upstream().await,
+    )
+    .await;
     let e = envoy.clone();
     let (logins, anonymous) = tokio::task::spawn_blocking(move || {
         let logins: Vec<Response> = (0..5)
@@ -450,19 +429,12 @@ async fn a_logged_in_users_login_is_not_anonymous_through_the_shipped_envoy_conf
 /// share the one counter of the connection's address (login-attempts: 5 a minute).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_cannot_name_its_own_address_through_the_shipped_envoy_config() {
-    let redis = tokio::task::spawn_blocking(tollgate_testkit::RedisServer::start)
-        .await
-        .expect("join")
-        .expect("redis");
-    let mut node = node_on_redis(&redis, vec![deploy("rules/example.yaml")]).await;
-    let upstream = upstream().await;
-    let grpc = node.grpc_addr.port();
-    let envoy = tokio::task::spawn_blocking(move || {
-        Shipped::start("envoy-public-api.yaml", upstream, grpc)
-    })
-    .await
-    .expect("join");
-    let envoy = std::sync::Arc::new(envoy);
+    let (_redis, mut node, envoy) = shipped_on_redis(
+        "rules/example.yaml",
+        "envoy-public-api.yaml",
+        upstream().await,
+    )
+    .await;
     let e = envoy.clone();
     let forged = tokio::task::spawn_blocking(move || {
         (0..8)

@@ -125,15 +125,8 @@ fn run_command(command: Command) -> std::process::ExitCode {
             }
         };
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tollgate: cannot start the async runtime: {e}");
-            return std::process::ExitCode::FAILURE;
-        }
+    let Some(runtime) = command_runtime() else {
+        return std::process::ExitCode::FAILURE;
     };
     let result = runtime.block_on(async {
         let open = |url: &str| RuleStore::new(url, Duration::from_secs(5));
@@ -192,18 +185,20 @@ fn run_command(command: Command) -> std::process::ExitCode {
     }
 }
 
+/// The runtime a subcommand runs on (one thread), or None when it cannot start (said).
+fn command_runtime() -> Option<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| eprintln!("tollgate: cannot start the async runtime: {e}"))
+        .ok()
+}
+
 /// `tollgate check`: 0 admitted, 1 over the limit, 2 not asked.
 fn check(args: &tollgate_server::check_client::CheckArgs) -> std::process::ExitCode {
     use tollgate_server::check_client::{ask, render};
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("tollgate: cannot start the async runtime: {e}");
-            return std::process::ExitCode::from(2);
-        }
+    let Some(runtime) = command_runtime() else {
+        return std::process::ExitCode::from(2);
     };
     let answer = match args.request().and_then(|_| runtime.block_on(ask(args))) {
         Ok(answer) => answer,

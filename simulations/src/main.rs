@@ -69,6 +69,10 @@ enum Command {
         /// Refuses a scenario with warnings instead of running it.
         #[arg(long)]
         strict: bool,
+        /// Runs at once, each on its own thread (default: the machine's cores). Each run
+        /// holds its own world: memory grows with them.
+        #[arg(long)]
+        jobs: Option<usize>,
     },
 }
 
@@ -127,9 +131,18 @@ fn main_() -> anyhow::Result<ExitCode> {
             check_findings(&s, &scenario, strict)?;
             let seed = seed.unwrap_or(s.seed);
             let progress = bar(s.duration.as_secs(), quiet, &s.name);
+            let started = std::time::Instant::now();
             let result = run(&s, seed, &mut |second| progress.set_position(second))?;
+            let took = started.elapsed();
             progress.finish_and_clear();
             print!("{}", result.table());
+            // Wall time is the machine's, not the run's: said here, kept out of the report
+            // (one seed gives one report, byte for byte).
+            println!(
+                "\nran in {:.1} s of wall time: {:.0} decisions a second",
+                took.as_secs_f64(),
+                result.decisions as f64 / took.as_secs_f64().max(1e-9)
+            );
             write_outputs(&result, report.as_ref(), plot_to.as_ref())?;
             if result.passed() {
                 Ok(ExitCode::SUCCESS)
@@ -149,6 +162,7 @@ fn main_() -> anyhow::Result<ExitCode> {
             plot: plot_to,
             quiet,
             strict,
+            jobs,
         } => {
             let text = std::fs::read_to_string(&scenario)
                 .map_err(|e| anyhow::anyhow!("{}: {e}", scenario.display()))?;
@@ -171,7 +185,9 @@ fn main_() -> anyhow::Result<ExitCode> {
             let combos = sweep::grid(&params);
             let runs = (combos.len() * seeds.len()) as u64;
             let progress = bar(runs * base.duration.as_secs(), quiet, &base.name);
-            let mut rows = vec![];
+            // Every run of the grid, in the table's order; run on `jobs` threads, each run on
+            // its own runtime (one seed, one report, whichever thread runs it).
+            let mut planned = vec![];
             for values in combos {
                 let s = if param.is_empty() {
                     base.clone()
@@ -184,12 +200,51 @@ fn main_() -> anyhow::Result<ExitCode> {
                     sweep::variants(&text, &file, &settings)?
                 };
                 for &seed in &seeds {
-                    let done = progress.position();
-                    let report = run(&s, seed, &mut |second| progress.set_position(done + second))?;
-                    rows.push(Row {
-                        values: values.clone(),
-                        report,
+                    planned.push((values.clone(), s.clone(), seed));
+                }
+            }
+            let jobs = jobs
+                .or_else(|| std::thread::available_parallelism().ok().map(|n| n.get()))
+                .unwrap_or(1)
+                .clamp(1, planned.len().max(1));
+            let next = std::sync::atomic::AtomicUsize::new(0);
+            let done: Vec<std::sync::Mutex<Option<Result<Row, tollgate_simulations::RunError>>>> =
+                planned
+                    .iter()
+                    .map(|_| std::sync::Mutex::new(None))
+                    .collect();
+            std::thread::scope(|scope| {
+                for _ in 0..jobs {
+                    scope.spawn(|| {
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some((values, s, seed)) = planned.get(i) else {
+                                break;
+                            };
+                            let mut seen = 0;
+                            let result = run(s, *seed, &mut |second| {
+                                progress.inc(second.saturating_sub(seen));
+                                seen = second;
+                            })
+                            .map(|report| Row {
+                                values: values.clone(),
+                                report,
+                            });
+                            if let Ok(mut slot) = done[i].lock() {
+                                *slot = Some(result);
+                            }
+                        }
                     });
+                }
+            });
+            let mut rows = vec![];
+            for slot in done {
+                let finished = slot
+                    .into_inner()
+                    .map_err(|_| anyhow::anyhow!("a run's thread panicked"))?;
+                match finished {
+                    Some(row) => rows.push(row?),
+                    None => anyhow::bail!("a run did not finish"),
                 }
             }
             progress.finish_and_clear();

@@ -44,6 +44,9 @@ pub(crate) use world::load_rules;
 /// would in production).
 const EPOCH: Micros = 1_767_225_600_000_000;
 
+/// How often (virtual seconds) the books drop what has long been idle.
+const RETIRE_EVERY_SECONDS: usize = 5;
+
 /// Runs `scenario` with `seed`; `progress` hears each virtual second as it completes.
 pub fn run(
     scenario: &Scenario,
@@ -89,6 +92,7 @@ async fn simulate(
     let mut seconds = Seconds::default();
     let mut in_flight = tokio::task::JoinSet::new();
     let mut callers = Callers::new(&streams, world.nodes.len(), seed, start);
+    let mut retirement = invariants::Retirement::new(scenario, budget);
 
     for n in 0..ticks {
         let t = tick * n as u32;
@@ -96,7 +100,11 @@ async fn simulate(
         while next_event < events.len() && events[next_event].0 <= t {
             let (_, i, begins) = events[next_event];
             next_event += 1;
-            apply_fault(&mut world, &scenario.faults[i].kind, begins).await?;
+            let kind = &scenario.faults[i].kind;
+            apply_fault(&mut world, kind, begins).await?;
+            if let Some((region, lasting)) = world::store_fault(&world, kind) {
+                retirement.calm_since[region] = (!(begins && lasting)).then(|| world.now());
+            }
         }
         for stream in &mut streams {
             stream.carry += stream.rate_at(t) * tick.as_secs_f64();
@@ -128,6 +136,9 @@ async fn simulate(
         if (n + 1) % ticks_per_second == 0 {
             per_second.push(seconds.sample(&world, &tally, per_second.len()));
             progress(per_second.len() as u64);
+            if per_second.len() % RETIRE_EVERY_SECONDS == 0 {
+                retirement.retire(&mut tally.lock(), &world, world.now());
+            }
         }
     }
     // Let the last requests finish.

@@ -179,9 +179,24 @@ impl StoreLink {
             .map(|l| l.get(key).copied().unwrap_or_default())
     }
 
+    /// Takes `key`'s ledger away, if the ledger is kept: what its store handed out and took
+    /// back so far (a simulation checks a bucket's books once nothing of it can still be on
+    /// its way, then counts it afresh).
+    pub fn take_ledger(&self, key: &str) -> Option<Ledger> {
+        self.inner
+            .ledger
+            .lock()
+            .as_mut()
+            .map(|l| l.remove(key).unwrap_or_default())
+    }
+
     fn book(&self, key: &str, entry: impl FnOnce(&mut Ledger)) {
         if let Some(ledger) = self.inner.ledger.lock().as_mut() {
-            entry(ledger.entry(key.to_owned()).or_default());
+            // The key is copied only the first time it is booked.
+            match ledger.get_mut(key) {
+                Some(l) => entry(l),
+                None => entry(ledger.entry(key.to_owned()).or_default()),
+            }
         }
     }
 }

@@ -40,6 +40,15 @@ impl Store {
         }
     }
 
+    /// The in-memory store a node owns, and so sweeps of expired keys (None behind the chaos
+    /// link: a simulation shares one store among many nodes and sweeps it once itself).
+    pub fn owned_memory(&self) -> Option<&MemoryStore> {
+        match self {
+            Store::Memory(memory) => Some(memory),
+            _ => None,
+        }
+    }
+
     /// The same store with another budget per call (see [`RedisStore::with_budget`]; the
     /// in-memory store answers at once whatever the budget).
     pub fn with_budget(&self, budget: std::time::Duration) -> Store {

@@ -1,89 +1,144 @@
 //! The invariants a run checks at its end: no bucket the store always answered admitted more
 //! than its bound, and no bucket spent more leased units than its store handed out.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
-use super::tally::{BucketId, Fixed, Tally};
+use super::tally::{BucketId, Fixed, Retired, Tally};
 use super::world::World;
+use crate::oracle::BoundBook;
 use crate::report::Invariant;
 use tollgate_lease::Micros;
 
-pub(super) fn bound_invariant(tally: &mut Tally, world: &World, end: u64) -> Invariant {
-    let mut breaches = vec![];
-    let mut keys: Vec<&BucketId> = tally.buckets.keys().collect();
-    keys.sort();
-    let mut worst: BTreeMap<String, f64> = BTreeMap::new();
-    let mut unanswered = 0;
-    for key in keys {
-        if tally.shadow.contains(&key.1) {
-            continue;
-        }
-        let oracle = &tally.buckets[key];
-        if oracle.failed_over_to_fail_mode {
-            unanswered += 1;
-            continue;
-        }
-        // A failover of the store, or an eviction of this bucket's keys, starts it full again.
-        let store = &world.stores[key.0];
-        let evictions = tally
+/// Checks region bucket `id` against its bound at `now`, into `out`: at the end of the run,
+/// or when its book is dropped idle ([`super::Tally::retire`]).
+pub(super) fn check_bound(
+    tally: &Tally,
+    world: &World,
+    id: BucketId,
+    book: &BoundBook,
+    now: u64,
+    out: &mut Retired,
+) {
+    let (region, uid, identity) = tally.names.of_bucket(id);
+    if tally.shadow.contains(&uid) {
+        return;
+    }
+    if book.failed_over_to_fail_mode {
+        out.unanswered += 1;
+        return;
+    }
+    out.checked += 1;
+    // A failover of the store, or an eviction of this bucket's keys, starts it full again.
+    let store = &world.stores[region];
+    let evictions = if store.memory().evictions() == 0 {
+        0
+    } else {
+        tally
             .rule_keys
-            .get(&key.1)
-            .and_then(|rule| tollgate_lease::BucketKey::new(&key.2, rule).ok())
-            .map_or(0, |bucket| store.memory().evictions_of(bucket.as_str()));
-        let bound = oracle.bound(end, store.link().failovers() + evictions);
-        let measured = oracle.measured();
-        let rule = oracle_rule(tally, key);
-        let use_ = if bound == 0 {
-            0.0
-        } else {
-            measured as f64 / bound as f64
-        };
-        let w = worst.entry(rule.clone()).or_insert(0.0);
-        *w = w.max(use_);
-        if measured > bound {
-            breaches.push(format!(
+            .get(&uid)
+            .and_then(|rule| tollgate_lease::BucketKey::new(identity, rule).ok())
+            .map_or(0, |bucket| store.memory().evictions_of(bucket.as_str()))
+    };
+    let bound = book.bound(now, store.link().failovers() + evictions);
+    let measured = book.measured();
+    let rule = tally
+        .rule_names
+        .get(&uid)
+        .cloned()
+        .unwrap_or_else(|| region.to_string());
+    let use_ = if bound == 0 {
+        0.0
+    } else {
+        measured as f64 / bound as f64
+    };
+    if measured > bound {
+        out.breaches.push((
+            (region, uid, identity.to_vec()),
+            format!(
                 "rule {rule} identity {:?}: {measured} admitted, bound {bound}",
-                String::from_utf8_lossy(&key.2)
-            ));
+                String::from_utf8_lossy(identity)
+            ),
+        ));
+    }
+    match out.worst.get_mut(&rule) {
+        Some(w) => *w = w.max(use_),
+        None => {
+            out.worst.insert(rule, use_);
         }
     }
-    for (rule, w) in worst {
-        if let Some(r) = tally.rules.get_mut(&rule) {
+}
+
+/// Checks one bucket's ledger: `spent` units admitted on the store's answers against what its
+/// store handed out and took back, `ledger`.
+pub(super) fn check_ledger(
+    (region, key, identity): (usize, &str, &[u8]),
+    spent: u64,
+    ledger: tollgate_lease::Ledger,
+    out: &mut Retired,
+) {
+    out.ledger_checked += 1;
+    let handed = ledger.handed.saturating_sub(ledger.credited);
+    if spent > handed {
+        let bucket = tollgate_lease::BucketKey::new(identity, key)
+            .map(|b| b.as_str().to_owned())
+            .unwrap_or_else(|_| key.to_owned());
+        out.ledger_breaches.push((
+            (region, key.to_owned(), identity.to_vec()),
+            format!(
+                "{bucket}: {spent} spent, {} handed out and {} credited back",
+                ledger.handed, ledger.credited
+            ),
+        ));
+    } else {
+        out.unspent += handed - spent;
+    }
+}
+
+pub(super) fn bound_invariant(tally: &mut Tally, world: &World, end: u64) -> Invariant {
+    let mut out = std::mem::take(&mut tally.retired);
+    for (&id, book) in &tally.buckets {
+        check_bound(tally, world, id, book, end, &mut out);
+    }
+    for (rule, w) in &out.worst {
+        if let Some(r) = tally.rules.get_mut(rule) {
             r.worst_bound_use = (w * 1000.0).round() / 1000.0;
         }
     }
-    Invariant {
+    out.breaches.sort();
+    let breaches: Vec<String> = out.breaches.iter().map(|(_, line)| line.clone()).collect();
+    let invariant = Invariant {
         name:
             "admitted ≤ the exact bound of each limit, for every bucket the store always answered"
                 .into(),
         held: breaches.is_empty(),
         detail: if breaches.is_empty() {
             format!(
-                "{} buckets checked; {unanswered} not, because a decision of theirs went to a fail mode",
-                tally.buckets.len() - unanswered
+                "{} buckets checked; {} not, because a decision of theirs went to a fail mode",
+                out.checked, out.unanswered
             )
         } else {
             first_few(&breaches)
         },
-    }
+    };
+    tally.retired = out;
+    invariant
 }
 
 /// No bucket spent more than its store handed out: per region, rule and identity, the units
 /// admitted on the store's answers are at most what checks admitted and leases granted there,
 /// less what returns credited. The rest was handed out and never spent or returned.
-pub(super) fn ledger_invariant(tally: &Tally, world: &World) -> Invariant {
-    let mut spent: BTreeMap<(usize, &str, &[u8]), u64> = BTreeMap::new();
-    for ((region, uid, identity), o) in &tally.buckets {
-        if tally.shadow.contains(uid) || o.is_concurrency() {
+pub(super) fn ledger_invariant(tally: &mut Tally, world: &World) -> Invariant {
+    let mut spent: HashMap<(usize, &str, &[u8]), u64, Fixed> = HashMap::default();
+    for (&id, o) in &tally.buckets {
+        let (region, uid, identity) = tally.names.of_bucket(id);
+        if tally.shadow.contains(&uid) || o.is_concurrency() {
             continue;
         }
-        if let Some(key) = tally.rule_keys.get(uid) {
-            *spent
-                .entry((*region, key.as_str(), identity.as_slice()))
-                .or_default() += o.store_backed();
+        if let Some(key) = tally.rule_keys.get(&uid) {
+            *spent.entry((region, key.as_str(), identity)).or_default() += o.store_backed();
         }
     }
-    let (mut breaches, mut unspent, mut checked) = (vec![], 0u64, 0usize);
+    let mut out = std::mem::take(&mut tally.retired);
     for ((region, key, identity), units) in spent {
         let Ok(bucket) = tollgate_lease::BucketKey::new(identity, key) else {
             continue;
@@ -91,37 +146,28 @@ pub(super) fn ledger_invariant(tally: &Tally, world: &World) -> Invariant {
         let Some(ledger) = world.stores[region].link().ledger_of(bucket.as_str()) else {
             continue;
         };
-        checked += 1;
-        let handed = ledger.handed.saturating_sub(ledger.credited);
-        if units > handed {
-            breaches.push(format!(
-                "{bucket}: {units} spent, {} handed out and {} credited back",
-                ledger.handed, ledger.credited
-            ));
-        } else {
-            unspent += handed - units;
-        }
+        check_ledger((region, key, identity), units, ledger, &mut out);
     }
-    Invariant {
+    out.ledger_breaches.sort();
+    let breaches: Vec<String> = out
+        .ledger_breaches
+        .iter()
+        .map(|(_, line)| line.clone())
+        .collect();
+    let invariant = Invariant {
         name: "leased units are conserved: no bucket spends more than its store handed out".into(),
         held: breaches.is_empty(),
         detail: if breaches.is_empty() {
             format!(
-                "{checked} buckets; {unspent} units handed out were neither spent nor returned (expired in leases, held by crashed pods, or checks that ran after their caller gave up)"
+                "{} buckets; {} units handed out were neither spent nor returned (expired in leases, held by crashed pods, or checks that ran after their caller gave up)",
+                out.ledger_checked, out.unspent
             )
         } else {
             first_few(&breaches)
         },
-    }
-}
-
-/// The rule id a bucket belongs to (kept beside the oracle).
-fn oracle_rule(tally: &Tally, key: &BucketId) -> String {
-    tally
-        .rule_names
-        .get(&key.1)
-        .cloned()
-        .unwrap_or_else(|| key.0.to_string())
+    };
+    tally.retired = out;
+    invariant
 }
 
 pub(super) fn first_few(items: &[String]) -> String {
@@ -149,16 +195,7 @@ pub(super) fn check(
         r.overshoot = r.decided.admitted.saturating_sub(r.exact);
     }
     // Distinct identities per rule, both regions and every definition together.
-    let mut identities: BTreeMap<String, u64> = BTreeMap::new();
-    let mut seen: std::collections::HashSet<(&str, &[u8]), Fixed> = Default::default();
-    for (_, uid, identity) in tally.buckets.keys() {
-        if let Some(name) = tally.rule_names.get(uid)
-            && seen.insert((name.as_str(), identity.as_slice()))
-        {
-            *identities.entry(name.clone()).or_default() += 1;
-        }
-    }
-    for (name, n) in identities {
+    for (name, n) in tally.identity_counts() {
         tally.rules.entry(name).or_default().identities = n;
     }
     invariants.push(Invariant {
@@ -194,4 +231,77 @@ pub(super) fn check(
         ),
     });
     invariants
+}
+
+/// When the books of a run may drop what has long been idle.
+pub(super) struct Retirement {
+    /// How long a region's bucket must have been idle: by then its key actors have stopped on
+    /// every node and given their leases back, and the leases have expired (twice the idle
+    /// timeout and the lease's life, and a decision's budget).
+    pub(super) horizon: u64,
+    /// Per region, since when its store has had no fault (None: one is on now). A call held by
+    /// a stall or slowed by a fault still lands after it ends.
+    pub(super) calm_since: Vec<Option<u64>>,
+}
+
+impl Retirement {
+    pub(super) fn new(scenario: &crate::scenario::Scenario, budget: std::time::Duration) -> Self {
+        let defaults = tollgate_node::RuntimeConfig::default();
+        let ttl = scenario.runtime.lease_ttl.unwrap_or(defaults.lease.ttl);
+        let idle = defaults.idle_timeout.max(ttl * 2);
+        let horizon = (idle + ttl) * 2 + budget;
+        Self {
+            horizon: horizon.as_micros() as u64,
+            calm_since: vec![Some(0); scenario.topology.regions.len()],
+        }
+    }
+
+    /// Drops, at `now`, the books of buckets idle past the horizon, each checked first as the
+    /// run's end checks it: a region bucket against its bound and its store's ledger (taken
+    /// away, so a bucket used again starts a fresh account), an exact bucket only once both
+    /// its views are as a fresh one would be (so dropping it changes no answer). Buckets of a
+    /// rule with more than one definition (a rule changed in the run) share their store's
+    /// account and are kept.
+    pub(super) fn retire(&self, tally: &mut Tally, world: &World, now: u64) {
+        let mut definitions: HashMap<&str, u32, Fixed> = HashMap::default();
+        for key in tally.rule_keys.values() {
+            *definitions.entry(key.as_str()).or_default() += 1;
+        }
+        let mut buckets = std::mem::take(&mut tally.buckets);
+        let mut out = std::mem::take(&mut tally.retired);
+        buckets.retain(|&id, book| {
+            let (region, uid, identity) = tally.names.of_bucket(id);
+            let Some(calm) = self.calm_since[region] else {
+                return true;
+            };
+            if now.saturating_sub(book.last.max(calm)) < self.horizon
+                || (book.is_concurrency() && book.in_flight() > 0)
+            {
+                return true;
+            }
+            let Some(key) = tally.rule_keys.get(&uid) else {
+                return true;
+            };
+            if definitions.get(key.as_str()).copied().unwrap_or(0) != 1 {
+                return true;
+            }
+            check_bound(tally, world, id, book, now, &mut out);
+            if !book.is_concurrency()
+                && let Ok(bucket) = tollgate_lease::BucketKey::new(identity, key)
+                && let Some(ledger) = world.stores[region].link().take_ledger(bucket.as_str())
+                && !tally.shadow.contains(&uid)
+            {
+                check_ledger(
+                    (region, key, identity),
+                    book.store_backed(),
+                    ledger,
+                    &mut out,
+                );
+            }
+            false
+        });
+        tally.buckets = buckets;
+        tally.retired = out;
+        tally.exact.retain(|_, book| !book.at_rest(now));
+    }
 }

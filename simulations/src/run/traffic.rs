@@ -20,8 +20,8 @@ use tollgate_node::{Node, Request};
 
 use std::collections::BTreeMap;
 
-use super::tally::{BucketId, ExactId, Tally};
-use crate::oracle::BucketOracle;
+use super::tally::{BucketId, ExactId, Names, Tally};
+use crate::oracle::{BoundBook, ExactBook};
 use crate::scenario::{Keys, Traffic};
 
 /// One request's traffic stream, ready to draw keys.
@@ -145,21 +145,26 @@ impl Job {
             Err(_) => return,
         };
         let arrived = self.node_now();
-        // Each charge's keys in the books, made once: its region's bucket and the exact
-        // limiter's over both regions.
-        let keys: Vec<(BucketId, ExactId)> = charges
-            .iter()
-            .map(|c| {
-                (
-                    (self.region, c.rule.uid, c.identity.clone()),
-                    (c.rule.key.clone(), c.identity.clone()),
-                )
-            })
-            .collect();
+        let keys;
         {
             // The exact limiter sees every request as it arrives, and decides it whole: admitted
             // when every enforced rule has room, and then charged at each.
             let mut t = self.tally.lock();
+            let t = &mut *t;
+            // Each charge's books: its region's bucket and the exact limiter's over both
+            // regions, found by number.
+            keys = charges
+                .iter()
+                .map(|c| {
+                    let identity = t.names.identity(&c.identity);
+                    let definition = t.names.definition(c.rule.uid);
+                    let key = t.names.key(&c.rule.key);
+                    (
+                        Names::bucket(self.region, definition, identity),
+                        Names::exact(key, identity),
+                    )
+                })
+                .collect::<Vec<(BucketId, ExactId)>>();
             let mut fits_all = true;
             for (c, (bucket, exact)) in charges.iter().zip(&keys) {
                 let Some(limit) = c.rule.limit() else {
@@ -172,20 +177,19 @@ impl Job {
                     t.rule_names.insert(c.rule.uid, c.rule.id.clone());
                     t.rule_keys.insert(c.rule.uid, c.rule.key.clone());
                 }
-                if !t.buckets.contains_key(bucket) {
-                    t.buckets.insert(
-                        bucket.clone(),
-                        BucketOracle::new(limit, arrived, self.failovers),
-                    );
+                match t.buckets.get_mut(bucket) {
+                    Some(book) => book.last = arrived,
+                    None => {
+                        t.buckets
+                            .insert(*bucket, BoundBook::new(limit, arrived, self.failovers));
+                        t.saw_identity(&c.rule.id, Names::identity_of(*bucket));
+                    }
                 }
                 let whole = c.rule.whole.unwrap_or(limit);
-                let oracle = match t.exact.get_mut(exact) {
-                    Some(o) => o,
-                    None => t
-                        .exact
-                        .entry(exact.clone())
-                        .or_insert_with(|| BucketOracle::new(whole, arrived, 0)),
-                };
+                let oracle = t
+                    .exact
+                    .entry(*exact)
+                    .or_insert_with(|| ExactBook::new(whole, arrived));
                 oracle.follow(whole, arrived);
                 if c.rule.mode == Mode::Enforce && !oracle.fits(arrived, c.cost) {
                     fits_all = false;
@@ -223,11 +227,11 @@ impl Job {
                 let _ = Box::pin(self.node.release_slots(&verdict.slots)).await;
             }
             let mut t = self.tally.lock();
-            for (uid, identity, cost) in held_costs {
-                if let Some(o) = t.buckets.get_mut(&(self.region, uid, identity.clone())) {
+            for (bucket, exact, cost) in held_costs {
+                if let Some(o) = t.buckets.get_mut(&bucket) {
                     o.released(cost);
                 }
-                if let Some(o) = t.exact.get_mut(&(key_of(&charges, uid), identity)) {
+                if let Some(o) = t.exact.get_mut(&exact) {
                     o.released(cost);
                 }
             }
@@ -251,7 +255,7 @@ impl Job {
         verdict: &Verdict,
         now: u64,
         (took, deciding): (u64, u64),
-    ) -> Vec<(u64, Vec<u8>, u64)> {
+    ) -> Vec<(BucketId, ExactId, u64)> {
         let mut held = vec![];
         let mut t = self.tally.lock();
         t.decisions += 1;
@@ -316,6 +320,7 @@ impl Job {
             let (charge, (bucket, exact)) = (&charges[at], &keys[at]);
             let mut false_denial = false;
             if let Some(o) = t.buckets.get_mut(bucket) {
+                o.last = o.last.max(now);
                 if status.on_last_answer
                     || matches!(
                         own,
@@ -329,19 +334,19 @@ impl Job {
                     // LOCAL or the store's last answer.
                     let from_store = !status.on_last_answer
                         && !matches!(outcome, Outcome::FailedOpen | Outcome::LocalFallback);
-                    o.admitted(now, charge.cost, from_store);
+                    o.admitted(charge.cost, from_store);
                     if status
                         .limit
                         .is_some_and(|l| l.algorithm() == tollgate_lease::Algorithm::Concurrency)
                     {
-                        held.push((bucket.1, bucket.2.clone(), charge.cost));
+                        held.push((*bucket, *exact, charge.cost));
                     }
                 }
             }
             // False denials are judged on the whole limit, fed what both regions admitted.
             if let Some(g) = t.exact.get_mut(exact) {
                 if verdict.allowed {
-                    g.admitted(now, charge.cost, false);
+                    g.admitted(now, charge.cost);
                 } else if own == Outcome::Denied && g.denied(now, charge.cost) {
                     false_denial = true;
                 }
@@ -361,15 +366,6 @@ fn rule_entry<'a, T: Default>(map: &'a mut BTreeMap<String, T>, id: &str) -> &'a
         map.insert(id.to_owned(), T::default());
     }
     map.get_mut(id).expect("just made")
-}
-
-/// The key (bucket name) of the charged rule with definition `uid`.
-fn key_of(charges: &[tollgate_node::runtime::Charge], uid: u64) -> String {
-    charges
-        .iter()
-        .find(|c| c.rule.uid == uid)
-        .map(|c| c.rule.key.clone())
-        .unwrap_or_default()
 }
 
 impl Stream {

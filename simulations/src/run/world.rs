@@ -295,6 +295,19 @@ pub(super) async fn apply_fault(
     Ok(())
 }
 
+/// The region a fault strikes the store of, and whether it lasts until its end (a stall, an
+/// outage, a slowdown) rather than striking once (a failover).
+pub(super) fn store_fault(world: &World, fault: &FaultKind) -> Option<(usize, bool)> {
+    let region = |name: &str| world.scenario.region(name).unwrap_or(0);
+    match fault {
+        FaultKind::StoreDown { region: r }
+        | FaultKind::StoreStall { region: r }
+        | FaultKind::StoreSlow { region: r, .. } => Some((region(r), true)),
+        FaultKind::StoreFailover { region: r } => Some((region(r), false)),
+        _ => None,
+    }
+}
+
 fn node_slot(world: &World, region: usize, index: usize) -> usize {
     world
         .scenario
@@ -373,6 +386,17 @@ impl World {
                 .map(|r| Listeners::new(r.nodes))
                 .collect(),
         };
+        // Each region's store is swept of expired keys every 5 s, once (its nodes share it).
+        for store in &world.stores {
+            let memory = store.memory().clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+                loop {
+                    tick.tick().await;
+                    memory.purge_expired();
+                }
+            });
+        }
         // Every node starts (and warms its store up) at once, as a deployment's pods do.
         let started =
             futures::future::join_all((0..world.nodes.len()).map(|i| world.start_node(i, 0))).await;

@@ -92,7 +92,7 @@ impl Node {
             penalties: Default::default(),
         });
         let (supervisor, _) = Actor::spawn(None, KeySupervisor, shared.clone()).await?;
-        if let Some(memory) = shared.store.memory() {
+        if let Some(memory) = shared.store.owned_memory() {
             // Sweep expired keys so an in-memory node's memory follows its live keys.
             let memory = memory.clone();
             let handle = supervisor.clone();

@@ -37,6 +37,9 @@ pub const BUCKET_BYTES: usize = 512;
 /// What one key remembered in the keys-seen map costs (a hash, a time, the map's share).
 pub const SEEN_BYTES: usize = 32;
 
+/// How often the keys-seen map forgets keys it no longer needs.
+pub const SEEN_SWEEP_EVERY: Duration = Duration::from_secs(1);
+
 /// How long an actor must have been idle before pressure on the budget stops it.
 pub const EVICTABLE_AFTER: Duration = Duration::from_secs(1);
 
@@ -139,27 +142,29 @@ impl Registry {
 
     /// Whether the bucket under `key` was decided within `within` µs before `now` (it comes
     /// back: worth a bucket and an actor), recording this decision. A key seen for the first
-    /// time, or not for `within`, is decided by a store check. When the map is full it is
-    /// swept of keys older than `within` (at most once per `within`); a key that still finds
-    /// no room is not recorded (decided directly until there is room).
+    /// time, or not for `within`, is decided by a store check. The map is swept of keys older
+    /// than `within` every [`SEEN_SWEEP_EVERY`] (so it holds the keys of the last second or
+    /// so, not every key since the map last filled), and when it is full (at most once per
+    /// `within`); a key that still finds no room is not recorded (decided directly until there
+    /// is room).
     pub fn seen_again(&self, key: &[u8], now: u64, within: u64) -> bool {
+        let last = self.seen_swept.load(Ordering::Relaxed);
+        let since = now.saturating_sub(last);
+        if since >= within.max(SEEN_SWEEP_EVERY.as_micros() as u64) {
+            self.sweep_seen(last, now, within);
+        }
         let hash = self.seen_hasher.hash_one(key);
         if let Some(mut at) = self.seen.get_mut(&hash) {
             // Kept after it comes back: requests that find no bucket while the first of them
-            // spawns its actor go that way too. Swept when the map is full.
+            // spawns its actor go that way too.
             let again = now.saturating_sub(*at) <= within;
             *at = now;
             return again;
         }
         if self.seen.len() >= self.max_seen {
             let last = self.seen_swept.load(Ordering::Relaxed);
-            if now.saturating_sub(last) >= within
-                && self
-                    .seen_swept
-                    .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            {
-                self.seen.retain(|_, at| now.saturating_sub(*at) <= within);
+            if now.saturating_sub(last) >= within {
+                self.sweep_seen(last, now, within);
             }
             if self.seen.len() >= self.max_seen {
                 return false;
@@ -167,6 +172,19 @@ impl Registry {
         }
         self.seen.insert(hash, now);
         false
+    }
+
+    /// Forgets the keys not seen within `within` before `now`, unless another caller swept
+    /// since `last`. A key older than that answers as a new one would: forgetting it changes
+    /// no decision.
+    fn sweep_seen(&self, last: u64, now: u64, within: u64) {
+        if self
+            .seen_swept
+            .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.seen.retain(|_, at| now.saturating_sub(*at) <= within);
+        }
     }
 
     /// Keys decided without a bucket and remembered (see [`Registry::seen_again`]).

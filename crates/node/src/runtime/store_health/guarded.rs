@@ -138,6 +138,11 @@ impl GuardedStore {
         self.store.memory()
     }
 
+    /// The in-memory store this node owns and sweeps ([`tollgate_lease::Store::owned_memory`]).
+    pub fn owned_memory(&self) -> Option<&tollgate_lease::MemoryStore> {
+        self.store.owned_memory()
+    }
+
     /// A Redis Cluster's settings, as last read (None for any other store).
     pub fn cluster_settings(&self) -> Option<tollgate_lease::ClusterSettings> {
         self.store.cluster_settings()

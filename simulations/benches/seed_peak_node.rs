@@ -8,7 +8,9 @@
 //! 3,000,000: the seed's peak for 6 s in one region).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -136,7 +136,7 @@ async fn simulate(
         if (n + 1) % ticks_per_second == 0 {
             per_second.push(seconds.sample(&world, &tally, per_second.len()));
             progress(per_second.len() as u64);
-            if per_second.len() % RETIRE_EVERY_SECONDS == 0 {
+            if per_second.len().is_multiple_of(RETIRE_EVERY_SECONDS) {
                 retirement.retire(&mut tally.lock(), &world, world.now());
             }
         }

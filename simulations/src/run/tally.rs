@@ -136,13 +136,16 @@ pub(super) struct Retired {
     pub(super) unanswered: u64,
     /// Each rule's highest share of its bound used.
     pub(super) worst: BTreeMap<String, f64>,
-    /// Buckets over their bound: (sort key, line).
-    pub(super) breaches: Vec<((usize, u64, Vec<u8>), String)>,
+    /// Buckets over their bound, each with where it sorts.
+    pub(super) breaches: Vec<(Sorted<u64>, String)>,
     /// Buckets whose ledger was checked, units handed out and never spent, and the breaches.
     pub(super) ledger_checked: usize,
     pub(super) unspent: u64,
-    pub(super) ledger_breaches: Vec<((usize, String, Vec<u8>), String)>,
+    pub(super) ledger_breaches: Vec<(Sorted<String>, String)>,
 }
+
+/// Where a breach sorts in the report: region, rule (definition or bucket name), identity.
+pub(super) type Sorted<R> = (usize, R, Vec<u8>);
 
 impl Tally {
     /// Notes that rule `name` charged identity number `identity`.

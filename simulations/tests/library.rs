@@ -355,17 +355,18 @@ fn gcra_and_the_leaky_bucket_beside_a_token_bucket() {
 /// timeout and lease) are checked against their bound and their ledger and dropped; used
 /// again, they start fresh books. Every bucket is checked twice, once per life, and the
 /// leased units each life handed out are its own (a retired ledger is taken away with it).
+/// Two regions with a SPLIT rule: each region charges its own definition of the rule.
 #[test]
 fn idle_buckets_leave_the_books_checked() {
     let text = r#"
 name: idle-and-back
 duration: 40s
 topology:
-  regions: [{ name: eu, nodes: 2 }]
+  regions: [{ name: eu, nodes: 2 }, { name: us, nodes: 2 }]
 rules: |
   domain: api
   rules:
-    - { id: per-key, match: { api_key: "*" }, algorithm: TOKEN_BUCKET, capacity: 5, refillPerSecond: 1 }
+    - { id: per-key, match: { api_key: "*" }, algorithm: TOKEN_BUCKET, capacity: 10, refillPerSecond: 2, regional: { policy: SPLIT, shares: { eu: 0.6, us: 0.4 } } }
 traffic:
   - { name: first, domain: api, rate: 2000, until: 5s, keys: { uniform: { n: 100 } }, descriptors: [{ api_key: "k{key}" }] }
   - { name: again, domain: api, rate: 2000, from: 34s, keys: { uniform: { n: 100 } }, descriptors: [{ api_key: "k{key}" }] }
@@ -388,9 +389,9 @@ traffic:
         .split(|c: char| !c.is_ascii_digit())
         .filter_map(|n| n.parse().ok())
         .collect();
-    assert_eq!(numbers[0] + numbers[1], 200, "{}", report.table());
+    assert_eq!(numbers[0] + numbers[1], 400, "{}", report.table());
     assert!(
-        detail("leased units are conserved").starts_with("200 buckets;"),
+        detail("leased units are conserved").starts_with("400 buckets;"),
         "{}",
         report.table()
     );

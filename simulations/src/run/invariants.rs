@@ -260,12 +260,14 @@ impl Retirement {
     /// run's end checks it: a region bucket against its bound and its store's ledger (taken
     /// away, so a bucket used again starts a fresh account), an exact bucket only once both
     /// its views are as a fresh one would be (so dropping it changes no answer). Buckets of a
-    /// rule with more than one definition (a rule changed in the run) share their store's
-    /// account and are kept.
+    /// rule a region has charged under more than one definition (a rule changed in the run)
+    /// share their store's account and are kept.
     pub(super) fn retire(&self, tally: &mut Tally, world: &World, now: u64) {
-        let mut definitions: HashMap<&str, u32, Fixed> = HashMap::default();
-        for key in tally.rule_keys.values() {
-            *definitions.entry(key.as_str()).or_default() += 1;
+        let mut definitions: HashMap<(usize, &str), u32, Fixed> = HashMap::default();
+        for (region, uid) in &tally.region_definitions {
+            if let Some(key) = tally.rule_keys.get(uid) {
+                *definitions.entry((*region, key.as_str())).or_default() += 1;
+            }
         }
         let mut buckets = std::mem::take(&mut tally.buckets);
         let mut out = std::mem::take(&mut tally.retired);
@@ -282,7 +284,12 @@ impl Retirement {
             let Some(key) = tally.rule_keys.get(&uid) else {
                 return true;
             };
-            if definitions.get(key.as_str()).copied().unwrap_or(0) != 1 {
+            if definitions
+                .get(&(region, key.as_str()))
+                .copied()
+                .unwrap_or(0)
+                != 1
+            {
                 return true;
             }
             check_bound(tally, world, id, book, now, &mut out);

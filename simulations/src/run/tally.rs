@@ -106,6 +106,9 @@ pub(super) struct Tally {
     pub(super) rule_names: HashMap<u64, String, Fixed>,
     /// Each definition's bucket name (definitions of one rule share the store's bucket).
     pub(super) rule_keys: HashMap<u64, String, Fixed>,
+    /// The rule definitions each region has charged (region, definition uid): a region's
+    /// store keeps one account per bucket name, which two definitions of a rule share.
+    pub(super) region_definitions: std::collections::HashSet<(usize, u64), Fixed>,
     /// Rules counted but never enforced (SHADOW): no bound, no false denials.
     pub(super) shadow: std::collections::HashSet<u64, Fixed>,
     /// The identities each rule has charged, by identity number.

@@ -183,6 +183,7 @@ impl Job {
                         t.buckets
                             .insert(*bucket, BoundBook::new(limit, arrived, self.failovers));
                         t.saw_identity(&c.rule.id, Names::identity_of(*bucket));
+                        t.region_definitions.insert((self.region, c.rule.uid));
                     }
                 }
                 let whole = c.rule.whole.unwrap_or(limit);

@@ -402,3 +402,32 @@ traffic:
         report.table()
     );
 }
+
+/// A sweep's runs on one thread or several give the same rows in the same order: each run
+/// has its own runtime and world, whichever thread runs it.
+#[test]
+fn a_sweep_on_several_threads_gives_the_same_report_as_on_one() {
+    let dir = tempfile::tempdir().expect("dir");
+    let sweep = |jobs: &str| {
+        let out = dir.path().join(format!("sweep-{jobs}.json"));
+        let status = Command::new(env!("CARGO_BIN_EXE_tollgate-sim"))
+            .arg("sweep")
+            .arg(library().join("redis-stall-fail-modes.yaml"))
+            .args([
+                "--param",
+                "runtime.store_timeout=5ms,20ms",
+                "--seeds",
+                "1,2",
+            ])
+            .args(["--jobs", jobs, "--quiet", "--report"])
+            .arg(&out)
+            .status()
+            .expect("tollgate-sim runs");
+        assert!(status.success(), "the sweep on {jobs} thread(s) failed");
+        std::fs::read(&out).expect("report")
+    };
+    let one = sweep("1");
+    let three = sweep("3");
+    assert!(one.len() > 1000, "a report of four runs");
+    assert!(one == three, "the sweep's report depends on its threads");
+}

@@ -1,10 +1,10 @@
 //! TLS on the node's listeners (rustls): the gRPC port, the HTTP port, the admin API and the
 //! region link serve one certificate; the gRPC port and the region link may require client
 //! certificates signed by a CA of their own (mutual TLS). The files are looked at every
-//! `reload` interval and a changed set is loaded without a restart: new connections get it,
-//! open ones keep theirs. A set that does not load (a half-written file, a key that does not
-//! match) is refused and the previous one stays, with a warning and
-//! `tollgate_tls_reload_errors_total`. See `docs/tls.md`.
+//! `reload` interval and a changed set, once it has held still a moment (not caught half
+//! written), is loaded without a restart: new connections get it, open ones keep theirs. A
+//! set that does not load (a key that does not match) is refused and the previous one stays,
+//! with a warning and `tollgate_tls_reload_errors_total`. See `docs/tls.md`.
 //!
 //! # Layout
 //! - [`TlsFiles`]: what a listener serves (certificate, key, optional client CA).
@@ -28,6 +28,7 @@ use rustls::server::WebPkiClientVerifier;
 use tokio_rustls::server::TlsStream;
 
 use tollgate_node::metrics::Metrics;
+use tollgate_node::rules::watch::held_still;
 
 use crate::listener::Guarded;
 
@@ -245,7 +246,9 @@ impl Acceptor {
                 if now == seen {
                     continue;
                 }
-                seen = now;
+                // Not half way through a writer's work (a chain missing its intermediate
+                // would load and be served).
+                seen = held_still(now, || files.contents()).await;
                 match files.server_config() {
                     Ok(config) => {
                         current.store(Arc::new(config));

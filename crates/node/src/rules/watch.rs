@@ -1,6 +1,7 @@
 //! Keeps the active rule set in step with its files: checks them every interval (size,
-//! modification time and content), and on a change loads, validates and compiles the whole
-//! set before swapping it in. An invalid new set is rejected whole and the old one stays.
+//! modification time and content), and on a change waits for them to hold still, then loads,
+//! validates and compiles the whole set before swapping it in. An invalid new set is rejected
+//! whole and the old one stays.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -280,7 +281,28 @@ fn fingerprint(paths: &[PathBuf]) -> Vec<Seen> {
     out
 }
 
-/// Reloads `paths` into `rules` whenever they change, until `stop` resolves.
+/// How long changed rule files must stay as they are before they are read. A file written in
+/// place (truncated, then written) can be caught empty or half written, and the first part
+/// of a rule file is often a valid, smaller set of rules: installed, it would lift every limit
+/// the rest of the file holds until the next look. Writing the files by rename is atomic and
+/// needs no wait; this covers the editors and tools that do not.
+pub const SETTLE: Duration = Duration::from_millis(100);
+
+/// Files that were seen to change (`changed`, as `look` sees them), once two looks
+/// [`SETTLE`] apart agree: what a reload may read without catching a writer half way.
+pub async fn held_still<T: PartialEq>(mut changed: T, mut look: impl FnMut() -> T) -> T {
+    loop {
+        tokio::time::sleep(SETTLE).await;
+        let again = look();
+        if again == changed {
+            return changed;
+        }
+        changed = again;
+    }
+}
+
+/// Reloads `paths` into `rules` whenever they change and have held still for [`SETTLE`],
+/// until `stop` resolves.
 pub async fn watch(
     paths: Vec<PathBuf>,
     rules: Arc<ActiveRules>,
@@ -302,6 +324,10 @@ pub async fn watch(
         if now == seen {
             continue;
         }
+        let now = tokio::select! {
+            _ = &mut stop => return,
+            now = held_still(now, || fingerprint(&paths)) => now,
+        };
         seen = now;
         match rules.install_files(&paths) {
             Ok(version) => {
@@ -360,6 +386,51 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        let _ = stop.send(());
+        watcher.await.expect("watcher");
+    }
+
+    /// A rule file written in place is seen half written: its first rule alone, a valid set
+    /// that has lost the second rule's limit. The watcher waits for the file to hold still and
+    /// installs only the whole change, once. (Paused time orders the writes and the looks.)
+    #[tokio::test(start_paused = true)]
+    async fn a_file_caught_half_written_is_not_installed() {
+        const TWO: &str = "domain: d\nrules:\n  - {id: r, match: {k: '*'}, algorithm: FIXED_WINDOW, limit: LIMIT, window: 1m}\n  - {id: s, match: {j: '*'}, algorithm: FIXED_WINDOW, limit: 5, window: 1m}\n";
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("rules.yaml");
+        std::fs::write(&file, TWO.replace("LIMIT", "3")).expect("write");
+        let rules = ActiveRules::new(Metrics::new());
+        let first = rules
+            .install_files(std::slice::from_ref(&file))
+            .expect("installs");
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let watcher = tokio::spawn(watch(
+            vec![file.clone()],
+            rules.clone(),
+            Duration::from_millis(10),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        let whole = TWO.replace("LIMIT", "7");
+        let half = &whole[..whole.find("  - {id: s").expect("second rule")];
+        std::fs::write(&file, half).expect("write the first part");
+        tokio::time::sleep(SETTLE / 3).await;
+        std::fs::write(&file, &whole).expect("write the rest");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while limit_of(&rules) != Some(7) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the change was never loaded"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(rules.load().rules().len(), 2, "both rules are in force");
+        assert_eq!(
+            rules.version(),
+            first + 1,
+            "one install: the half-written file never was"
+        );
         let _ = stop.send(());
         watcher.await.expect("watcher");
     }

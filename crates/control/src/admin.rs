@@ -16,6 +16,7 @@
 //! on a stored rule changes the rule itself; on a rule from a file it sets the override.
 
 mod counters;
+pub(crate) use counters::{Clearing, clear, counter_problem, parse_descriptor, request_of};
 
 use std::time::Duration;
 
@@ -58,6 +59,8 @@ pub struct AdminState {
     pub client_timeout: Duration,
     /// The node whose most-denied keys `GET /admin/v1/top-denied` serves (set once it runs).
     pub node: Option<tollgate_node::runtime::Node>,
+    /// Whether the port is served over TLS (the console's cookie is then `Secure`).
+    pub tls: bool,
 }
 
 impl AdminState {
@@ -79,7 +82,7 @@ impl AdminState {
 
 /// Who is calling (set by the auth layer).
 #[derive(Debug, Clone)]
-struct Caller(String);
+pub(crate) struct Caller(pub(crate) String);
 
 impl From<ControlError> for Problem {
     fn from(e: ControlError) -> Self {
@@ -109,8 +112,14 @@ impl From<ControlError> for Problem {
     }
 }
 
-/// The router, on `/admin/v1`.
+/// The admin port's router: the JSON API on `/admin/v1` and the operators' console on
+/// `/console` ([`crate::console`]), each with its own way in.
 pub fn router(state: AdminState) -> Router {
+    api(state.clone()).merge(crate::console::router(state))
+}
+
+/// The JSON API, on `/admin/v1`.
+fn api(state: AdminState) -> Router {
     let only = |allowed: &'static str| {
         move || async move {
             Problem::method_not_allowed(format!("this resource allows {allowed}"))

@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod console;
 pub mod problem;
 pub mod schema;
 pub mod store;

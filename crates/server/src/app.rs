@@ -161,6 +161,7 @@ impl App {
                     default_domain: control.default_domain.clone(),
                     client_timeout: control.admin_client_timeout,
                     node: None,
+                    tls: false,
                 };
                 Some((sync, admin, state))
             }
@@ -348,6 +349,7 @@ impl App {
             // With a rule store, PostgreSQL drives reloads (rule files are reloaded with it).
             Some((sync, admin, mut state)) => {
                 state.node = Some(self.node.clone());
+                state.tls = self.tls.is_some();
                 let admin = tokio::spawn(crate::admin_listener::serve(
                     state,
                     admin,

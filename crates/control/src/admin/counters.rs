@@ -13,7 +13,7 @@ use super::{AdminState, Caller, body_json, query_problem};
 use crate::problem::Problem;
 use crate::store::{ResetNotice, ResetRecord};
 use tollgate_node::Request;
-use tollgate_node::runtime::node::operator::{Counter, CounterError};
+use tollgate_node::runtime::node::operator::{Counter, CounterError, Reset};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,15 +36,30 @@ fn bad(field: impl Into<String>, reason: impl Into<String>) -> Problem {
     Problem::bad_request("Invalid counter request", field, reason)
 }
 
-/// A descriptor written `key=value,key=value` (in that order), or as JSON (see [`entries_of`]).
-fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, Problem> {
+/// A descriptor written `key=value,key=value` (in that order), or as JSON (see [`entries_of`]),
+/// or pasted from a log line: an RLS descriptor's JSON (`{"entries":[{"key":"api_key",
+/// "value":"k1"}]}`, as Envoy and envoyproxy/ratelimit log it) found anywhere in the text, or
+/// `key=value` pairs separated by spaces (logfmt) when no comma separates them.
+pub(crate) fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, Problem> {
     let text = text.trim();
+    if let Some(at) = text.find("{\"entries\"") {
+        let mut values = serde_json::Deserializer::from_str(&text[at..]).into_iter::<Value>();
+        if let Some(Ok(descriptor)) = values.next() {
+            return rls_entries(&descriptor);
+        }
+    }
     if text.starts_with('{') || text.starts_with('[') {
         let value: Value = serde_json::from_str(text)
             .map_err(|e| bad("descriptor", format!("not a JSON object: {e}")))?;
         return entries_of(&value);
     }
-    text.split(',')
+    let pairs: Vec<&str> = if text.contains(',') {
+        text.split(',').collect()
+    } else {
+        text.split_ascii_whitespace().collect()
+    };
+    pairs
+        .into_iter()
         .map(|entry| match entry.split_once('=') {
             Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_owned(), v.to_owned())),
             _ => Err(bad(
@@ -52,6 +67,26 @@ fn parse_descriptor(text: &str) -> Result<Vec<(String, String)>, Problem> {
                 format!("{entry:?} is not key=value (write key=value,key=value, or a JSON object)"),
             )),
         })
+        .collect()
+}
+
+/// An RLS descriptor as JSON: `{"entries": [{"key": "...", "value": "..."}, ...]}`.
+fn rls_entries(descriptor: &Value) -> Result<Vec<(String, String)>, Problem> {
+    let entries = descriptor["entries"]
+        .as_array()
+        .ok_or_else(|| bad("descriptor", "its \"entries\" is not a list"))?;
+    entries
+        .iter()
+        .enumerate()
+        .map(
+            |(i, entry)| match (entry["key"].as_str(), entry["value"].as_str()) {
+                (Some(k), Some(v)) => Ok((k.to_owned(), v.to_owned())),
+                _ => Err(bad(
+                    format!("descriptor.entries[{i}]"),
+                    "must be {\"key\": \"...\", \"value\": \"...\"}",
+                )),
+            },
+        )
         .collect()
 }
 
@@ -86,7 +121,7 @@ fn entries_of(value: &Value) -> Result<Vec<(String, String)>, Problem> {
         .collect()
 }
 
-fn request_of(domain: &str, entries: Vec<(String, String)>) -> Result<Request, Problem> {
+pub(crate) fn request_of(domain: &str, entries: Vec<(String, String)>) -> Result<Request, Problem> {
     if entries.is_empty() {
         return Err(bad("descriptor", "has no entries"));
     }
@@ -94,7 +129,7 @@ fn request_of(domain: &str, entries: Vec<(String, String)>) -> Result<Request, P
     Ok(Request::new(domain).descriptor(entries))
 }
 
-fn counter_problem(e: CounterError) -> Problem {
+pub(crate) fn counter_problem(e: CounterError) -> Problem {
     match e {
         CounterError::Request(e) => bad("descriptor", e.to_string()),
         CounterError::Key(reason) => bad("descriptor", reason),
@@ -175,7 +210,7 @@ pub(super) async fn lift(
 
 /// What a support call clears.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Clearing {
+pub(crate) enum Clearing {
     /// The key's counters, block included.
     Counters,
     /// Only the key's penalty blocks.
@@ -189,26 +224,52 @@ async fn reset_or_lift(
     clearing: Clearing,
 ) -> Result<Response, Problem> {
     let body: ResetBody = body_json(body, state.client_timeout).await?;
-    let node = state
-        .node
-        .as_ref()
-        .ok_or_else(|| Problem::not_found("this admin API serves no node"))?;
     if body.domain.is_empty() {
         return Err(bad("domain", "is required"));
     }
     let entries = entries_of(&body.descriptor)?;
-    let request = request_of(&body.domain, entries)?;
+    let resets = clear(
+        &state,
+        &caller,
+        &body.domain,
+        entries,
+        body.rule.as_deref(),
+        clearing,
+    )
+    .await?;
+    let (field, existed) = match clearing {
+        Clearing::Counters => ("reset", "existed"),
+        Clearing::Penalties => ("lifted", "wasBlocked"),
+    };
+    Ok(axum::Json(json!({
+        field: resets.iter().map(|r| json!({
+            "rule": r.rule,
+            "identity": String::from_utf8_lossy(&r.identity),
+            existed: r.existed,
+        })).collect::<Vec<_>>(),
+    }))
+    .into_response())
+}
+
+/// Resets the counters (or lifts the penalty blocks) of `entries` in `domain`, one rule's or
+/// every matched rule's, as `caller`: the store forgets them, each rule's history records it
+/// and every node is told. What the JSON API and the console both do.
+pub(crate) async fn clear(
+    state: &AdminState,
+    caller: &str,
+    domain: &str,
+    entries: Vec<(String, String)>,
+    rule: Option<&str>,
+    clearing: Clearing,
+) -> Result<Vec<Reset>, Problem> {
+    let node = state
+        .node
+        .as_ref()
+        .ok_or_else(|| Problem::not_found("this admin API serves no node"))?;
+    let request = request_of(domain, entries)?;
     let resets = match clearing {
-        Clearing::Counters => {
-            node.operator()
-                .reset_counters(&request, body.rule.as_deref())
-                .await
-        }
-        Clearing::Penalties => {
-            node.operator()
-                .lift_penalties(&request, body.rule.as_deref())
-                .await
-        }
+        Clearing::Counters => node.operator().reset_counters(&request, rule).await,
+        Clearing::Penalties => node.operator().lift_penalties(&request, rule).await,
     }
     .map_err(counter_problem)?;
     let records: Vec<ResetRecord> = resets
@@ -219,7 +280,7 @@ async fn reset_or_lift(
                 Clearing::Counters => ResetNotice::new(&r.rule_key, &r.identity),
                 Clearing::Penalties => ResetNotice::lifted(&r.rule_key, &r.identity),
             },
-            domain: body.domain.clone(),
+            domain: domain.to_owned(),
             identity: String::from_utf8_lossy(&r.identity).into_owned(),
             existed: r.existed,
         })
@@ -227,27 +288,63 @@ async fn reset_or_lift(
     // The store has forgotten the buckets; if the history cannot be written the reset still
     // happened, and the answer says the other nodes were not told (their leases run out
     // within a lease TTL).
-    state.store.record_resets(&records, &caller).await.map_err(|e| {
+    state.store.record_resets(&records, caller).await.map_err(|e| {
         Problem::unavailable(format!(
             "the counters were reset, but the history and the other nodes could not be told: {e}"
         ))
     })?;
-    let (field, existed) = match clearing {
+    match clearing {
         Clearing::Counters => {
-            tracing::info!(by = %caller, domain = %body.domain, buckets = resets.len(), "counters reset");
-            ("reset", "existed")
+            tracing::info!(by = %caller, %domain, buckets = resets.len(), "counters reset")
         }
         Clearing::Penalties => {
-            tracing::info!(by = %caller, domain = %body.domain, rules = resets.len(), "penalty blocks lifted");
-            ("lifted", "wasBlocked")
+            tracing::info!(by = %caller, %domain, rules = resets.len(), "penalty blocks lifted")
         }
-    };
-    Ok(axum::Json(json!({
-        field: resets.iter().map(|r| json!({
-            "rule": r.rule,
-            "identity": String::from_utf8_lossy(&r.identity),
-            existed: r.existed,
-        })).collect::<Vec<_>>(),
-    }))
-    .into_response())
+    }
+    Ok(resets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_descriptor;
+
+    fn pairs(text: &str) -> Vec<(String, String)> {
+        parse_descriptor(text).unwrap_or_else(|p| panic!("{text:?}: {p:?}"))
+    }
+
+    fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// Typed, as JSON, or pasted from a log line: the same descriptor each way; a line with
+    /// nothing a descriptor can be read from is an error naming the part it could not read.
+    #[test]
+    fn a_descriptor_is_read_as_typed_or_as_a_log_line_holds_it() {
+        let expected = owned(&[("api_key", "k1"), ("path", "/v1/a b")]);
+        assert_eq!(pairs("api_key=k1,path=/v1/a b"), expected);
+        assert_eq!(pairs(r#"[["api_key","k1"],["path","/v1/a b"]]"#), expected);
+        assert_eq!(
+            pairs(
+                r#"[2026-12-06T10:00:00Z] OVER_LIMIT domain=api descriptor={"entries":[{"key":"api_key","value":"k1"},{"key":"path","value":"/v1/a b"}]} took 1ms"#
+            ),
+            expected
+        );
+        assert_eq!(
+            pairs("api_key=k1 user=u-7"),
+            owned(&[("api_key", "k1"), ("user", "u-7")])
+        );
+        let problem = parse_descriptor("denied at noon").expect_err("no pairs");
+        assert!(
+            format!("{problem:?}").contains(r#"\"denied\" is not key=value"#),
+            "{problem:?}"
+        );
+        let problem = parse_descriptor(r#"{"entries":[{"key":"api_key"}]}"#).expect_err("no value");
+        assert!(
+            format!("{problem:?}").contains("descriptor.entries[0]"),
+            "{problem:?}"
+        );
+    }
 }

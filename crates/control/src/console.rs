@@ -127,23 +127,27 @@ async fn guard_headers(request: Request, next: Next) -> Response {
     response
 }
 
-/// Whether a state-changing request comes from this console's own pages: its `Origin` is this
-/// host (or, without one, `Sec-Fetch-Site` says same-origin). A request with neither header
-/// (not a browser's) passes to the CSRF token, which it must still present.
+/// Whether a state-changing request comes from this console's own pages. A browser says so in
+/// `Sec-Fetch-Site` (which no page can set): it must be `same-origin`. `Origin`, when it names
+/// one, must be this host: under `Referrer-Policy: no-referrer` a browser sends `Origin: null`
+/// even from the same origin, so `null` is left to `Sec-Fetch-Site`. A request with neither
+/// header (not a browser's) passes to the CSRF token, which it must still present.
 fn same_origin(headers: &HeaderMap, tls: bool) -> bool {
-    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    if let Some(origin) = headers.get(header::ORIGIN) {
+    let site = match headers.get("sec-fetch-site").map(HeaderValue::to_str) {
+        Some(Ok(site)) => Some(site == "same-origin"),
+        Some(Err(_)) => Some(false),
+        None => None,
+    };
+    let origin = headers.get(header::ORIGIN).map(|origin| {
+        let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
         let scheme = if tls { "https" } else { "http" };
-        return match (origin.to_str(), host) {
+        match (origin.to_str(), host) {
+            (Ok("null"), _) => site == Some(true),
             (Ok(origin), Some(host)) => origin == format!("{scheme}://{host}"),
             _ => false,
-        };
-    }
-    match headers.get("sec-fetch-site").map(HeaderValue::to_str) {
-        Some(Ok(site)) => site == "same-origin",
-        Some(Err(_)) => false,
-        None => true,
-    }
+        }
+    });
+    site.unwrap_or(true) && origin.unwrap_or(true)
 }
 
 /// The way into every signed-in page: the session the cookie names (without admin tokens, a
@@ -277,6 +281,15 @@ mod tests {
             false
         ));
         assert!(!same_origin(&headers(&[host, ("origin", "null")]), false));
+        let same_site = ("sec-fetch-site", "same-origin");
+        assert!(same_origin(
+            &headers(&[host, ("origin", "null"), same_site]),
+            false
+        ));
+        assert!(!same_origin(
+            &headers(&[host, ("origin", "http://evil.example"), same_site]),
+            false
+        ));
         assert!(!same_origin(
             &headers(&[host, ("sec-fetch-site", "cross-site")]),
             false

@@ -335,10 +335,12 @@ impl App {
             let _ = rx.wait_for(|s| *s).await;
         };
         let optional = |addr: Option<SocketAddr>| addr.map_or("off".to_owned(), |a| a.to_string());
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         tracing::info!(
             grpc = %self.grpc_addr,
             http = %self.http_addr,
             admin = %optional(self.admin_addr),
+            console = %self.admin_addr.map_or("off".to_owned(), |a| format!("{scheme}://{a}/console")),
             region_link = %optional(self.region_addr),
             store = if self.config.redis.is_some() { "redis" } else { "memory" },
             rules = self.node.rules().load().rules().len(),

@@ -383,11 +383,11 @@ fn rule_rows(console: &Console) -> Vec<RuleRow> {
         {
             rows.push(RuleRow {
                 id: o.by.id.clone(),
-                domain: String::new(),
+                domain: "–".into(),
                 origin: origin.clone(),
                 mode: Mode::Disabled.as_str(),
-                limit: "not enforced".into(),
-                fail_mode: "",
+                limit: "none while DISABLED (a disabled rule is not compiled)".into(),
+                fail_mode: "–",
                 overridden: override_of(&o.by.id),
             });
         }
@@ -496,7 +496,12 @@ pub(super) async fn rule(
                         .new_rule
                         .or(e.old_rule)
                         .map(|v| {
-                            let mode = v["mode"].as_str().unwrap_or_default().to_owned();
+                            // A rule's change has its mode; an override's, `modeOverride`.
+                            let mode = v["mode"]
+                                .as_str()
+                                .or(v["modeOverride"].as_str())
+                                .unwrap_or_default()
+                                .to_owned();
                             match v["reason"].as_str() {
                                 Some(reason) => format!("{mode} ({reason})"),
                                 None => mode,
@@ -572,7 +577,7 @@ pub(super) async fn set_mode(
         );
     };
     if let Err(e) = tollgate_node::rules::overrides::check_id(&id) {
-        return failure(StatusCode::BAD_REQUEST, "Invalid rule id", &e);
+        return failure(StatusCode::BAD_REQUEST, "Invalid rule id", e);
     }
     let back = format!("/console/rules/{}", urlencode_path(&id));
     let caller = viewer.session.name.clone();

@@ -19,8 +19,12 @@ use tokio::time::Instant;
 use tollgate_node::Request;
 use tollgate_server::config::Settings;
 
+/// The login rule fails closed, as the example's does: its block is read from the store (see
+/// `counters.rs`).
 const RULES: &str = "domain: public-api\nrules:
   - {id: per-key, match: {api_key: '*'}, algorithm: TOKEN_BUCKET, capacity: 3, refillPerSecond: 0.001}
+  - {id: login, domain: auth, match: {ip: '*'}, algorithm: TOKEN_BUCKET, capacity: 2,
+     refillPerSecond: 0.001, failMode: CLOSED, penalty: {after: 3, within: 1m, block: 1h}}
 ";
 
 const WRITE_TOKEN: &str = "w-secret-of-16-chars";
@@ -38,8 +42,8 @@ async fn redis() -> tollgate_testkit::RedisServer {
         .expect("redis")
 }
 
-/// Waits (up to 10 s) until `node` admits `n` of `n + 1` checks of `request`... or for
-/// `admitted` of one check to be as wanted.
+/// Waits (up to 10 s) until one check of `request` on `node` is admitted (or denied, as
+/// `admitted` says): what a change made in the console does on the nodes, as a client meets it.
 async fn until_admitted(node: &tollgate_node::Node, request: &Request, admitted: bool, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -132,7 +136,9 @@ async fn support_works_the_console_in_a_real_browser() {
         .expect("goto");
     desk.fill("#find", "per-").await;
     desk.click("#find-button").await;
-    shoot(&desk, &phone, &format!("{console}/rules"), "rules").await;
+    assert_eq!(desk.count("a.rule-link").await, 1, "only per-key is found");
+    let found = desk.client.current_url().await.expect("url").to_string();
+    shoot(&desk, &phone, &found, "rules").await;
     desk.click("a.rule-link").await;
     assert_eq!(desk.text("#rule-id").await, "per-key");
     desk.fill("#reason", "ticket 4711: cut off by mistake")
@@ -214,6 +220,37 @@ async fn support_works_the_console_in_a_real_browser() {
         "node b admits the reset key",
     )
     .await;
+
+    // A penalty block: an address that kept knocking is blocked for the hour; support sees the
+    // block and its time left, and lifts it.
+    let ip = Request::new("auth").descriptor([("ip", "10.0.0.9")]);
+    assert_eq!(allowed(&a.node, &ip, 6).await, 2);
+    desk.client
+        .goto(&format!(
+            "{console}/customer?domain=auth&descriptor=ip%3D10.0.0.9"
+        ))
+        .await
+        .expect("goto");
+    let penalty = desk.text("tr[data-rule='login'] .penalty").await;
+    assert!(penalty.starts_with("blocked for 59 min"), "{penalty}");
+    desk.screenshot("customer-blocked-1280").await;
+    desk.click("tr[data-rule='login'] button.lift").await;
+    assert!(
+        desk.text("#question")
+            .await
+            .contains("Lift the penalty blocks of ip=10.0.0.9")
+    );
+    desk.click("#confirm").await;
+    let changes = desk.text("#changes").await;
+    assert!(
+        changes.contains("login") && changes.contains("its block was lifted"),
+        "{changes}"
+    );
+    assert!(
+        desk.text("tr[data-rule='login'] .penalty")
+            .await
+            .starts_with("not blocked")
+    );
 
     // Markup a client sent shows as text: looked up, the value reads back as written, no
     // script ran and no element was made of it.

@@ -726,7 +726,12 @@ fn counter_row(c: &Counter) -> CounterRow {
         limit: or_dash(c.limit),
         remaining: or_dash(c.remaining),
         reset_in: spoken(c.reset_after),
-        leases: format!("{} ({} units)", c.held.leases, c.held.units),
+        leases: format!(
+            "{} ({} unit{})",
+            c.held.leases,
+            c.held.units,
+            if c.held.units == 1 { "" } else { "s" }
+        ),
         held_here: c.held_here,
         penalty: match &c.penalty {
             None => "no penalty box".into(),

@@ -55,6 +55,22 @@ async fn until_admitted(node: &tollgate_node::Node, request: &Request, admitted:
     }
 }
 
+/// The confirmation page asks what `asks` says; confirmed.
+async fn confirm(browser: &Browser, asks: &str) {
+    let question = browser.text("#question").await;
+    assert!(question.contains(asks), "{question}");
+    browser.click("#confirm").await;
+}
+
+/// The page after a reset or lift says what it did to `rule`.
+async fn changed(browser: &Browser, rule: &str, what: &str) {
+    let changes = browser.text("#changes").await;
+    assert!(
+        changes.contains(rule) && changes.contains(what),
+        "{changes}"
+    );
+}
+
 /// The pages a person sees, each screenshot at both widths; at the phone's, the page must fit.
 async fn shoot(desk: &Browser, phone: &Browser, url: &str, name: &str) {
     for (browser, width) in [(desk, "1280"), (phone, "phone")] {
@@ -144,18 +160,13 @@ async fn support_works_the_console_in_a_real_browser() {
     desk.fill("#reason", "ticket 4711: cut off by mistake")
         .await;
     desk.click("#disable").await;
-    let question = desk.text("#question").await;
-    assert!(
-        question.contains("per-key") && question.contains("DISABLED"),
-        "{question}"
-    );
     desk.screenshot("confirm-1280").await;
     assert_eq!(
         allowed(&a.node, &key("k-spent"), 1).await,
         0,
         "nothing changes before it is confirmed"
     );
-    desk.click("#confirm").await;
+    confirm(&desk, "Set rule per-key to DISABLED on every node?").await;
     assert!(desk.text("#done").await.contains("within a second"));
     until_admitted(
         &a.node,
@@ -182,8 +193,7 @@ async fn support_works_the_console_in_a_real_browser() {
         .await
         .expect("goto");
     desk.click("#lift-override").await;
-    assert!(desk.text("#question").await.contains("Lift the override"));
-    desk.click("#confirm").await;
+    confirm(&desk, "Lift the override of rule per-key?").await;
     assert!(desk.text("#done").await.contains("lifted"));
     until_admitted(&a.node, &key("k-spent"), false, "the rule limits again").await;
 
@@ -200,17 +210,8 @@ async fn support_works_the_console_in_a_real_browser() {
     shoot(&desk, &phone, &customer_url, "customer").await;
     desk.client.goto(&customer_url).await.expect("goto");
     desk.click("#reset-all").await;
-    assert!(
-        desk.text("#question")
-            .await
-            .contains("Reset the counters of api_key=k-spent")
-    );
-    desk.click("#confirm").await;
-    let changes = desk.text("#changes").await;
-    assert!(
-        changes.contains("per-key") && changes.contains("its bucket was forgotten"),
-        "{changes}"
-    );
+    confirm(&desk, "Reset the counters of api_key=k-spent").await;
+    changed(&desk, "per-key", "its bucket was forgotten").await;
     assert_eq!(desk.text("tr[data-rule='per-key'] .remaining").await, "3");
     desk.screenshot("customer-reset-1280").await;
     until_admitted(
@@ -235,17 +236,8 @@ async fn support_works_the_console_in_a_real_browser() {
     assert!(penalty.starts_with("blocked for 59 min"), "{penalty}");
     desk.screenshot("customer-blocked-1280").await;
     desk.click("tr[data-rule='login'] button.lift").await;
-    assert!(
-        desk.text("#question")
-            .await
-            .contains("Lift the penalty blocks of ip=10.0.0.9")
-    );
-    desk.click("#confirm").await;
-    let changes = desk.text("#changes").await;
-    assert!(
-        changes.contains("login") && changes.contains("its block was lifted"),
-        "{changes}"
-    );
+    confirm(&desk, "Lift the penalty blocks of ip=10.0.0.9").await;
+    changed(&desk, "login", "its block was lifted").await;
     assert!(
         desk.text("tr[data-rule='login'] .penalty")
             .await

@@ -355,6 +355,38 @@ mod tests {
         rules.load().rules()[0].limit().map(|l| l.capacity())
     }
 
+    /// A watcher of `file` looking every 10 ms, and what stops it.
+    fn watching(
+        file: PathBuf,
+        rules: &Arc<ActiveRules>,
+    ) -> (
+        tokio::sync::oneshot::Sender<()>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let watcher = tokio::spawn(watch(
+            vec![file],
+            rules.clone(),
+            Duration::from_millis(10),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        (stop, watcher)
+    }
+
+    /// Waits (up to 10 s) for the first rule's limit to be `limit`.
+    async fn until_limit(rules: &ActiveRules, limit: u64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while limit_of(rules) != Some(limit) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the change was never loaded"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// A node installs its rule files, then starts watching them: a change made in between
     /// (the watcher's task had not run yet) is loaded, not taken for the state already
     /// installed.
@@ -369,23 +401,8 @@ mod tests {
             .expect("installs");
         assert_eq!(limit_of(&rules), Some(3));
         std::fs::write(&file, RULES.replace("LIMIT", "7")).expect("write");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let watcher = tokio::spawn(watch(
-            vec![file],
-            rules.clone(),
-            Duration::from_millis(10),
-            async {
-                let _ = stopped.await;
-            },
-        ));
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while limit_of(&rules) != Some(7) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the change was never loaded"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let (stop, watcher) = watching(file, &rules);
+        until_limit(&rules, 7).await;
         let _ = stop.send(());
         watcher.await.expect("watcher");
     }
@@ -403,28 +420,13 @@ mod tests {
         let first = rules
             .install_files(std::slice::from_ref(&file))
             .expect("installs");
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let watcher = tokio::spawn(watch(
-            vec![file.clone()],
-            rules.clone(),
-            Duration::from_millis(10),
-            async {
-                let _ = stopped.await;
-            },
-        ));
+        let (stop, watcher) = watching(file.clone(), &rules);
         let whole = TWO.replace("LIMIT", "7");
         let half = &whole[..whole.find("  - {id: s").expect("second rule")];
         std::fs::write(&file, half).expect("write the first part");
         tokio::time::sleep(SETTLE / 3).await;
         std::fs::write(&file, &whole).expect("write the rest");
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while limit_of(&rules) != Some(7) {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the change was never loaded"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        until_limit(&rules, 7).await;
         assert_eq!(rules.load().rules().len(), 2, "both rules are in force");
         assert_eq!(
             rules.version(),

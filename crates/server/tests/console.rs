@@ -267,20 +267,8 @@ async fn support_works_the_console_in_a_real_browser() {
     desk.screenshot("escaping-1280").await;
 
     // The sessions alice's two browsers hold, to forge with below (the desk's is signed out).
-    let alice = phone
-        .client
-        .get_named_cookie("tollgate-console")
-        .await
-        .expect("alice's session cookie")
-        .value()
-        .to_owned();
-    let signed_out = desk
-        .client
-        .get_named_cookie("tollgate-console")
-        .await
-        .expect("alice's session cookie")
-        .value()
-        .to_owned();
+    let alice = phone.session().await;
+    let signed_out = desk.session().await;
 
     // The read token: it sees everything, and no form that acts.
     desk.client
@@ -327,13 +315,7 @@ async fn support_works_the_console_in_a_real_browser() {
         remaining
     );
     desk.screenshot("read-only-1280").await;
-    let dash = desk
-        .client
-        .get_named_cookie("tollgate-console")
-        .await
-        .expect("dash's session cookie")
-        .value()
-        .to_owned();
+    let dash = desk.session().await;
 
     // Forged POSTs: the read session is refused by its role; alice's session without its CSRF
     // token, or from another origin, is refused; no session at all is refused. None acts.

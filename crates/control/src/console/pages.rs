@@ -961,6 +961,62 @@ pub(super) async fn clear_counters(
 mod tests {
     use super::*;
 
+    /// The overview of a node in two regions with a shard down: the region card and the
+    /// shard's error are shown, and markup in any value (an error text here) is escaped.
+    #[test]
+    fn the_overview_shows_a_region_link_and_a_failing_shard_escaped() {
+        let frame = Frame {
+            who: "dash".into(),
+            may_act: false,
+            csrf: "c".into(),
+            page: "overview",
+        };
+        let page = OverviewPage {
+            frame,
+            store_answering: false,
+            store_last_answer: "4.0 s ago".into(),
+            breaker: "open",
+            cluster_warning: None,
+            shards: vec![ShardRow {
+                shard: 5461,
+                breaker: "open",
+                answering: false,
+                last_answer: "4.0 s ago".into(),
+                failed_calls: 12,
+                last_error: "<b>connection refused</b>".into(),
+            }],
+            region: Some(RegionRow {
+                region: "us".into(),
+                peer: "eu".into(),
+                peer_state: "down",
+                since_contact: "9.5 s".into(),
+                lag: "no batch yet".into(),
+                allowances: "held",
+            }),
+            rules_version: 7,
+            rules_count: 3,
+            rules_source: "postgres",
+            rules_staleness: "current".into(),
+            rules_problem: None,
+            last_minute: vec![("admitted", 10), ("denied", 2)],
+            denials: 2,
+            denied: vec![],
+        };
+        let html = page.render().expect("renders");
+        assert!(html.contains("not answering"), "{html}");
+        assert!(html.contains("<td>5461</td>"));
+        assert!(
+            html.contains("&#60;b&#62;connection refused&#60;/b&#62;"),
+            "{html}"
+        );
+        assert!(!html.contains("<b>connection"));
+        assert!(html.contains("<dd>eu (down)</dd>") && html.contains("<dd>no batch yet</dd>"));
+        assert!(
+            !html.contains("<form"),
+            "a read session's overview has no form"
+        );
+    }
+
     #[test]
     fn durations_read_as_a_person_says_them() {
         assert_eq!(spoken(Duration::from_millis(850)), "850 ms");

@@ -173,6 +173,17 @@ impl Browser {
         field.send_keys(text).await.expect("type");
     }
 
+    /// The console session this browser holds: its cookie's value (HttpOnly: no page script
+    /// can read it, WebDriver can).
+    pub async fn session(&self) -> String {
+        self.client
+            .get_named_cookie("tollgate-console")
+            .await
+            .expect("a console session cookie")
+            .value()
+            .to_owned()
+    }
+
     /// How many elements `css` selects.
     pub async fn count(&self, css: &str) -> usize {
         self.client

@@ -126,6 +126,33 @@ async fn https_get_from(
     ca: &Ca,
     path: &str,
 ) -> Result<(u16, String), String> {
+    let out = https_exchange(
+        source,
+        addr,
+        ca,
+        &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"),
+    )
+    .await?;
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no HTTP answer: {out:?}"))?;
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+/// Sends `request` (the whole HTTP/1.1 request) over TLS to `addr`, trusting `ca`, from the
+/// local address `source` (None: any); the whole answer, head and body.
+async fn https_exchange(
+    source: Option<std::net::IpAddr>,
+    addr: std::net::SocketAddr,
+    ca: &Ca,
+    request: &str,
+) -> Result<String, String> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca.pem.as_bytes()) {
         roots.add(cert.expect("pem")).expect("root");
@@ -154,24 +181,13 @@ async fn https_get_from(
         .connect(name, tcp)
         .await
         .map_err(|e| format!("handshake: {e}"))?;
-    tls.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    tls.write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
     let mut out = String::new();
     // A peer that closes without close_notify is an error to rustls; what was read counts.
     let _ = tls.read_to_string(&mut out).await;
-    let status = out
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("no HTTP answer: {out:?}"))?;
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
+    Ok(out)
 }
 
 use rustls::pki_types::pem::PemObject;
@@ -351,6 +367,29 @@ async fn the_admin_api_serves_tls_only() {
         .await
         .expect("HTTPS");
     assert_eq!(status, 401, "tokens are still asked for over TLS");
+    // The console's session cookie over TLS: Secure, and bound to this host (`__Host-`).
+    let form = "token=0123456789abcdef0123";
+    let signed_in = https_exchange(
+        None,
+        admin,
+        &ca,
+        &format!(
+            "POST /console/sign-in HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{form}",
+            form.len()
+        ),
+    )
+    .await
+    .expect("sign in over TLS");
+    let cookie = signed_in
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .unwrap_or_else(|| panic!("no session cookie: {signed_in}"));
+    assert!(
+        cookie.starts_with("__Host-tollgate-console=")
+            && cookie.ends_with("; Path=/; Max-Age=28800; HttpOnly; SameSite=Strict; Secure"),
+        "{cookie}"
+    );
     // Plaintext on the admin port gets no answer.
     let mut plain = tokio::net::TcpStream::connect(admin)
         .await

@@ -181,6 +181,11 @@ async fn support_works_the_console_in_a_real_browser() {
         .await
         .expect("goto");
     assert!(desk.text("#override").await.contains("ticket 4711"));
+    assert_eq!(
+        desk.text("#domain").await,
+        "public-api",
+        "a disabled rule still shows its domain"
+    );
     let history = desk.text("#history").await;
     assert!(
         history.contains("overridden") && history.contains("alice"),

@@ -383,7 +383,7 @@ fn rule_rows(console: &Console) -> Vec<RuleRow> {
         {
             rows.push(RuleRow {
                 id: o.by.id.clone(),
-                domain: "–".into(),
+                domain: active.rule_domain(&o.by.id).unwrap_or_else(|| "–".into()),
                 origin: origin.clone(),
                 mode: Mode::Disabled.as_str(),
                 limit: "none while DISABLED (a disabled rule is not compiled)".into(),

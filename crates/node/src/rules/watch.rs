@@ -231,16 +231,26 @@ impl ActiveRules {
         if let Some(rule) = rules.native.iter().find(|r| r.id == id) {
             return Some(rule.origin.clone());
         }
-        fn has(nodes: &[crate::rules::envoy::ValidNode], id: &str) -> bool {
-            nodes
-                .iter()
-                .any(|n| (n.path == id && n.limit.is_some()) || has(&n.children, id))
+        rules
+            .envoy
+            .iter()
+            .find(|config| defines(&config.nodes, id, true))
+            .map(|config| config.origin.clone())
+    }
+
+    /// The domain of the installed rule `id`, disabled ones included (a DISABLED rule is not
+    /// compiled, so the active set does not have it); None when no installed rule has that id.
+    pub fn rule_domain(&self, id: &str) -> Option<String> {
+        let installed = self.installed.lock();
+        let (rules, _) = installed.as_ref()?;
+        if let Some(rule) = rules.native.iter().find(|r| r.id == id) {
+            return Some(rule.domain.clone());
         }
         rules
             .envoy
             .iter()
-            .find(|config| has(&config.nodes, id))
-            .map(|config| config.origin.clone())
+            .find(|config| defines(&config.nodes, id, false))
+            .map(|config| config.domain.clone())
     }
 
     /// Loads every file under `paths` and installs the result.
@@ -256,6 +266,14 @@ impl ActiveRules {
         *self.files_seen.lock() = seen;
         Ok(version)
     }
+}
+
+/// Whether an envoyproxy/ratelimit tree has the descriptor path `id` (with a limit, when
+/// `limited`).
+fn defines(nodes: &[crate::rules::envoy::ValidNode], id: &str, limited: bool) -> bool {
+    nodes.iter().any(|n| {
+        (n.path == id && (n.limit.is_some() || !limited)) || defines(&n.children, id, limited)
+    })
 }
 
 /// One file as last seen: its path, size and modification time, and a hash of its content.

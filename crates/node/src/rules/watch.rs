@@ -13,7 +13,7 @@ use arc_swap::ArcSwap;
 use crate::metrics::Metrics;
 use crate::rules::errors::CompileError;
 use crate::rules::overrides::{self, AppliedOverride};
-use crate::rules::set::{EnvoyFailModes, RuleSet};
+use crate::rules::set::{EnvoyDomainConfig, EnvoyFailModes, RuleSet};
 use crate::rules::source::{self, LoadedRules, RulesError};
 use tollgate_regionsync::policy::RegionView;
 
@@ -226,31 +226,34 @@ impl ActiveRules {
         {
             return Some(origin.clone());
         }
-        let installed = self.installed.lock();
-        let (rules, _) = installed.as_ref()?;
-        if let Some(rule) = rules.native.iter().find(|r| r.id == id) {
-            return Some(rule.origin.clone());
-        }
-        rules
-            .envoy
-            .iter()
-            .find(|config| defines(&config.nodes, id, true))
-            .map(|config| config.origin.clone())
+        self.installed_rule(id, true, |r| r.origin.clone(), |c| c.origin.clone())
     }
 
     /// The domain of the installed rule `id`, disabled ones included (a DISABLED rule is not
     /// compiled, so the active set does not have it); None when no installed rule has that id.
     pub fn rule_domain(&self, id: &str) -> Option<String> {
+        self.installed_rule(id, false, |r| r.domain.clone(), |c| c.domain.clone())
+    }
+
+    /// What `native` or `envoy` reads of the installed rule `id` (an envoyproxy/ratelimit
+    /// descriptor path with a limit, when `limited`).
+    fn installed_rule<T>(
+        &self,
+        id: &str,
+        limited: bool,
+        native: impl Fn(&crate::rules::model::Rule) -> T,
+        envoy: impl Fn(&EnvoyDomainConfig) -> T,
+    ) -> Option<T> {
         let installed = self.installed.lock();
         let (rules, _) = installed.as_ref()?;
         if let Some(rule) = rules.native.iter().find(|r| r.id == id) {
-            return Some(rule.domain.clone());
+            return Some(native(rule));
         }
         rules
             .envoy
             .iter()
-            .find(|config| defines(&config.nodes, id, false))
-            .map(|config| config.domain.clone())
+            .find(|config| defines(&config.nodes, id, limited))
+            .map(envoy)
     }
 
     /// Loads every file under `paths` and installs the result.

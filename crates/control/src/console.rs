@@ -20,7 +20,7 @@ pub mod session;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -176,11 +176,7 @@ async fn gate(State(console): State<Console>, request: Request, next: Next) -> R
     };
     let body = if parts.method == Method::POST {
         if !same_origin(&parts.headers, console.admin.tls) {
-            return pages::failure(
-                StatusCode::FORBIDDEN,
-                "Refused",
-                "this form was not sent from this console's own pages",
-            );
+            return foreign_form();
         }
         if !viewer.session.may_act() && parts.uri.path() != "/console/sign-out" {
             return pages::failure(
@@ -192,27 +188,9 @@ async fn gate(State(console): State<Console>, request: Request, next: Next) -> R
                 ),
             );
         }
-        let bytes = match tokio::time::timeout(
-            console.admin.client_timeout,
-            axum::body::to_bytes(body, MAX_FORM_BYTES),
-        )
-        .await
-        {
-            Ok(Ok(bytes)) => bytes,
-            Ok(Err(_)) => {
-                return pages::failure(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "Too large",
-                    "the form is larger than the console reads",
-                );
-            }
-            Err(_) => {
-                return pages::failure(
-                    StatusCode::REQUEST_TIMEOUT,
-                    "Too slow",
-                    "the form did not arrive in time",
-                );
-            }
+        let bytes = match read_form(body, console.admin.client_timeout).await {
+            Ok(bytes) => bytes,
+            Err(refused) => return refused,
         };
         let presented = form_urlencoded_value(&bytes, "csrf").unwrap_or_default();
         if !viewer.session.csrf_matches(&presented) {
@@ -232,6 +210,34 @@ async fn gate(State(console): State<Console>, request: Request, next: Next) -> R
         response.headers_mut().append(header::SET_COOKIE, cookie);
     }
     response
+}
+
+/// The answer to a form sent from another origin.
+fn foreign_form() -> Response {
+    pages::failure(
+        StatusCode::FORBIDDEN,
+        "Refused",
+        "this form was not sent from this console's own pages",
+    )
+}
+
+/// A form's body, read whole: at most [`MAX_FORM_BYTES`], within the admin port's client
+/// timeout (a client that sends a form slowly or without end holds nothing longer). Every
+/// console POST is read here, signing in included.
+async fn read_form(body: Body, timeout: std::time::Duration) -> Result<Bytes, Response> {
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_FORM_BYTES)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(_)) => Err(pages::failure(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "Too large",
+            "the form is larger than the console reads",
+        )),
+        Err(_) => Err(pages::failure(
+            StatusCode::REQUEST_TIMEOUT,
+            "Too slow",
+            "the form did not arrive in time",
+        )),
+    }
 }
 
 /// The value of `name` in a form body (`application/x-www-form-urlencoded`).

@@ -415,3 +415,45 @@ async fn without_a_token_the_console_is_loopback_only() {
     assert!(header("set-cookie").contains("HttpOnly; SameSite=Strict"));
     node.stop().await;
 }
+
+/// Signing in reads its form as every console form is read: a body past 16 KiB is refused
+/// (413), and one that does not arrive within the admin port's client timeout is answered 408
+/// rather than held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sign_in_form_too_large_or_too_slow_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let pg = postgres().await;
+    let mut node = Served::with_database(
+        &pg.url(),
+        RULES,
+        Settings {
+            admin_tokens: Some(vec![format!("alice:{WRITE_TOKEN}")]),
+            admin_client_timeout_ms: Some(500),
+            ..Settings::default()
+        },
+    )
+    .await;
+    let admin = node.admin_port();
+    let large = format!("token={}", "x".repeat(20 * 1024));
+    let form = [("content-type", "application/x-www-form-urlencoded")];
+    let refused = call(admin, "POST", "/console/sign-in", &form, Some(&large)).await;
+    assert_eq!(refused.status, 413, "{refused:?}");
+
+    let mut slow = tokio::net::TcpStream::connect(("127.0.0.1", admin))
+        .await
+        .expect("connect");
+    slow.write_all(
+        b"POST /console/sign-in HTTP/1.1\r\nHost: localhost\r\n\
+          Content-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\ntoken=",
+    )
+    .await
+    .expect("write");
+    let mut answer = vec![0; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut answer))
+        .await
+        .expect("answered, not held")
+        .expect("read");
+    let answer = String::from_utf8_lossy(&answer[..read]);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    node.stop().await;
+}

@@ -2,14 +2,13 @@
 
 use askama::Template;
 use axum::Extension;
-use axum::extract::rejection::FormRejection;
-use axum::extract::{Form, State};
+use axum::body::Body;
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
-use serde::Deserialize;
 
-use super::{failure, render};
-use crate::console::{Console, Viewer};
+use super::render;
+use crate::console::{Console, Viewer, foreign_form, form_urlencoded_value, read_form};
 
 #[derive(Template)]
 #[template(path = "console/sign_in.html")]
@@ -21,32 +20,20 @@ pub(in crate::console) async fn sign_in_page() -> Response {
     render(&SignInPage { error: None }, StatusCode::OK)
 }
 
-#[derive(Debug, Deserialize)]
-pub(in crate::console) struct SignInForm {
-    token: String,
-}
-
 pub(in crate::console) async fn sign_in(
     State(console): State<Console>,
     headers: axum::http::HeaderMap,
-    form: Result<Form<SignInForm>, FormRejection>,
+    body: Body,
 ) -> Response {
     if !crate::console::same_origin(&headers, console.admin.tls) {
-        return failure(
-            StatusCode::FORBIDDEN,
-            "Refused",
-            "this form was not sent from this console's own pages",
-        );
+        return foreign_form();
     }
-    let Ok(Form(form)) = form else {
-        return render(
-            &SignInPage {
-                error: Some("the form did not arrive whole; sign in again"),
-            },
-            StatusCode::BAD_REQUEST,
-        );
+    let form = match read_form(body, console.admin.client_timeout).await {
+        Ok(form) => form,
+        Err(refused) => return refused,
     };
-    let presented = format!("Bearer {}", form.token.trim());
+    let token = form_urlencoded_value(&form, "token").unwrap_or_default();
+    let presented = format!("Bearer {}", token.trim());
     let found = if console.admin.tokens.any() {
         console.admin.tokens.check(Some(&presented))
     } else {
